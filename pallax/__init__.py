@@ -1,0 +1,19 @@
+"""pallax: the Pallas kernel language as an independent package.
+
+``import pallax as pl`` in place of ``from jax.experimental import pallas as pl``.
+"""
+from pallax._src.core import (
+    ANY, Blocked, BlockSpec, CompilerParams, CostEstimate, Element, GridSpec, InterpretParams,
+    MemoryRef, MemorySpace, Mesh, PrefetchScalarGridSpec, SemaphoreType, Squeezed,
+    enable_debug_checks, no_block_spec, squeezed)
+from pallax._src.core import debug_checks_enabled
+from pallax._src.grid_mapping import BlockMapping, GridMapping
+from pallax._src.pallas_call import pallas_call
+from pallax._src.primitives import (
+    Slice, broadcast_to, cdiv, debug_check, debug_print, dot, ds, dslice, empty, empty_like,
+    get_global, load, loop, max_contiguous, multiple_of, next_power_of_2, num_programs,
+    program_id, run_scoped, semaphore_read, semaphore_signal, semaphore_wait, store, swap, when)
+from pallax._src.interpret.interpreter import KernelCheckError
+from pallax._src.kernel import core_map, kernel
+
+__version__ = "0.1.0"

@@ -1,0 +1,166 @@
+"""Bounds checks on Ref accesses: static ones at trace time, dynamic ones inserted
+into the kernel jaxpr (as checkify checks) for the interpreter."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+
+from pallax._src import jax_internals as ji
+from pallax._src import primitives as prims
+
+# primitive -> (index of the first index operand, reads?, writes?)
+ACCESS = {
+    ji.get_p: (1, "read from"),
+    ji.swap_p: (2, "write to"),
+    ji.addupdate_p: (2, "update of"),
+    prims.masked_load_p: (1, "read from"),
+    prims.masked_swap_p: (2, "write to"),
+}
+
+
+def _split_access(eqn, vals):
+  """(transforms, mask) of a Ref access equation, given values for its operands."""
+  first, _ = ACCESS[eqn.primitive]
+  tree = eqn.params["tree"]
+  n = tree.num_leaves
+  transforms = ji.tree_util.tree_unflatten(tree, vals[first:first + n])
+  mask = None
+  if eqn.params.get("has_mask"):
+    mask = vals[first + n]
+  return transforms, mask
+
+
+def violations(transforms, shape, mask):
+  """Yields (in_bounds, dim, size, offending index) for each indexed dimension."""
+  for t in transforms:
+    if not isinstance(t, ji.NDIndexer):
+      return  # reshapes/bitcasts: shapes past here are not tracked
+    last = t is transforms[-1]
+    if last and mask is not None:
+      coords = prims.indexer_coords(t)
+      for d, (c, size) in enumerate(zip(coords, shape)):
+        ok_lane = (c >= 0) & (c < size)
+        ok = jnp.all(ok_lane | ~mask)
+        bad = jnp.where(ok_lane | ~mask, 0, c)
+        yield ok, d, size, jnp.min(bad) if bad.ndim else bad
+    else:
+      for d, (i, size) in enumerate(zip(t.indices, shape)):
+        if isinstance(i, ji.Slice):
+          if isinstance(i.size, int) and i.size == 0:
+            continue
+          start = jnp.asarray(i.start)
+          end = start + (i.size - 1) * i.stride
+          yield (start >= 0) & (end < size), d, size, jnp.where(start < 0, start, end)
+        else:
+          i = jnp.asarray(i)
+          ok = jnp.all((i >= 0) & (i < size))
+          yield ok, d, size, (jnp.where((i >= 0) & (i < size), 0, i).min() if i.ndim else i)
+    shape = tuple(t.get_indexer_shape())
+
+
+def _describe(kernel, eqn, name, d, size, shape):
+  _, verb = ACCESS[eqn.primitive]
+  frame = ji.user_frame(eqn.source_info) or "unknown location"
+  return (f"pallas_call {kernel}: out-of-bounds {verb} {name} (block shape {tuple(shape)}) at "
+          f"{frame}: index {{index}} along dimension {d}, which has size {size}")
+
+
+def _is_literal(a):
+  return isinstance(a, ji.Literal)
+
+
+def _sub_jaxprs(params):
+  for k, v in params.items():
+    if isinstance(v, ji.Jaxpr):
+      yield k, v
+    elif isinstance(v, tuple) and v and all(isinstance(x, ji.Jaxpr) for x in v):
+      yield k, v
+
+
+def _sub_names(eqn, sub, names):
+  """Names of a sub-jaxpr's Ref invars: the equation's Ref operands, aligned at the end."""
+  outer = [names.get(v, "a Ref") if isinstance(v, ji.Var) else "a Ref"
+           for v in eqn.invars if ji.is_ref_aval(v.aval)]
+  inner = [v for v in sub.invars if ji.is_ref_aval(v.aval)]
+  if eqn.primitive is prims.run_scoped_p:
+    k = eqn.params["num_consts"]
+    return {**{v: names.get(o, "a Ref") for v, o in zip(sub.invars[:k], eqn.invars) if ji.is_ref_aval(v.aval)},
+            **{v: f"scoped scratch {i}" for i, v in enumerate(sub.invars[k:])}}
+  m = min(len(outer), len(inner))
+  return {v: n for v, n in zip(inner[len(inner) - m:], outer[len(outer) - m:])}
+
+
+def has_access(jaxpr) -> bool:
+  for eqn in jaxpr.eqns:
+    if eqn.primitive in ACCESS:
+      return True
+    for _, v in _sub_jaxprs(eqn.params):
+      if any(has_access(j) for j in (v if isinstance(v, tuple) else (v,))):
+        return True
+  return False
+
+
+# --- static checks (trace time) -------------------------------------------------------
+
+def check_static_indices(jaxpr, kernel: str, names) -> None:
+  """Raises IndexError for a Ref access whose indices are all constants and out of range."""
+  names = dict(zip([v for v in jaxpr.invars if ji.is_ref_aval(v.aval)], names)) \
+      if not isinstance(names, dict) else names
+  for eqn in jaxpr.eqns:
+    if eqn.primitive in ACCESS:
+      first, _ = ACCESS[eqn.primitive]
+      ops = eqn.invars[first:]
+      if all(_is_literal(a) for a in ops):
+        ref = eqn.invars[0]
+        vals = [a.val if _is_literal(a) else None for a in eqn.invars]
+        with jax.ensure_compile_time_eval():
+          transforms, mask = _split_access(eqn, vals)
+          for ok, d, size, bad in violations(transforms, ref.aval.shape, mask):
+            if not bool(ok):
+              raise IndexError(_describe(kernel, eqn, names.get(ref, "a Ref"), d, size,
+                                         ref.aval.shape).format(index=int(bad)))
+    for _, v in _sub_jaxprs(eqn.params):
+      for sub in (v if isinstance(v, tuple) else (v,)):
+        check_static_indices(sub, kernel, _sub_names(eqn, sub, names))
+
+
+# --- dynamic checks (the interpreter) ---------------------------------------------------
+
+def _eval_checked(jaxpr, names, kernel, consts, args):
+  env = {}
+  read = lambda a: a.val if isinstance(a, ji.Literal) else env[a]
+  for v, x in zip(jaxpr.all_invars, [*consts, *args]):
+    env[v] = x
+  for eqn in jaxpr.eqns:
+    invals = [read(a) for a in eqn.invars]
+    if eqn.primitive in ACCESS:
+      ref = eqn.invars[0]
+      transforms, mask = _split_access(eqn, invals)
+      for ok, d, size, bad in violations(transforms, ref.aval.shape, mask):
+        checkify.check(ok, _describe(kernel, eqn, names.get(ref, "a Ref"), d, size, ref.aval.shape),
+                       index=bad)
+    params = dict(eqn.params)
+    for k, v in _sub_jaxprs(eqn.params):
+      subs = v if isinstance(v, tuple) else (v,)
+      new = tuple(instrument(s, _sub_names(eqn, s, names), kernel) for s in subs)
+      params[k] = new if isinstance(v, tuple) else new[0]
+    bind_params = eqn.primitive.get_bind_params(params)
+    with ji.source_info_util.user_context(eqn.source_info.traceback):
+      ans = eqn.primitive.bind(*invals, **bind_params)
+    outs = ans if eqn.primitive.multiple_results else [ans]
+    for v, x in zip(eqn.outvars, outs):
+      env[v] = x
+  return [read(a) for a in jaxpr.outvars]
+
+
+def instrument(jaxpr, names: dict, kernel: str):
+  """``jaxpr`` with a checkify check before every Ref access (same signature)."""
+  if not has_access(jaxpr):
+    return jaxpr
+  fn = lambda *args: _eval_checked(jaxpr, names, kernel, jaxpr.consts, args)
+  new, _, consts = ji.trace_to_jaxpr(fn, jaxpr.in_avals, name=kernel)
+  return ji.closed(new, consts)

@@ -1,0 +1,260 @@
+"""The user-facing specification types: BlockSpec, GridSpec, memory spaces, params.
+
+These are plain frozen dataclasses; `grid_mapping.py` turns them into the
+canonical form that backends read.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from pallax._src import jax_internals as ji
+
+
+# --- block dimensions ---------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Squeezed:
+  """A block dimension of size 1 that is dropped inside the kernel."""
+  block_size: int = dataclasses.field(default=1, init=False)
+
+
+squeezed = Squeezed()
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocked:
+  """A block dimension indexed in units of blocks (the default)."""
+  block_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Element:
+  """A block dimension whose index map returns an element offset, not a block index.
+
+  ``padding=(low, high)`` pads the array along this dimension before slicing.
+  """
+  block_size: int
+  padding: tuple[int, int] = (0, 0)
+
+
+BlockDim = Squeezed | Blocked | Element
+
+
+def canonical_block_dim(d) -> BlockDim:
+  if d is None or d is squeezed or isinstance(d, Squeezed):
+    return squeezed
+  if isinstance(d, (Blocked, Element)):
+    return d
+  if isinstance(d, (int, np.integer)):
+    return Blocked(int(d))
+  raise TypeError(f"block_shape entries must be ints, None, pl.squeezed, "
+                  f"pl.Blocked or pl.Element, got {d!r}")
+
+
+# --- memory spaces and scratch types ------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRef:
+  """The type of a scratch buffer: a shape, a dtype and a memory space."""
+  shape: tuple[int, ...]
+  dtype: Any
+  memory_space: Any = None
+
+  def get_ref_aval(self):
+    return ji.ref_aval(self.shape, self.dtype, self.memory_space)
+
+
+class MemorySpace(enum.Enum):
+  """Logical, device-agnostic memory spaces; ``pl.ANY(shape, dtype)`` is a scratch type."""
+  ANY = "any"
+  DEFAULT = "default"
+  ERROR = "error"
+  INDEX = "index"
+  KEY = "key"
+  SEMAPHORE = "semaphore"
+
+  def __call__(self, shape, dtype=None) -> MemoryRef:
+    if self is MemorySpace.SEMAPHORE:
+      dtype = np.int32 if dtype is None else dtype
+    return MemoryRef(tuple(shape), jax.numpy.dtype(dtype), self)
+
+  def __str__(self):
+    return self.value
+
+
+ANY = MemorySpace.ANY
+
+
+class SemaphoreType(enum.Enum):
+  """Semaphore scratch types; ``pl.SemaphoreType.REGULAR((2,))`` makes two counters."""
+  REGULAR = "regular"
+  BARRIER = "barrier"
+
+  def __call__(self, shape=()) -> MemoryRef:
+    return MemorySpace.SEMAPHORE(tuple(shape))
+
+
+# --- specs -----------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class BlockSpec:
+  """How an operand is sliced into blocks for each program of the grid.
+
+  ``index_map`` takes the grid indices (and scalar-prefetch refs) and returns
+  one block index per dimension. ``None`` for ``block_shape`` means the whole
+  array; ``None``/``pl.squeezed`` inside it drops that dimension in the kernel.
+  """
+  block_shape: Sequence[Any] | None = None
+  index_map: Callable[..., Any] | None = None
+  memory_space: Any = None
+  pipeline_mode: Any = None
+
+
+class NoBlockSpec:
+  def __repr__(self):
+    return "no_block_spec"
+
+
+no_block_spec = NoBlockSpec()
+
+
+@dataclasses.dataclass(frozen=True)
+class GridSpec:
+  """The grid, the operands' block specs and the scratch buffers of a ``pallas_call``."""
+  grid: Any = ()
+  in_specs: Any = no_block_spec
+  out_specs: Any = no_block_spec
+  scratch_shapes: Any = ()
+  num_scalar_prefetch: int = 0
+
+
+def PrefetchScalarGridSpec(num_scalar_prefetch, grid=(), in_specs=no_block_spec,
+                           out_specs=no_block_spec, scratch_shapes=()):
+  """A GridSpec whose first ``num_scalar_prefetch`` operands are passed whole to
+  the index maps and the kernel (as in Pallas TPU)."""
+  return GridSpec(grid, in_specs, out_specs, scratch_shapes, num_scalar_prefetch)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompilerParams:
+  """Backend compiler parameters; each backend subclasses this (``pallax.triton.CompilerParams``)."""
+  BACKEND = "any"
+
+
+@dataclasses.dataclass(frozen=True)
+class CostEstimate:
+  flops: int
+  transcendentals: int
+  bytes_accessed: int
+  remote_bytes_transferred: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class InterpretParams:
+  """Options of the interpreter (``interpret=pl.InterpretParams(...)``).
+
+  detect_races: report two concurrently running programs writing one element.
+  check_bounds: check every Ref access against its block at run time.
+  parallel: evaluate independent programs together (never changes a result).
+  """
+  detect_races: bool = False
+  check_bounds: bool = True
+  parallel: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+  """A mesh of programs for ``pl.kernel``/``pl.core_map``: one body run per point."""
+  grid: tuple[int, ...]
+  grid_names: tuple[Hashable, ...] = ()
+
+  def __post_init__(self):
+    object.__setattr__(self, "grid", tuple(int(g) for g in self.grid))
+    names = tuple(self.grid_names) or tuple(f"axis{i}" for i in range(len(self.grid)))
+    if len(names) != len(self.grid):
+      raise ValueError(f"Mesh: {len(self.grid)} sizes but {len(names)} names")
+    object.__setattr__(self, "grid_names", names)
+
+  @property
+  def shape(self):
+    return dict(zip(self.grid_names, self.grid))
+
+
+# --- debug checks -------------------------------------------------------------------
+
+_debug_checks = threading.local()
+
+
+def debug_checks_enabled() -> bool:
+  return getattr(_debug_checks, "value", False)
+
+
+class enable_debug_checks(contextlib.ContextDecorator):
+  """Turns ``pl.debug_check`` on: ``pl.enable_debug_checks(True)`` or ``with pl.enable_debug_checks():``."""
+
+  def __init__(self, value: bool = True):
+    self._old = debug_checks_enabled()
+    _debug_checks.value = bool(value)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    _debug_checks.value = self._old
+    return False
+
+
+# --- the kernel tracing context ------------------------------------------------------
+
+@dataclasses.dataclass
+class GridEnv:
+  """What ``program_id``/``num_programs`` answer while a kernel body is traced."""
+  kernel_name: str
+  ids: tuple[Any, ...]        # tracers of the kernel jaxpr's grid-index inputs
+  sizes: tuple[int, ...]
+  names: tuple[Hashable, ...] = ()
+  globals: Callable[[Any], Any] | None = None  # serves pl.get_global
+
+
+_grid_envs = threading.local()
+
+
+@contextlib.contextmanager
+def grid_env(env: GridEnv):
+  stack = _grid_envs.__dict__.setdefault("stack", [])
+  stack.append(env)
+  try:
+    yield
+  finally:
+    stack.pop()
+
+
+def current_grid_env(what: str) -> GridEnv:
+  stack = getattr(_grid_envs, "stack", [])
+  if not stack:
+    raise RuntimeError(f"pl.{what} can only be called inside a kernel body "
+                       "(a function run by pl.pallas_call or pl.kernel).")
+  return stack[-1]
+
+
+def axis_position(env: GridEnv, axis, what: str) -> int:
+  if not isinstance(axis, (int, np.integer)):
+    if axis in env.names:
+      return env.names.index(axis)
+    raise ValueError(f"{env.kernel_name}: pl.{what}({axis!r}): no such grid axis; "
+                     f"the axes are {env.names or tuple(range(len(env.sizes)))}")
+  axis = int(axis)
+  if not 0 <= axis < len(env.sizes):
+    raise ValueError(
+        f"{env.kernel_name}: pl.{what}({axis}) at {ji.current_user_frame()}: the grid "
+        f"{tuple(env.sizes)} has {len(env.sizes)} axes; use an axis in "
+        f"[0, {len(env.sizes)}).")
+  return axis

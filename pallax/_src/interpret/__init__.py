@@ -1,0 +1,1 @@
+"""The interpret backend: the reference semantics of pallax, with checks."""

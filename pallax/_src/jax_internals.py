@@ -1,0 +1,87 @@
+"""The one module that imports ``jax._src`` (pinned: jax 0.11.2).
+
+Everything pallax needs from JAX's internals is re-exported here under a
+stable name, so that a JAX upgrade touches one file.
+"""
+from jax._src import api_util
+from jax._src import core
+from jax._src import dispatch
+from jax._src import effects
+from jax._src import linear_util
+from jax._src import source_info_util
+from jax._src import tree_util
+from jax._src.debugging import debug_effect
+from jax._src.interpreters import ad
+from jax._src.interpreters import batching
+from jax._src.interpreters import mlir
+from jax._src.interpreters import partial_eval as pe
+from jax._src.state import discharge as state_discharge
+from jax._src.state import indexing
+from jax._src.state import primitives as state_primitives
+from jax._src.state import types as state_types
+
+Jaxpr = core.Jaxpr
+Var = core.Var
+Literal = core.Literal
+ShapedArray = core.ShapedArray
+Primitive = core.Primitive
+eval_jaxpr = core.eval_jaxpr
+
+AbstractRef = state_types.AbstractRef
+TransformedRef = state_types.TransformedRef
+ReadEffect = state_types.ReadEffect
+WriteEffect = state_types.WriteEffect
+AccumEffect = state_types.AccumEffect
+NDIndexer = indexing.NDIndexer
+Slice = indexing.Slice
+ds = indexing.ds
+
+get_p = state_primitives.get_p
+swap_p = state_primitives.swap_p
+addupdate_p = state_primitives.addupdate_p
+discharge_state = state_discharge.discharge_state
+register_discharge_rule = state_discharge.register_discharge_rule
+
+
+def trace_to_jaxpr(fun, in_avals, name="kernel", arg_names=None):
+  """Traces ``fun(*in_avals)`` to a jaxpr; returns (jaxpr, out_avals, consts)."""
+  dbg = api_util.debug_info(name, fun, tuple(range(len(in_avals))), {})
+  if arg_names is not None:
+    dbg = dbg._replace(arg_names=tuple(arg_names))
+  return pe.trace_to_jaxpr_dynamic(
+      linear_util.wrap_init(fun, debug_info=dbg), list(in_avals))
+
+
+def closed(jaxpr, consts):
+  """A jaxpr with ``consts`` attached (JAX 0.11 merged Jaxpr and ClosedJaxpr)."""
+  return core.ClosedJaxpr(jaxpr, list(consts))
+
+
+def is_ref_aval(aval) -> bool:
+  return isinstance(aval, AbstractRef)
+
+
+def ref_aval(shape, dtype, memory_space=None):
+  return AbstractRef(ShapedArray(tuple(shape), dtype), memory_space)
+
+
+def user_frame(source_info):
+  """'file:line (function)' of the first frame outside jax and pallax, or None."""
+  tb = getattr(source_info, "traceback", None)
+  if tb is None:
+    return None
+  for frame in tb.frames:
+    f = frame.file_name
+    if "/jax/" in f or "/pallax/" in f or "/jaxlib/" in f or f.startswith("<frozen"):
+      continue
+    return f"{f}:{frame.line_num} ({frame.function_name})"
+  return None
+
+
+def current_user_frame():
+  """Like ``user_frame`` for the code running now (at trace time)."""
+  return user_frame(source_info_util.current())
+
+
+
+

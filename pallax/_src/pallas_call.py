@@ -1,0 +1,463 @@
+"""``pallas_call``: tracing a kernel, the primitive, and its rules (abstract eval, vmap, AD, lowering)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallax._src import core as pc
+from pallax._src import jax_internals as ji
+from pallax._src import checks
+from pallax._src.grid_mapping import BlockMapping, GridMapping
+
+
+def _kernel_name(kernel, name):
+  if name:
+    return name
+  return getattr(kernel, "__name__", None) or getattr(getattr(kernel, "func", None), "__name__", "kernel")
+
+
+def _user_frame_of(exc: BaseException) -> str | None:
+  tb, frame = exc.__traceback__, None
+  while tb is not None:
+    f = tb.tb_frame.f_code.co_filename
+    if not any(s in f for s in ("/jax/", "/jaxlib/", "/pallax/")):
+      frame = f"{f}:{tb.tb_lineno} ({tb.tb_frame.f_code.co_name})"
+    tb = tb.tb_next
+  return frame
+
+
+def _reraise(exc: Exception, prefix: str):
+  """Re-raises ``exc`` with the kernel's name and the user's source line in front."""
+  frame = _user_frame_of(exc)
+  msg = str(exc)
+  where = f" at {frame}" if frame and frame not in msg else ""
+  cls = type(exc)
+  if cls is ValueError and "Out of bound" in msg:
+    cls = IndexError
+  if cls not in (ValueError, TypeError, IndexError, NotImplementedError, RuntimeError):
+    raise exc
+  raise cls(f"{prefix}{where}: {msg}") from exc
+
+
+def _check_arity(fn, n: int, what: str, expected: str):
+  try:
+    sig = inspect.signature(fn)
+  except (TypeError, ValueError):
+    return
+  try:
+    sig.bind(*range(n))
+  except TypeError:
+    raise TypeError(f"{what} cannot take {n} positional arguments ({expected}); "
+                    f"its signature is {sig}") from None
+
+
+# --- building the GridMapping ------------------------------------------------------------
+
+def _as_tuple_grid(grid, name) -> tuple[int, ...]:
+  if grid is None:
+    grid = ()
+  if isinstance(grid, (int, np.integer)):
+    grid = (grid,)
+  try:
+    grid = tuple(grid)
+  except TypeError:
+    raise TypeError(f"pallas_call {name}: grid must be an int or a tuple of ints, got {grid!r}") from None
+  for g in grid:
+    if not isinstance(g, (int, np.integer)):
+      raise TypeError(f"pallas_call {name}: grid sizes must be static Python ints, got {grid!r}; "
+                      "dynamic grids are not supported")
+  if any(g <= 0 for g in grid):
+    raise ValueError(f"pallas_call {name}: grid sizes must be positive, got grid={tuple(grid)}")
+  return tuple(int(g) for g in grid)
+
+
+def _flatten_specs(specs, tree, what: str, count: int, name: str):
+  """One BlockSpec (or None) per operand; a single spec broadcasts over a pytree prefix."""
+  if specs is pc.no_block_spec:
+    return [None] * count
+  is_leaf = lambda s: s is None or isinstance(s, (pc.BlockSpec, pc.NoBlockSpec))
+  if isinstance(specs, (list, tuple)) and tree.num_leaves == count and tree.num_nodes == count + 1 \
+      and len(specs) != count and all(is_leaf(s) for s in specs):
+    raise ValueError(f"pallas_call {name}: {what} has {len(specs)} entries but there are "
+                     f"{count} {'inputs' if what == 'in_specs' else 'outputs'}; pass one BlockSpec "
+                     "(or None for the whole array) per operand")
+  full = jax.tree.unflatten(tree, [0] * count)
+  # Pallas accepts lists and tuples interchangeably at the top level.
+  full = tuple(full) if isinstance(full, list) else full
+  specs = tuple(specs) if isinstance(specs, list) else specs
+  try:
+    flat = ji.tree_util.broadcast_prefix(specs, full, is_leaf=is_leaf)
+  except (ValueError, TypeError) as e:
+    raise ValueError(f"pallas_call {name}: the structure of {what} does not match the "
+                     f"{'inputs' if what == 'in_specs' else 'outputs'} ({tree}); pass one BlockSpec "
+                     f"per operand. ({e})") from None
+  return [None if isinstance(s, pc.NoBlockSpec) else s for s in flat]
+
+
+def _block_mapping(spec: pc.BlockSpec | None, aval, origin: str, grid, index_avals,
+                   name: str, debug: bool) -> BlockMapping:
+  shape = tuple(aval.shape)
+  if spec is None or spec.block_shape is None:
+    block_shape = tuple(pc.Blocked(d) if d > 0 else pc.Blocked(1) for d in shape)
+  else:
+    if isinstance(spec.block_shape, (int, np.integer)) or not isinstance(spec.block_shape, Sequence):
+      raise TypeError(f"pallas_call {name}: block_shape of {origin} must be a tuple, got {spec.block_shape!r}")
+    if len(spec.block_shape) != len(shape):
+      raise ValueError(
+          f"pallas_call {name}: {origin} has rank {len(shape)} (shape {shape}) but its block_shape "
+          f"{tuple(spec.block_shape)} has rank {len(spec.block_shape)}; give one block size per "
+          "dimension (None to squeeze a dimension)")
+    try:
+      block_shape = tuple(pc.canonical_block_dim(d) for d in spec.block_shape)
+    except TypeError as e:
+      raise TypeError(f"pallas_call {name}: {origin}: {e}") from None
+    for d in block_shape:
+      if d.block_size <= 0:
+        raise ValueError(f"pallas_call {name}: block sizes must be positive; {origin} has block_shape "
+                         f"{tuple(spec.block_shape)}")
+  index_map = None if spec is None else spec.index_map
+  nd = len(shape)
+  if index_map is None:
+    index_map = lambda *_: (0,) * nd
+  else:
+    _check_arity(index_map, len(index_avals), f"pallas_call {name}: the index_map of {origin}",
+                 f"one per grid axis of grid {grid}" + (
+                     f" plus {len(index_avals) - len(grid)} scalar-prefetch operands"
+                     if len(index_avals) > len(grid) else ""))
+
+  def flat_index_map(*args):
+    out = index_map(*args)
+    if not isinstance(out, tuple):
+      out = (out,) if nd == 1 else out
+    if not isinstance(out, tuple) or len(out) != nd:
+      n = len(out) if isinstance(out, (tuple, list)) else 1
+      raise ValueError(f"pallas_call {name}: the index_map of {origin} returned {n} indices but "
+                       f"{origin} has rank {nd}; return one block index per dimension")
+    return [jnp.asarray(i, jnp.int32) for i in out]
+
+  try:
+    jaxpr, _, consts = ji.trace_to_jaxpr(flat_index_map, index_avals, name=f"index_map of {origin}")
+  except (ValueError, TypeError) as e:
+    _reraise(e, f"pallas_call {name}")
+  if any(isinstance(c, jax.core.Tracer) for c in consts):
+    raise ValueError(f"pallas_call {name}: the index_map of {origin} closes over a traced value; "
+                     "pass it as a scalar-prefetch operand instead")
+  kernel_shape = tuple(d.block_size for d in block_shape if not isinstance(d, pc.Squeezed))
+  ref = ji.ref_aval(kernel_shape, aval.dtype, getattr(spec, "memory_space", None))
+  return BlockMapping(block_shape, ref, ji.closed(jaxpr, consts), None, ji.ShapedArray(shape, aval.dtype),
+                      origin, pipeline_mode=getattr(spec, "pipeline_mode", None), debug=debug)
+
+
+def _scratch_aval(s, name):
+  if hasattr(s, "get_ref_aval"):
+    return s.get_ref_aval()
+  if isinstance(s, jax.ShapeDtypeStruct):
+    return ji.ref_aval(s.shape, s.dtype)
+  raise TypeError(f"pallas_call {name}: scratch_shapes entries must be scratch types such as "
+                  f"pl.ANY((8, 128), jnp.float32), got {s!r}")
+
+
+def make_grid_mapping(name, grid_spec: pc.GridSpec, in_avals, in_tree, out_avals, out_tree,
+                      debug=False) -> GridMapping:
+  grid = _as_tuple_grid(grid_spec.grid, name)
+  nidx = grid_spec.num_scalar_prefetch
+  index_avals = [ji.ref_aval(a.shape, a.dtype, pc.MemorySpace.INDEX) for a in in_avals[:nidx]]
+  grid_avals = [ji.ShapedArray((), jnp.int32)] * len(grid)
+  map_avals = grid_avals + index_avals
+  ins = in_avals[nidx:]
+  in_specs = _flatten_specs(grid_spec.in_specs, in_tree, "in_specs", len(ins), name) \
+      if nidx == 0 else _flatten_specs(grid_spec.in_specs, jax.tree.structure([0] * len(ins)),
+                                       "in_specs", len(ins), name)
+  out_specs = _flatten_specs(grid_spec.out_specs, out_tree, "out_specs", len(out_avals), name)
+  bms = [_block_mapping(s, a, f"args[{nidx + i}]", grid, map_avals, name, debug)
+         for i, (s, a) in enumerate(zip(in_specs, ins))]
+  bms += [_block_mapping(s, a, f"out[{i}]", grid, map_avals, name, debug)
+          for i, (s, a) in enumerate(zip(out_specs, out_avals))]
+  scratch = jax.tree.leaves(grid_spec.scratch_shapes, is_leaf=lambda s: hasattr(s, "get_ref_aval"))
+  gm = GridMapping(
+      grid=grid, grid_names=None, block_mappings=tuple(bms),
+      index_map_tree=jax.tree.structure((tuple(map_avals), {})),
+      index_map_avals=tuple(map_avals), vmapped_dims=(),
+      scratch_avals=tuple(_scratch_aval(s, name) for s in scratch),
+      num_index_operands=nidx, num_inputs=len(ins), num_outputs=len(out_avals), debug=debug)
+  gm.check_invariants()
+  return gm
+
+
+# --- tracing the kernel --------------------------------------------------------------------
+
+def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid_names=(),
+                 allow_globals=True):
+  """Traces ``kernel(*refs)`` into a jaxpr whose invars are ``*grid_indices, *refs, *globals``.
+
+  Returns (closed jaxpr, global scratch avals). ``pl.get_global`` requests make a
+  second trace with those Refs appended.
+  """
+  _check_arity(kernel, len(ref_avals), f"pallas_call {name}: the kernel {name}",
+               f"the Refs {', '.join(ref_names)}")
+  requested: list[Any] = []
+
+  def run(global_refs, *args):
+    ids, refs = args[:len(grid)], args[len(grid):]
+    next_global = iter(global_refs)
+
+    def get_global(what):
+      if global_refs:
+        return next(next_global)
+      requested.append(what)
+      return jax.new_ref(jnp.zeros(what.shape, what.dtype))
+
+    env = pc.GridEnv(name, tuple(ids), grid, tuple(grid_names), get_global)
+    with pc.grid_env(env):
+      out = kernel(*refs)
+    if out is not None and jax.tree.leaves(out):
+      raise ValueError(f"the kernel {name} returned a value; kernels write their results into "
+                       "output Refs and return None")
+    return []
+
+  in_avals = [ji.ShapedArray((), jnp.int32)] * len(grid) + list(ref_avals)
+  try:
+    jaxpr, _, consts = ji.trace_to_jaxpr(lambda *a: run((), *a), in_avals, name=name)
+    globals_avals = [_scratch_aval(w, name) for w in requested]
+    if requested:
+      n = len(in_avals)
+      jaxpr, _, consts = ji.trace_to_jaxpr(lambda *a: run(a[n:], *a[:n]), in_avals + globals_avals,
+                                           name=name)
+  except (ValueError, TypeError, IndexError, NotImplementedError, RuntimeError) as e:
+    _reraise(e, f"pallas_call {name}")
+  for c in consts:
+    if isinstance(c, jax.core.Tracer):
+      raise ValueError(
+          f"pallas_call {name}: the kernel closes over a traced value of type {jax.typeof(c)}; "
+          "pass it to pallas_call as an operand instead")
+  closed = ji.closed(jaxpr, consts)
+  checks.check_static_indices(closed, name, ref_names)
+  return closed, tuple(globals_avals)
+
+
+# --- the primitive ---------------------------------------------------------------------------
+
+pallas_call_p = ji.Primitive("pallas_call")
+pallas_call_p.multiple_results = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+  """Everything a backend needs besides the operands (hashable: jaxprs hash by identity)."""
+  jaxpr: Any
+  grid_mapping: GridMapping
+  name: str
+  interpret: Any
+  debug: bool
+  input_output_aliases: tuple[tuple[int, int], ...]
+  compiler_params: Any
+  cost_estimate: Any
+  backend: str | None
+  globals_avals: tuple = ()
+
+  @property
+  def out_avals(self):
+    return tuple(bm.array_aval for bm in self.grid_mapping.block_mappings_output)
+
+
+def _abstract_eval(*avals, params: Params):
+  return list(params.out_avals)
+
+
+pallas_call_p.def_abstract_eval(_abstract_eval)
+pallas_call_p.def_impl(functools.partial(ji.dispatch.apply_primitive, pallas_call_p))
+
+
+def _jvp(primals, tangents, *, params: Params):
+  raise NotImplementedError(
+      f"pallas_call {params.name} is not differentiable: pallax cannot differentiate through "
+      "kernels. Wrap the function that calls pallas_call in jax.custom_vjp (or jax.custom_jvp) "
+      "and write its backward pass, usually as another pallas_call.")
+
+
+ji.ad.primitive_jvps[pallas_call_p] = _jvp
+
+
+_interpret_note_shown = False
+
+
+def _use_interpreter(params: Params, platform: str) -> bool:
+  global _interpret_note_shown
+  if params.interpret:
+    return True
+  if params.backend not in (None, "triton"):
+    raise ValueError(f"pallas_call {params.name}: unknown backend {params.backend!r}; "
+                     "use backend='triton' or interpret=True")
+  if platform == "cuda" and _triton_lowering is not None:
+    return False
+  if not _interpret_note_shown:
+    _interpret_note_shown = True
+    print(f"pallax: no GPU backend applies on platform {platform!r}; running kernels in the "
+          "interpreter (pass interpret=True to choose it explicitly).", file=sys.stderr)
+  return True
+
+
+_triton_lowering: Callable | None = None   # set by the Triton backend when it is importable
+
+
+def _lowering(ctx, *args, params: Params, platform: str):
+  from pallax._src.interpret import interpreter
+  if _use_interpreter(params, platform):
+    fn = functools.partial(interpreter.run, params=params, raise_errors="callback")
+    return ji.mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
+  return _triton_lowering(ctx, *args, params=params)
+
+
+for _platform in ("cpu", "cuda", "rocm", "tpu"):
+  ji.mlir.register_lowering(pallas_call_p, functools.partial(_lowering, platform=_platform),
+                            platform=_platform)
+
+
+def _impl(*args, params: Params):
+  """Eager calls: checked interpretation raises Python errors directly."""
+  from pallax._src.interpret import interpreter
+  platform = jax.devices()[0].platform
+  if not _use_interpreter(params, platform) or any(isinstance(a, jax.core.Tracer) for a in args):
+    return ji.dispatch.apply_primitive(pallas_call_p, *args, params=params)
+  return interpreter.run_eager(*args, params=params)
+
+
+pallas_call_p.def_impl(_impl)
+
+
+# --- vmap: batching adds a grid axis -------------------------------------------------------
+
+def _batch_block_mapping(bm: BlockMapping, batched: bool, size: int, nidx_avals) -> BlockMapping:
+  old = bm.index_map_jaxpr
+  def new_map(b, *args):
+    idx = ji.eval_jaxpr(old, old.consts, *args)
+    return ([b] if batched else []) + list(idx)
+  jaxpr, _, consts = ji.trace_to_jaxpr(new_map, [ji.ShapedArray((), jnp.int32)] + list(old.in_avals))
+  if not batched:
+    return dataclasses.replace(bm, index_map_jaxpr=ji.closed(jaxpr, consts))
+  return dataclasses.replace(
+      bm, block_shape=(pc.squeezed,) + bm.block_shape, index_map_jaxpr=ji.closed(jaxpr, consts),
+      array_aval=ji.ShapedArray((size,) + bm.array_aval.shape, bm.array_aval.dtype))
+
+
+def _batching_rule(args, dims, *, params: Params):
+  gm = params.grid_mapping
+  size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+  nidx = gm.num_index_operands
+  if any(d is not None for d in dims[:nidx]):
+    raise NotImplementedError(f"pallas_call {params.name}: vmap over scalar-prefetch operands "
+                              "is not supported")
+  args = [a if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+  batched_in = [d is not None for d in dims]
+  # An aliased output is batched; so must its input be.
+  for i, o in params.input_output_aliases:
+    if not batched_in[i]:
+      args[i] = jnp.broadcast_to(args[i], (size,) + args[i].shape)
+      batched_in[i] = True
+  bms = [_batch_block_mapping(bm, batched_in[nidx + k], size, nidx)
+         for k, bm in enumerate(gm.block_mappings[:gm.num_inputs])]
+  bms += [_batch_block_mapping(bm, True, size, nidx) for bm in gm.block_mappings_output]
+  map_avals = (ji.ShapedArray((), jnp.int32),) + tuple(gm.index_map_avals)
+  new_gm = gm.replace(
+      grid=(size,) + gm.grid, block_mappings=tuple(bms),
+      index_map_tree=jax.tree.structure((map_avals, {})), index_map_avals=map_avals,
+      vmapped_dims=(0,) + tuple(d + 1 for d in gm.vmapped_dims),
+      grid_names=None if gm.grid_names is None else ("vmap",) + tuple(gm.grid_names))
+  old = params.jaxpr
+  def new_kernel(b, *args):
+    ji.eval_jaxpr(old, old.consts, *args)
+    return []
+  jaxpr, _, consts = ji.trace_to_jaxpr(new_kernel, [ji.ShapedArray((), jnp.int32)] + list(old.in_avals),
+                                       name=params.name)
+  new_params = dataclasses.replace(params, jaxpr=ji.closed(jaxpr, consts), grid_mapping=new_gm)
+  outs = pallas_call_p.bind(*args, params=new_params)
+  return outs, [0] * len(outs)
+
+
+ji.batching.primitive_batchers[pallas_call_p] = _batching_rule
+
+
+# --- the user-facing entry point -----------------------------------------------------------
+
+def _operand_aval(x, where: str, name: str):
+  if isinstance(x, (jax.Array, np.ndarray, np.generic, jax.core.Tracer, int, float, bool, complex)):
+    return jax.typeof(jnp.asarray(x) if isinstance(x, (int, float, bool, complex)) else x)
+  if isinstance(x, jax.ShapeDtypeStruct):
+    raise TypeError(f"pallas_call {name}: {where} is a ShapeDtypeStruct; pass an array "
+                    "(ShapeDtypeStructs belong in out_shape)")
+  raise TypeError(f"pallas_call {name}: operands must be arrays, but {where} is "
+                  f"{type(x).__name__}; convert it with jnp.asarray")
+
+
+def _out_aval(s, i, name):
+  if isinstance(s, (jax.ShapeDtypeStruct, jax.Array, np.ndarray)) or (
+      hasattr(s, "shape") and hasattr(s, "dtype") and not callable(getattr(s, "shape"))):
+    return ji.ShapedArray(tuple(s.shape), jnp.dtype(s.dtype))
+  raise TypeError(f"pallas_call {name}: out_shape must be a jax.ShapeDtypeStruct (or a pytree of "
+                  f"them), but out_shape[{i}] is {s!r}; use jax.ShapeDtypeStruct(shape, dtype)")
+
+
+def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.GridSpec | None = None,
+                grid=(), in_specs=pc.no_block_spec, out_specs=pc.no_block_spec, scratch_shapes=(),
+                input_output_aliases: dict[int, int] | None = None, debug: bool = False,
+                interpret: Any = False, name: str | None = None, compiler_params: Any = None,
+                cost_estimate: pc.CostEstimate | None = None, backend: str | None = None,
+                metadata: dict[str, str] | None = None, _grid_names=()):
+  """Returns a function that runs ``kernel`` once per point of ``grid`` on blocks of its operands.
+
+  Same semantics as ``jax.experimental.pallas.pallas_call``.
+  """
+  del metadata
+  name = _kernel_name(kernel, name)
+  if grid_spec is None:
+    grid_spec = pc.GridSpec(grid, in_specs, out_specs, scratch_shapes)
+  elif grid != () or in_specs is not pc.no_block_spec or out_specs is not pc.no_block_spec \
+      or scratch_shapes != ():
+    raise ValueError(f"pallas_call {name}: pass either grid_spec or grid/in_specs/out_specs/"
+                     "scratch_shapes, not both")
+  flat_out_shapes, out_tree = jax.tree.flatten(
+      out_shape, is_leaf=lambda s: s is None or hasattr(s, "dtype"))
+  out_avals = [_out_aval(s, i, name) for i, s in enumerate(flat_out_shapes)]
+  aliases = tuple(sorted((input_output_aliases or {}).items()))
+  if isinstance(compiler_params, dict):
+    compiler_params = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
+                                   for k, v in compiler_params.items()))
+
+  @functools.wraps(kernel)
+  def wrapped(*args):
+    flat_args, in_tree = jax.tree.flatten(args)
+    in_avals = [_operand_aval(x, f"args[{i}]", name) for i, x in enumerate(flat_args)]
+    nidx = grid_spec.num_scalar_prefetch
+    for i, o in aliases:
+      if not (0 <= i < len(in_avals)) or not (0 <= o < len(out_avals)):
+        raise ValueError(f"pallas_call {name}: input_output_aliases {{{i}: {o}}} names a missing "
+                         f"operand ({len(in_avals)} inputs, {len(out_avals)} outputs)")
+      a, b = in_avals[i], out_avals[o]
+      if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(f"pallas_call {name}: input_output_aliases {{{i}: {o}}}: args[{i}] is "
+                         f"{a.str_short()} but out[{o}] is {b.str_short()}; aliased operands must "
+                         "have the same shape and dtype")
+    ins_tree = in_tree if nidx == 0 else jax.tree.structure([0] * (len(in_avals) - nidx))
+    gm = make_grid_mapping(name, grid_spec, in_avals, ins_tree, out_avals, out_tree, debug)
+    ref_avals = ([ji.ref_aval(a.shape, a.dtype, pc.MemorySpace.INDEX) for a in in_avals[:nidx]]
+                 + [bm.ref_aval for bm in gm.block_mappings] + list(gm.scratch_avals))
+    ref_names = ([f"args[{i}]" for i in range(nidx)] + [bm.origin for bm in gm.block_mappings]
+                 + [f"scratch[{i}]" for i in range(len(gm.scratch_avals))])
+    jaxpr, globals_avals = trace_kernel(kernel, name, gm.grid, ref_avals, ref_names, _grid_names)
+    params = Params(jaxpr, gm, name, interpret, debug, aliases, compiler_params, cost_estimate,
+                    backend, globals_avals)
+    if debug:
+      print(f"The kernel jaxpr of pallas_call {name}:\n{jaxpr}\n{gm}")
+    outs = pallas_call_p.bind(*flat_args, params=params)
+    return jax.tree.unflatten(out_tree, outs)
+
+  return wrapped

@@ -1,0 +1,460 @@
+"""The functions kernels call: program ids, Ref access with masks, dot, control flow, scratch."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import checkify
+
+from pallax._src import core as pc
+from pallax._src import jax_internals as ji
+
+
+# --- grid position ----------------------------------------------------------------
+
+def program_id(axis) -> jax.Array:
+  """The index of the running program along ``axis`` of the grid (or mesh)."""
+  env = pc.current_grid_env("program_id")
+  return env.ids[pc.axis_position(env, axis, "program_id")]
+
+
+def num_programs(axis) -> int:
+  """The size of the grid (or mesh) along ``axis``."""
+  env = pc.current_grid_env("num_programs")
+  return env.sizes[pc.axis_position(env, axis, "num_programs")]
+
+
+def cdiv(a, b):
+  """Ceiling division, for Python ints and arrays."""
+  if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
+    return -(-int(a) // int(b))
+  return (a + b - 1) // b
+
+
+def next_power_of_2(x: int) -> int:
+  if x <= 0:
+    raise ValueError(f"next_power_of_2 takes a positive int, got {x}")
+  return 1 << (int(x) - 1).bit_length()
+
+
+dslice = ji.ds
+ds = ji.ds
+Slice = ji.Slice
+
+
+# --- indexing helpers --------------------------------------------------------------
+
+def _split_ref(ref):
+  """(base ref, transforms so far) of a Ref or a ``ref.at[...]`` view."""
+  if isinstance(ref, ji.TransformedRef):
+    return ref.ref, tuple(ref.transforms)
+  return ref, ()
+
+
+def _normalize_index(idx, shape) -> tuple:
+  """Expands ``...``/missing trailing dims and turns Python slices into Slices."""
+  if not isinstance(idx, tuple):
+    idx = (idx,)
+  if any(i is Ellipsis for i in idx):
+    k = idx.index(Ellipsis)
+    idx = idx[:k] + (slice(None),) * (len(shape) - len(idx) + 1) + idx[k + 1:]
+  idx = idx + (slice(None),) * (len(shape) - len(idx))
+  if len(idx) != len(shape):
+    raise IndexError(f"too many indices ({len(idx)}) for a Ref of shape {shape}")
+  out = []
+  for i, d in zip(idx, shape):
+    if isinstance(i, slice):
+      start, stop, step = i.indices(d) if all(
+          isinstance(v, (int, type(None))) for v in (i.start, i.stop, i.step)) else (None,) * 3
+      if start is None:
+        raise TypeError("use pl.ds(start, size) for dynamic slices")
+      out.append(ji.Slice(start, max(0, -(-(stop - start) // step)), step))
+    else:
+      out.append(i)
+  return tuple(out)
+
+
+def _indexer(idx, shape):
+  idx = _normalize_index(idx, shape)
+  int_shapes = [jnp.shape(i) for i in idx if not isinstance(i, ji.Slice)]
+  int_shape = np.broadcast_shapes(*int_shapes) if int_shapes else ()
+  idx = tuple(i if isinstance(i, ji.Slice) else jnp.broadcast_to(jnp.asarray(i, jnp.int32), int_shape)
+              for i in idx)
+  return ji.NDIndexer(idx, tuple(shape), tuple(int_shape), validate=False)
+
+
+def _view_shape(ref_aval, transforms):
+  shape = ref_aval.shape
+  for t in transforms:
+    shape = t.get_indexer_shape() if isinstance(t, ji.NDIndexer) else t.transform_shape(shape)
+  return tuple(shape)
+
+
+def indexer_coords(indexer) -> list[jax.Array]:
+  """Per-dimension element coordinates of an NDIndexer, broadcast to its result shape."""
+  out_shape = tuple(indexer.get_indexer_shape())
+  is_int = [not isinstance(i, ji.Slice) for i in indexer.indices]
+  nslice = sum(not b for b in is_int)
+  int_rank = len(indexer.int_indexer_shape)
+  contiguous = bool(np.all(np.diff(np.where(is_int)[0]) == 1))
+  int_pos = (is_int.index(True) if (contiguous and any(is_int)) else 0)
+  # Positions in the result: slices keep their order, int dims sit at int_pos.
+  slice_dims = list(range(nslice + int_rank))
+  int_dims = slice_dims[int_pos:int_pos + int_rank]
+  del slice_dims[int_pos:int_pos + int_rank]
+  coords, k = [], 0
+  for i in indexer.indices:
+    if isinstance(i, ji.Slice):
+      d = slice_dims[k]
+      k += 1
+      c = lax.broadcasted_iota(jnp.int32, out_shape, d) * i.stride + jnp.asarray(i.start, jnp.int32)
+    else:
+      c = jnp.asarray(i, jnp.int32)
+      c = lax.broadcast_in_dim(c, out_shape, tuple(int_dims))
+    coords.append(c)
+  return coords
+
+
+def poison(shape, dtype):
+  """Values that stand out when read before written: NaN, the largest int, True."""
+  dtype = jnp.dtype(dtype)
+  if jnp.issubdtype(dtype, jnp.inexact):
+    v = jnp.nan
+  elif dtype == jnp.bool_:
+    v = True
+  else:
+    v = jnp.iinfo(dtype).max
+  return jnp.full(shape, v, dtype)
+
+
+# --- masked load / swap --------------------------------------------------------------
+
+masked_load_p = ji.Primitive("masked_load")
+masked_swap_p = ji.Primitive("masked_swap")
+
+
+def _masked_load_abstract_eval(ref_aval, *args, tree, has_mask, has_other):
+  transforms = ji.tree_util.tree_unflatten(tree, args[:tree.num_leaves])
+  shape = _view_shape(ref_aval, transforms)
+  return ji.ShapedArray(shape, ref_aval.dtype), {ji.ReadEffect(0)}
+
+
+def _masked_swap_abstract_eval(ref_aval, val_aval, *args, tree, has_mask):
+  transforms = ji.tree_util.tree_unflatten(tree, args[:tree.num_leaves])
+  shape = _view_shape(ref_aval, transforms)
+  if tuple(val_aval.shape) != shape:
+    raise ValueError(f"store of shape {val_aval.shape} into a Ref view of shape {shape}")
+  if val_aval.dtype != ref_aval.dtype:
+    raise ValueError(f"store of dtype {val_aval.dtype} into a Ref of dtype {ref_aval.dtype}")
+  return ji.ShapedArray(shape, ref_aval.dtype), {ji.WriteEffect(0)}
+
+
+masked_load_p.def_effectful_abstract_eval(_masked_load_abstract_eval)
+masked_swap_p.def_effectful_abstract_eval(_masked_swap_abstract_eval)
+
+
+def _apply_views(x, transforms):
+  """Applies all but the last indexer (the ``.at[...]`` views) to a value; returns (x, last)."""
+  *views, last = transforms
+  for t in views:
+    coords = indexer_coords(t)
+    x = x[tuple(coords)] if coords else x
+  return x, last
+
+
+def _masked_load_discharge(ctx, x, *args, tree, has_mask, has_other):
+  n = tree.num_leaves
+  transforms = ji.tree_util.tree_unflatten(tree, args[:n])
+  rest = list(args[n:])
+  mask = rest.pop(0) if has_mask else None
+  other = rest.pop(0) if has_other else None
+  x, last = _apply_views(x, transforms)
+  coords = indexer_coords(last)
+  in_range = functools.reduce(jnp.logical_and, [(c >= 0) & (c < d) for c, d in zip(coords, x.shape)],
+                              jnp.ones(coords[0].shape if coords else (), bool))
+  clamped = tuple(jnp.clip(c, 0, d - 1) for c, d in zip(coords, x.shape))
+  y = x[clamped] if clamped else x
+  keep = in_range if mask is None else (in_range & mask)
+  fill = poison(y.shape, y.dtype) if other is None else jnp.broadcast_to(other, y.shape).astype(y.dtype)
+  return (None,) * (1 + len(args)), jnp.where(keep, y, fill)
+
+
+def _masked_swap_discharge(ctx, x, val, *args, tree, has_mask):
+  n = tree.num_leaves
+  transforms = ji.tree_util.tree_unflatten(tree, args[:n])
+  mask = args[n] if has_mask else None
+  if len(transforms) > 1:
+    raise NotImplementedError("masked stores into a ref.at[...] view: index the Ref directly")
+  last = transforms[0]
+  coords = indexer_coords(last)
+  clamped = tuple(jnp.clip(c, 0, d - 1) for c, d in zip(coords, x.shape))
+  old = x[clamped]
+  keep = functools.reduce(jnp.logical_and, [(c >= 0) & (c < d) for c, d in zip(coords, x.shape)],
+                          jnp.ones(old.shape, bool))
+  if mask is not None:
+    keep = keep & mask
+  # Masked-off lanes point past the end and are dropped, so they never clobber a kept lane.
+  target = tuple(jnp.where(keep, c, d) for c, d in zip(coords, x.shape))
+  new_x = x.at[target].set(val, mode="drop")
+  return (new_x,) + (None,) * (1 + len(args)), old
+
+
+ji.register_discharge_rule(masked_load_p)(_masked_load_discharge)
+ji.register_discharge_rule(masked_swap_p)(_masked_swap_discharge)
+
+
+def _flat_access(ref, idx):
+  base, views = _split_ref(ref)
+  shape = _view_shape(base.aval if hasattr(base, "aval") else jax.typeof(base), views)
+  transforms = views + (_indexer(idx, shape),)
+  flat, tree = ji.tree_util.tree_flatten(transforms)
+  return base, flat, tree
+
+
+def load(x_ref_or_view, idx=(), *, mask=None, other=None, cache_modifier=None,
+         eviction_policy=None, volatile=False) -> jax.Array:
+  """Reads ``x_ref[idx]``; with ``mask``, lanes where it is False read ``other``
+  and may index past the Ref (as in Triton)."""
+  del cache_modifier, eviction_policy, volatile
+  if mask is None and other is None:
+    return x_ref_or_view[idx]
+  base, flat, tree = _flat_access(x_ref_or_view, idx)
+  extra = [m for m in (mask, other) if m is not None]
+  extra = [jnp.asarray(e) for e in extra]
+  return masked_load_p.bind(base, *flat, *extra, tree=tree, has_mask=mask is not None,
+                            has_other=other is not None)
+
+
+def swap(x_ref_or_view, idx, val, *, mask=None, eviction_policy=None) -> jax.Array:
+  """Writes ``val`` at ``idx`` (only where ``mask`` is True) and returns the old values."""
+  del eviction_policy
+  if mask is None:
+    old = x_ref_or_view[idx]
+    x_ref_or_view[idx] = val
+    return old
+  base, flat, tree = _flat_access(x_ref_or_view, idx)
+  val = jnp.asarray(val)
+  return masked_swap_p.bind(base, val, *flat, jnp.asarray(mask), tree=tree, has_mask=True)
+
+
+def store(x_ref_or_view, idx, val, *, mask=None, eviction_policy=None) -> None:
+  """Writes ``val`` at ``idx``; with ``mask``, only where it is True."""
+  if mask is None:
+    x_ref_or_view[idx] = val
+  else:
+    swap(x_ref_or_view, idx, val, mask=mask, eviction_policy=eviction_policy)
+
+
+# --- math ------------------------------------------------------------------------------
+
+def dot(a, b, trans_a: bool = False, trans_b: bool = False, allow_tf32: bool | None = None,
+        precision=None):
+  """Matrix product of 2D (or batched) blocks, accumulated in float32 (int32 for ints)."""
+  if a.ndim != b.ndim or a.ndim not in (2, 3):
+    raise ValueError(f"pl.dot takes two 2D or two 3D arrays, got {a.shape} and {b.shape}")
+  if allow_tf32 is not None:
+    if precision is not None:
+      raise ValueError("pass either allow_tf32 or precision to pl.dot, not both")
+    precision = lax.Precision.DEFAULT if allow_tf32 else lax.Precision.HIGHEST
+  lhs_c = a.ndim - 2 if trans_a else a.ndim - 1
+  rhs_c = b.ndim - 1 if trans_b else b.ndim - 2
+  batch = ((0,), (0,)) if a.ndim == 3 else ((), ())
+  dtype = jnp.promote_types(a.dtype, b.dtype)
+  out_dtype = jnp.int32 if jnp.issubdtype(dtype, jnp.integer) else jnp.float32
+  return lax.dot_general(a, b, (((lhs_c,), (rhs_c,)), batch), precision=precision,
+                         preferred_element_type=out_dtype)
+
+
+def broadcast_to(a, shape):
+  return jnp.broadcast_to(a, shape)
+
+
+def empty(shape, dtype, *, out_sharding=None):
+  """An array whose values must not be relied on (zeros here)."""
+  del out_sharding
+  return jnp.zeros(shape, dtype)
+
+
+def empty_like(x):
+  return jax.tree.map(lambda a: empty(jnp.shape(a), a.dtype), x)
+
+
+# --- compiler hints ------------------------------------------------------------------
+
+hint_p = ji.Primitive("compiler_hint")
+hint_p.def_impl(lambda x, **_: x)
+hint_p.def_abstract_eval(lambda x, **_: x)
+ji.mlir.register_lowering(hint_p, lambda ctx, x, **_: [x])
+ji.batching.primitive_batchers[hint_p] = lambda args, dims, **kw: (hint_p.bind(*args, **kw), dims[0])
+
+
+def multiple_of(x, values):
+  """Asserts to the compiler that ``x`` is a multiple of ``values``."""
+  values = tuple(values) if isinstance(values, (list, tuple)) else (int(values),)
+  return hint_p.bind(jnp.asarray(x), kind="multiple_of", values=values)
+
+
+def max_contiguous(x, values):
+  """Asserts to the compiler that the first ``values`` elements of ``x`` are contiguous."""
+  values = tuple(values) if isinstance(values, (list, tuple)) else (int(values),)
+  return hint_p.bind(jnp.asarray(x), kind="max_contiguous", values=values)
+
+
+# --- control flow ----------------------------------------------------------------------
+
+def when(condition, /):
+  """``@pl.when(cond)`` runs the decorated function only when ``cond`` holds."""
+  def decorator(f: Callable[[], None]) -> None:
+    if isinstance(condition, (bool, np.bool_)):
+      if condition:
+        f()
+    else:
+      lax.cond(condition, lambda: (f(), None)[1], lambda: None)
+  return decorator
+
+
+def loop(lower, upper, *, init_carry=None, step=1, unroll=None):
+  """``@pl.loop(lo, hi)`` runs the decorated ``body(i)`` (or ``body(i, carry)``
+  when ``init_carry`` is given) for ``i`` in ``range(lo, hi, step)``."""
+  def decorator(body):
+    trips = cdiv(upper - lower, step) if not isinstance(upper - lower, int) else max(0, cdiv(upper - lower, step))
+    idx_dtype = jnp.result_type(lower, upper)
+    def fori_body(k, carry):
+      i = jnp.asarray(lower, idx_dtype) + k * step
+      if init_carry is None:
+        body(i)
+        return carry
+      return body(i, carry)
+    kw = {} if unroll is None else {"unroll": unroll}
+    out = lax.fori_loop(0, trips, fori_body, init_carry, **kw)
+    return out
+  return decorator
+
+
+# --- scoped scratch ------------------------------------------------------------------
+
+run_scoped_p = ji.Primitive("run_scoped")
+run_scoped_p.multiple_results = True
+
+
+def _run_scoped_abstract_eval(*args, jaxpr, num_consts):
+  effects = set()
+  for eff in jaxpr.effects:
+    if isinstance(eff, ji.effects.JaxprInputEffect):
+      pos = jaxpr.invars.index(eff.input) if eff.input in jaxpr.invars else None
+      if pos is not None and pos < num_consts:
+        effects.add(eff.replace(pos))
+    else:
+      effects.add(eff)
+  return [v.aval for v in jaxpr.outvars], effects
+
+
+run_scoped_p.def_effectful_abstract_eval(_run_scoped_abstract_eval)
+
+
+def _run_scoped_discharge(ctx, *args, jaxpr, num_consts):
+  scratch = [poison(v.aval.shape, v.aval.dtype) for v in jaxpr.invars[num_consts:]]
+  pure = ji.discharge_state(jaxpr)
+  res = ji.eval_jaxpr(pure, pure.consts, *args, *scratch)
+  nout = len(jaxpr.outvars)
+  outs, finals = res[:nout], iter(res[nout:])
+  new_args = [next(finals) if ji.is_ref_aval(v.aval) else None for v in jaxpr.invars]
+  return new_args[:num_consts], outs
+
+
+ji.register_discharge_rule(run_scoped_p)(_run_scoped_discharge)
+
+
+def _ref_aval_of(t):
+  if isinstance(t, pc.MemoryRef) or hasattr(t, "get_ref_aval"):
+    return t.get_ref_aval()
+  if isinstance(t, jax.ShapeDtypeStruct):
+    return ji.ref_aval(t.shape, t.dtype)
+  raise TypeError(f"run_scoped takes scratch types such as pl.ANY((8,), jnp.float32), got {t!r}")
+
+
+def run_scoped(f: Callable[..., Any], *types, collective_axes=(), **kw_types):
+  """Calls ``f`` with freshly allocated scratch Refs of the given types; returns its result."""
+  del collective_axes
+  flat_types, types_tree = jax.tree.flatten((types, kw_types), is_leaf=lambda t: isinstance(t, pc.MemoryRef))
+  avals = [_ref_aval_of(t) for t in flat_types]
+  out_tree_box = []
+
+  def flat_f(*refs):
+    args, kwargs = jax.tree.unflatten(types_tree, refs)
+    out = f(*args, **kwargs)
+    flat_out, tree = jax.tree.flatten(out)
+    out_tree_box.append(tree)
+    return flat_out
+
+  jaxpr, _, consts = ji.trace_to_jaxpr(flat_f, avals, name=getattr(f, "__name__", "run_scoped"))
+  outs = run_scoped_p.bind(*consts, jaxpr=jaxpr, num_consts=len(consts))
+  return jax.tree.unflatten(out_tree_box[0], outs)
+
+
+# --- debugging --------------------------------------------------------------------------
+
+def debug_check(condition, message: str) -> None:
+  """Fails the kernel with ``message`` when ``condition`` is False, if
+  ``pl.enable_debug_checks()`` is on at trace time; otherwise does nothing."""
+  if pc.debug_checks_enabled():
+    checkify.check(condition, message)
+
+
+debug_print_p = ji.Primitive("debug_print")
+debug_print_p.multiple_results = True
+debug_print_p.def_effectful_abstract_eval(lambda *args, fmt: ([], {ji.debug_effect}))
+
+
+def _debug_print_lowering(ctx, *args, fmt):
+  def emit(*vals):
+    jax.debug.print(fmt, *vals)
+    return []
+  return ji.mlir.lower_fun(emit, multiple_results=True)(ctx, *args)
+
+
+ji.mlir.register_lowering(debug_print_p, _debug_print_lowering)
+debug_print_p.def_impl(lambda *args, fmt: (print(fmt.format(*args)), [])[1])
+
+
+def debug_print(fmt: str, *args) -> None:
+  """Prints ``fmt.format(*args)`` from inside a kernel (once per program)."""
+  debug_print_p.bind(*[jnp.asarray(a) for a in args], fmt=fmt)
+
+
+# --- semaphores and globals -------------------------------------------------------------
+
+def semaphore_read(sem_or_view) -> jax.Array:
+  return sem_or_view[...]
+
+
+def semaphore_signal(sem_or_view, inc=1, *, device_id=None, device_id_type=None, core_index=None):
+  """Adds ``inc`` to a semaphore."""
+  if device_id is not None or core_index is not None:
+    raise NotImplementedError("semaphore_signal to another device or core is not supported")
+  sem_or_view[...] = sem_or_view[...] + jnp.asarray(inc, sem_or_view.dtype)
+
+
+def semaphore_wait(sem_or_view, value=1, *, decrement=True):
+  """Waits until a semaphore reaches ``value`` (then subtracts it when ``decrement``)."""
+  cur = sem_or_view[...]
+  checkify.check(jnp.all(cur >= value),
+                 "semaphore_wait would block forever: the semaphore is below the awaited "
+                 "value and no other program can signal it (programs run one at a time here)")
+  if decrement:
+    sem_or_view[...] = cur - jnp.asarray(value, cur.dtype)
+
+
+def get_global(what):
+  """A scratch Ref shared by all programs of one call, zero-initialized."""
+  env = pc.current_grid_env("get_global")
+  if env.globals is None:
+    raise NotImplementedError("pl.get_global is only available inside pallas_call kernels")
+  return env.globals(what)
