@@ -62,7 +62,10 @@ def is_ref_aval(aval) -> bool:
 
 
 def ref_aval(shape, dtype, memory_space=None):
-  return AbstractRef(ShapedArray(tuple(shape), dtype), memory_space)
+  # pallax's memory spaces are not JAX's: jnp.zeros_like(ref) would reject them,
+  # so the Ref type carries none (backends read memory spaces from the specs).
+  del memory_space
+  return AbstractRef(ShapedArray(tuple(shape), dtype))
 
 
 def user_frame(source_info):
@@ -72,7 +75,7 @@ def user_frame(source_info):
     return None
   for frame in tb.frames:
     f = frame.file_name
-    if "/jax/" in f or "/pallax/" in f or "/jaxlib/" in f or f.startswith("<frozen"):
+    if "/jax/" in f or "/pallax/" in f or "/jaxlib/" in f or f.startswith("<"):
       continue
     return f"{f}:{frame.line_num} ({frame.function_name})"
   return None

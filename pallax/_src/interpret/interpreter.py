@@ -349,7 +349,7 @@ def _raise(err):
   msg = err.get()
   if msg is None:
     return
-  msg = msg.split("\n(check failed at")[0] if "\n(check failed at" in msg else msg
+  msg = msg.replace(" (`check` failed)", "")
   if "out-of-bounds" in msg or "the index_map of" in msg:
     raise IndexError(msg)
   raise KernelCheckError(msg)
