@@ -406,6 +406,9 @@ def _out_aval(s, i, name):
                   f"them), but out_shape[{i}] is {s!r}; use jax.ShapeDtypeStruct(shape, dtype)")
 
 
+_TRACE_CACHE: dict = {}
+
+
 def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.GridSpec | None = None,
                 grid=(), in_specs=pc.no_block_spec, out_specs=pc.no_block_spec, scratch_shapes=(),
                 input_output_aliases: dict[int, int] | None = None, debug: bool = False,
@@ -432,10 +435,30 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
     compiler_params = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
                                    for k, v in compiler_params.items()))
 
+  # (in_tree, in_avals) -> Params, so that eager calls trace and compile once. Shared by
+  # pallas_calls made with the same arguments (as jax.jit caches on the function).
+  try:
+    key = (kernel, grid_spec, repr(out_tree), tuple(out_avals), aliases, interpret, name, debug,
+           compiler_params, cost_estimate, backend, _grid_names)
+    hash(key)
+  except TypeError:
+    key = None
+  traced = _TRACE_CACHE.setdefault(key, {}) if key is not None else {}
+  if len(_TRACE_CACHE) > 512:
+    _TRACE_CACHE.clear()
+
   @functools.wraps(kernel)
   def wrapped(*args):
     flat_args, in_tree = jax.tree.flatten(args)
     in_avals = [_operand_aval(x, f"args[{i}]", name) for i, x in enumerate(flat_args)]
+    key = (in_tree, tuple(in_avals))
+    params = traced.get(key)
+    if params is None:
+      params = traced[key] = _trace(in_tree, in_avals)
+    outs = pallas_call_p.bind(*flat_args, params=params)
+    return jax.tree.unflatten(out_tree, outs)
+
+  def _trace(in_tree, in_avals) -> Params:
     nidx = grid_spec.num_scalar_prefetch
     for i, o in aliases:
       if not (0 <= i < len(in_avals)) or not (0 <= o < len(out_avals)):
@@ -457,7 +480,6 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
                     backend, globals_avals)
     if debug:
       print(f"The kernel jaxpr of pallas_call {name}:\n{jaxpr}\n{gm}")
-    outs = pallas_call_p.bind(*flat_args, params=params)
-    return jax.tree.unflatten(out_tree, outs)
+    return params
 
   return wrapped
