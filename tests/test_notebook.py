@@ -1,0 +1,194 @@
+"""The cells of the Pallas introduction notebook (spec 004), run with pallax.
+
+``import pallax as pl`` stands in for ``import jax.experimental.pallas as pl``;
+no ``interpret=`` flag is passed anywhere: on CPU pallax runs its interpreter.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallax as pl
+
+
+# --- cell: add_vectors under jax.jit ------------------------------------------------
+
+def add_vectors_kernel(x_ref, y_ref, o_ref):
+  x, y = x_ref[...], y_ref[...]
+  o_ref[...] = x + y
+
+
+@jax.jit
+def add_vectors(x: jax.Array, y: jax.Array) -> jax.Array:
+  return pl.pallas_call(
+      add_vectors_kernel,
+      out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype)
+  )(x, y)
+
+
+def test_add_vectors_arange():
+  out = add_vectors(jnp.arange(8), jnp.arange(8))
+  assert out.shape == (8,)
+  assert out.dtype == jnp.arange(8).dtype
+  np.testing.assert_array_equal(out, np.arange(8) * 2)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32])
+def test_add_vectors_random(dtype):
+  k1, k2 = jax.random.split(jax.random.key(101))
+  if jnp.issubdtype(dtype, jnp.integer):
+    x = jax.random.randint(k1, (8,), -1000, 1000, dtype)
+    y = jax.random.randint(k2, (8,), -1000, 1000, dtype)
+  else:
+    x = jax.random.normal(k1, (8,), dtype)
+    y = jax.random.normal(k2, (8,), dtype)
+  out = add_vectors(x, y)
+  assert out.dtype == dtype
+  np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(x + y, np.float32))
+
+
+def test_add_vectors_other_shapes():
+  # The same jitted function retraces for new shapes: 2D, non-power-of-two, size 1.
+  for i, shape in enumerate([(3, 5), (1,), (13,)]):
+    k1, k2 = jax.random.split(jax.random.key(110 + i))
+    x = jax.random.normal(k1, shape)
+    y = jax.random.normal(k2, shape)
+    np.testing.assert_array_equal(add_vectors(x, y), x + y)
+
+
+def test_add_vectors_eager_matches_jit():
+  k1, k2 = jax.random.split(jax.random.key(120))
+  x = jax.random.normal(k1, (8,))
+  y = jax.random.normal(k2, (8,))
+  eager = pl.pallas_call(add_vectors_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+  np.testing.assert_array_equal(eager, add_vectors(x, y))
+  np.testing.assert_array_equal(eager, x + y)
+
+
+# --- cell: iota ---------------------------------------------------------------------------
+
+def iota_kernel(o_ref):
+  i = pl.program_id(0)
+  o_ref[i] = i
+
+
+def iota(size: int):
+  return pl.pallas_call(iota_kernel,
+                        out_shape=jax.ShapeDtypeStruct((size,), jnp.int32),
+                        grid=(size,))()
+
+
+def test_iota_8():
+  out = iota(8)
+  assert out.dtype == jnp.int32
+  np.testing.assert_array_equal(out, np.arange(8, dtype=np.int32))
+
+
+@pytest.mark.parametrize("size", [1, 7, 33])
+def test_iota_sizes(size):
+  np.testing.assert_array_equal(iota(size), jnp.arange(size, dtype=jnp.int32))
+
+
+def test_iota_under_jit():
+  np.testing.assert_array_equal(jax.jit(iota, static_argnums=0)(8), np.arange(8))
+
+
+# --- cell: the 1024x1024 matmul on a 2x2 grid ------------------------------------------------
+
+def matmul_kernel(x_ref, y_ref, z_ref):
+  z_ref[...] = x_ref[...] @ y_ref[...]
+
+
+def matmul(x: jax.Array, y: jax.Array):
+  return pl.pallas_call(
+      matmul_kernel,
+      out_shape=jax.ShapeDtypeStruct((x.shape[0], y.shape[1]), x.dtype),
+      grid=(2, 2),
+      in_specs=[
+          pl.BlockSpec((x.shape[0] // 2, x.shape[1]), lambda i, j: (i, 0)),
+          pl.BlockSpec((y.shape[0], y.shape[1] // 2), lambda i, j: (0, j))
+      ],
+      out_specs=pl.BlockSpec(
+          (x.shape[0] // 2, y.shape[1] // 2), lambda i, j: (i, j),
+      )
+  )(x, y)
+
+
+def test_matmul_1024_notebook_cell():
+  # Exactly the notebook's cell, including its (default-tolerance) assert_allclose.
+  k1, k2 = jax.random.split(jax.random.key(0))
+  x = jax.random.normal(k1, (1024, 1024))
+  y = jax.random.normal(k2, (1024, 1024))
+  z = matmul(x, y)
+  assert z.shape == (1024, 1024) and z.dtype == jnp.float32
+  np.testing.assert_allclose(z, x @ y)
+
+
+def test_matmul_1024_fresh_inputs_jit():
+  k1, k2 = jax.random.split(jax.random.key(130))
+  x = jax.random.normal(k1, (1024, 1024))
+  y = jax.random.normal(k2, (1024, 1024))
+  z = jax.jit(matmul)(x, y)
+  np.testing.assert_allclose(z, x @ y, rtol=1e-5, atol=1e-4)
+
+
+def test_matmul_small_rectangular():
+  k1, k2 = jax.random.split(jax.random.key(131))
+  x = jax.random.normal(k1, (6, 10))
+  y = jax.random.normal(k2, (10, 14))
+  np.testing.assert_allclose(matmul(x, y), x @ y, rtol=1e-5, atol=1e-5)
+
+
+# --- cell: "You can transform a pallas function with vmap" -------------------------------------
+
+def test_vmap_add_vectors():
+  k1, k2 = jax.random.split(jax.random.key(140))
+  xs = jax.random.normal(k1, (4, 8))
+  ys = jax.random.normal(k2, (4, 8))
+  np.testing.assert_array_equal(jax.vmap(add_vectors)(xs, ys), xs + ys)
+
+
+def test_vmap_matmul_grid():
+  k1, k2 = jax.random.split(jax.random.key(141))
+  xs = jax.random.normal(k1, (3, 16, 8))
+  ys = jax.random.normal(k2, (3, 8, 12))
+  out = jax.vmap(matmul)(xs, ys)
+  np.testing.assert_allclose(out, jnp.einsum("bij,bjk->bik", xs, ys), rtol=1e-5, atol=1e-5)
+
+
+def test_vmap_under_jit():
+  k1, k2 = jax.random.split(jax.random.key(142))
+  xs = jax.random.randint(k1, (5, 8), -50, 50)
+  ys = jax.random.randint(k2, (5, 8), -50, 50)
+  out = jax.jit(jax.vmap(add_vectors))(xs, ys)
+  np.testing.assert_array_equal(out, xs + ys)
+
+
+# --- cell: program_id (blockIdx) and num_programs (grid size) ------------------------------------
+
+def test_program_id_and_num_programs():
+  def kernel(x_ref, o_ref):
+    i, j = pl.program_id(0), pl.program_id(1)
+    n0, n1 = pl.num_programs(0), pl.num_programs(1)
+    o_ref[...] = x_ref[...] * (i * n1 + j + 1) + n0 * 1000 + n1 * 100
+
+  x = jax.random.randint(jax.random.key(150), (6, 8), 1, 9)
+  out = pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(3, 2),
+      in_specs=[pl.BlockSpec((2, 4), lambda i, j: (i, j))],
+      out_specs=pl.BlockSpec((2, 4), lambda i, j: (i, j)))(x)
+  lin = np.repeat(np.repeat(np.arange(6).reshape(3, 2), 2, axis=0), 4, axis=1) + 1
+  np.testing.assert_array_equal(out, np.asarray(x) * lin + 3000 + 200)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_program_id_three_axes(axis):
+  grid = (2, 3, 4)
+
+  def kernel(o_ref):
+    o_ref[pl.program_id(0), pl.program_id(1), pl.program_id(2)] = (
+        pl.program_id(axis) + 10 * pl.num_programs(axis))
+
+  out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(grid, jnp.int32), grid=grid)()
+  expect = np.indices(grid)[axis] + 10 * grid[axis]
+  np.testing.assert_array_equal(out, expect)
