@@ -320,7 +320,7 @@ def time_fn(fn, args, min_reps: int, budget_s: float):
     t = time.perf_counter()
     fn(*args).block_until_ready()
     times.append(time.perf_counter() - t)
-  return statistics.median(times), len(times), warm
+  return statistics.median(times), len(times), min(times)
 
 
 def run_kernel(name, builder, make_inputs, ref, options, seed, min_reps, budget_s):
@@ -337,15 +337,17 @@ def run_kernel(name, builder, make_inputs, ref, options, seed, min_reps, budget_
       out = fn(*check_args).block_until_ready()
       row[f"{impl}_first_s"] = time.perf_counter() - t0     # trace + compile + run
       row[f"{impl}_err"] = rel_err(out, expected)
-      ms, reps, warm = time_fn(fn, time_args, min_reps, budget_s)
+      ms, reps, best = time_fn(fn, time_args, min_reps, budget_s)
       row[f"{impl}_ms"] = ms * 1e3
+      row[f"{impl}_min_ms"] = best * 1e3
       row[f"{impl}_reps"] = reps
     except Exception as e:  # a failing implementation is reported, not fatal
       row[f"{impl}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
       if VERBOSE:
         traceback.print_exc()
     print(f"  {name:18s} {impl:7s} "
-          + (f"{row[f'{impl}_ms']:9.2f} ms (median of {row[f'{impl}_reps']}), "
+          + (f"{row[f'{impl}_ms']:9.2f} ms (median of {row[f'{impl}_reps']}, min "
+             f"{row[f'{impl}_min_ms']:.2f}), "
              f"first call {row[f'{impl}_first_s']:.2f} s, rel err {row[f'{impl}_err']:.2e}"
              if f"{impl}_ms" in row else f"FAILED: {row[f'{impl}_error']}"), flush=True)
   if "pallax_ms" in row and "pallas_ms" in row:
@@ -379,11 +381,22 @@ def table(rows, markdown: bool) -> str:
   return "\n".join(lines)
 
 
+def cpu_model() -> str:
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return "unknown"
+
+
 def machine() -> dict:
   return {
       "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
       "platform.processor()": platform.processor() or "(empty)",
       "platform.machine()": platform.machine(),
+      "CPU model (/proc/cpuinfo)": cpu_model(),
       "platform.platform()": platform.platform(),
       "os.cpu_count()": os.cpu_count(),
       "usable CPUs (sched_getaffinity)": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "n/a",

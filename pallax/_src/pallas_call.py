@@ -244,6 +244,16 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
   return closed, tuple(globals_avals)
 
 
+def _param_names(kernel, n: int) -> tuple[str, ...]:
+  try:
+    ps = [p for p in inspect.signature(kernel).parameters.values()
+          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  except (TypeError, ValueError):
+    ps = []
+  names = [p.name for p in ps[:n]] if len(ps) >= n else []
+  return tuple(names) if len(names) == n else tuple(f"ref{i}" for i in range(n))
+
+
 # --- the primitive ---------------------------------------------------------------------------
 
 pallas_call_p = ji.Primitive("pallas_call")
@@ -263,6 +273,7 @@ class Params:
   cost_estimate: Any
   backend: str | None
   globals_avals: tuple = ()
+  arg_names: tuple[str, ...] = ()   # the kernel's parameter names (for generated code)
 
   @property
   def out_avals(self):
@@ -477,7 +488,7 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
                  + [f"scratch[{i}]" for i in range(len(gm.scratch_avals))])
     jaxpr, globals_avals = trace_kernel(kernel, name, gm.grid, ref_avals, ref_names, _grid_names)
     params = Params(jaxpr, gm, name, interpret, debug, aliases, compiler_params, cost_estimate,
-                    backend, globals_avals)
+                    backend, globals_avals, _param_names(kernel, len(ref_avals)))
     if debug:
       print(f"The kernel jaxpr of pallas_call {name}:\n{jaxpr}\n{gm}")
     return params

@@ -29,7 +29,7 @@ from pallax._src import checks
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
-from pallax._src.interpret import schedule as sched
+from pallax._src import schedule as sched
 
 
 @dataclasses.dataclass(frozen=True)

@@ -72,16 +72,18 @@ def lanes_disjoint(table: np.ndarray, grid, axes) -> bool:
   return len(pairs) == len(np.unique(block_ids))
 
 
-def choose(gm, tables) -> Schedule:
-  """The largest set of parallel axes whose lanes write disjoint output blocks."""
+def choose(gm, tables, outputs=None) -> Schedule:
+  """The largest set of parallel axes whose lanes write disjoint blocks of ``outputs``
+  (indices among the outputs; all of them by default)."""
   rank = len(gm.grid)
   every = tuple(range(rank))
   if tables is None:
     return Schedule((), every, "index maps read scalar-prefetch operands")
-  outs = gm.block_mappings_output
+  outputs = range(gm.num_outputs) if outputs is None else outputs
+  outs = [gm.block_mappings_output[k] for k in outputs]
   if any(bm.has_element_dims for bm in outs):
     return Schedule((), every, "an output uses pl.Element blocks (windows may overlap)")
-  out_tables = tables[gm.num_inputs:]
+  out_tables = [tables[gm.num_inputs + k] for k in outputs]
   best, best_size = (), 1
   for k in range(rank, 0, -1):
     for axes in itertools.combinations(every, k):
