@@ -8,15 +8,17 @@ Method, per kernel and per implementation:
   * correctness: it runs on fresh random inputs (their own jax.random keys) and is compared
     with a plain-JAX reference; the error reported is max|out - ref| / max|ref|;
   * warm-up: compile + one run on the timing inputs (other keys);
-  * timing: N repetitions of ``f(*args).block_until_ready()`` timed with
-    ``time.perf_counter``; the median is reported (N >= MIN_REPS, more while the
-    per-kernel time budget allows).
+  * timing: N calls of ``f(*args).block_until_ready()`` timed with ``time.perf_counter``;
+    the median is reported. The two implementations alternate in rounds (the faster one
+    called several times per round) so that both see the same machine load; at least
+    --reps (>= 5) rounds, more while the per-kernel --budget allows.
 
 Prints a table and the geometric-mean speedup (pallas ms / pallax ms), and writes the
 table as markdown to benchmarks/results/interpret_vs_pallas_<YYYY-MM-DD>.md.
 
 Run: cd /work/main && .venv/bin/python benchmarks/interpret_vs_pallas.py
-Options: --quick (MIN_REPS=5, smaller budget), --only NAME[,NAME...], --reps N.
+Options: --reps N (minimum rounds, >= 5), --budget S (seconds per kernel), --only NAME[,NAME...],
+--no-write, --verbose.
 """
 from __future__ import annotations
 
@@ -309,18 +311,33 @@ def rel_err(out, ref) -> float:
   return float(np.max(np.abs(out - ref)) / max(np.max(np.abs(ref)), 1e-30))
 
 
-def time_fn(fn, args, min_reps: int, budget_s: float):
-  t0 = time.perf_counter()
-  fn(*args).block_until_ready()            # compile + first run
-  warm = time.perf_counter() - t0
-  times = []
-  start = time.perf_counter()
-  while len(times) < min_reps or (time.perf_counter() - start + statistics.median(times) < budget_s
-                                   and len(times) < 50):
-    t = time.perf_counter()
+def time_interleaved(fns: dict, args, min_reps: int, budget_s: float) -> dict:
+  """Times the implementations in alternation so that both see the same machine load.
+
+  Each round calls every implementation; after the first round a faster implementation is
+  called several times per round (up to 20, about as long as the slowest one's call), so it
+  gets more samples. Runs at least ``min_reps`` rounds, more while ``budget_s`` lasts (at
+  most 50). Returns {impl: (median s, samples, min s)}."""
+  for fn in fns.values():                    # warm-up: compile + one run on the timing inputs
     fn(*args).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return statistics.median(times), len(times), min(times)
+  times = {impl: [] for impl in fns}
+  inner = {impl: 1 for impl in fns}
+  start = time.perf_counter()
+  rounds = 0
+  while True:
+    for impl, fn in fns.items():
+      for _ in range(inner[impl]):
+        t = time.perf_counter()
+        fn(*args).block_until_ready()
+        times[impl].append(time.perf_counter() - t)
+    rounds += 1
+    meds = {impl: statistics.median(t) for impl, t in times.items()}
+    slowest = max(meds.values())
+    inner = {impl: max(1, min(20, int(slowest / max(m, 1e-9)))) for impl, m in meds.items()}
+    round_s = sum(meds[i] * inner[i] for i in fns)
+    if rounds >= min_reps and (rounds >= 50 or time.perf_counter() - start + round_s > budget_s):
+      break
+  return {impl: (statistics.median(t), len(t), min(t)) for impl, t in times.items()}
 
 
 def run_kernel(name, builder, make_inputs, ref, options, seed, min_reps, budget_s):
@@ -330,25 +347,27 @@ def run_kernel(name, builder, make_inputs, ref, options, seed, min_reps, budget_
   time_args = make_inputs(k_time)
   expected = jax.jit(ref)(*check_args)
   row = {"name": name, "gmean": options.get("gmean", True)}
-  for impl, pl in IMPLS.items():
+  fns = {}
+  for impl, pl in IMPLS.items():             # build + correctness check on fresh inputs
     try:
       fn = jax.jit(builder(pl, interpret=options.get("interpret", {}).get(impl, True)))
       t0 = time.perf_counter()
       out = fn(*check_args).block_until_ready()
       row[f"{impl}_first_s"] = time.perf_counter() - t0     # trace + compile + run
       row[f"{impl}_err"] = rel_err(out, expected)
-      ms, reps, best = time_fn(fn, time_args, min_reps, budget_s)
-      row[f"{impl}_ms"] = ms * 1e3
-      row[f"{impl}_min_ms"] = best * 1e3
-      row[f"{impl}_reps"] = reps
+      fns[impl] = fn
     except Exception as e:  # a failing implementation is reported, not fatal
       row[f"{impl}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
       if VERBOSE:
         traceback.print_exc()
+  if fns:
+    for impl, (med, reps, best) in time_interleaved(fns, time_args, min_reps, budget_s).items():
+      row[f"{impl}_ms"], row[f"{impl}_reps"], row[f"{impl}_min_ms"] = med * 1e3, reps, best * 1e3
+  for impl in IMPLS:
     print(f"  {name:18s} {impl:7s} "
           + (f"{row[f'{impl}_ms']:9.2f} ms (median of {row[f'{impl}_reps']}, min "
-             f"{row[f'{impl}_min_ms']:.2f}), "
-             f"first call {row[f'{impl}_first_s']:.2f} s, rel err {row[f'{impl}_err']:.2e}"
+             f"{row[f'{impl}_min_ms']:.2f}), first call {row[f'{impl}_first_s']:.2f} s, "
+             f"rel err {row[f'{impl}_err']:.2e}"
              if f"{impl}_ms" in row else f"FAILED: {row[f'{impl}_error']}"), flush=True)
   if "pallax_ms" in row and "pallas_ms" in row:
     row["speedup"] = row["pallas_ms"] / row["pallax_ms"]
@@ -361,7 +380,7 @@ def fmt(v, spec):
 
 def table(rows, markdown: bool) -> str:
   head = ["kernel", "pallax ms", "pallas ms", "speedup (pallas/pallax)", "pallax rel err",
-          "pallas rel err", "pallax 1st call s", "pallas 1st call s", "reps (pallax/pallas)"]
+          "pallas rel err", "pallax 1st call s", "pallas 1st call s", "samples (pallax/pallas)"]
   body = []
   for r in rows:
     body.append([r["name"], fmt(r.get("pallax_ms"), ".2f"), fmt(r.get("pallas_ms"), ".2f"),
@@ -406,14 +425,22 @@ def machine() -> dict:
       "pallax": pallax.__version__,
       "jax backend": jax.default_backend(),
       "devices": ", ".join(str(d) for d in jax.devices()),
+      "load average at start (1/5/15 min)": load_average(),
   }
+
+
+def load_average() -> str:
+  try:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+  except OSError:
+    return "n/a"
 
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--reps", type=int, default=5, help="minimum timed repetitions (>= 5)")
-  ap.add_argument("--budget", type=float, default=2.0,
-                  help="seconds of timed repetitions per kernel and implementation beyond --reps")
+  ap.add_argument("--budget", type=float, default=4.0,
+                  help="seconds of timed rounds per kernel (both implementations) beyond --reps")
   ap.add_argument("--only", default="", help="comma-separated kernel names")
   ap.add_argument("--no-write", action="store_true", help="do not write the markdown file")
   ap.add_argument("--verbose", action="store_true", help="print tracebacks of failing builds")
@@ -433,15 +460,20 @@ def main(argv=None):
     rows.append(run_kernel(name, builder, make_inputs, ref, options, 1000 + 17 * seed, min_reps,
                            args.budget))
   total = time.perf_counter() - t_start
+  info["load average at end (1/5/15 min)"] = load_average()
 
   in_gmean = [r["name"] for r in rows if "speedup" in r and r["gmean"]]
   speedups = [r["speedup"] for r in rows if "speedup" in r and r["gmean"]]
+  no_add = [r["speedup"] for r in rows if "speedup" in r and r["gmean"] and r["name"] != "add"]
+  gmean_no_add = math.exp(sum(map(math.log, no_add)) / len(no_add)) if no_add else float("nan")
   gmean = math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else float("nan")
   print()
   print(table(rows, markdown=False))
   print(f"\ngeometric-mean speedup (pallas ms / pallax ms) over {len(speedups)} kernels "
         f"({', '.join(in_gmean)}): {gmean:.2f}x")
-  print(f"total benchmark time: {total:.1f} s")
+  print(f"  without add (whose ratio dominates): {gmean_no_add:.2f}x over {len(no_add)} kernels")
+  print(f"total benchmark time: {total:.1f} s; load average at end: {info['load average at end (1/5/15 min)']}"
+        f" ({os.cpu_count()} CPUs; other processes on the machine disturb the timings)")
   failures = [(r["name"], impl, r[f"{impl}_error"]) for r in rows for impl in IMPLS
               if f"{impl}_error" in r]
   for name, impl, err in failures:
@@ -463,9 +495,14 @@ def main(argv=None):
            "compared with a plain-JAX reference; *rel err* = max|out - ref| / max|ref|.",
            "- warm-up: compile + one run on the timing inputs (different keys); *1st call s* is the "
            "first call of the jitted function (trace + compile + run).",
-           f"- timing: median of N >= {min_reps} repetitions of `f(*args).block_until_ready()` timed "
-           f"with `time.perf_counter` (more repetitions while a {args.budget:g} s budget allows; "
-           "N in the last column).",
+           f"- timing: median of N >= {min_reps} calls of `f(*args).block_until_ready()`, each timed "
+           "with `time.perf_counter`. The two implementations alternate in rounds so that both see "
+           "the same machine load; the faster one is called several times per round (up to 20) to "
+           f"get more samples. At least {min_reps} rounds, more while a {args.budget:g} s budget "
+           "per kernel allows (at most 50); samples per implementation in the last column.",
+           "- a load average above this run's own ~1-2 means other processes shared the CPUs: "
+           "absolute times are then inflated and noisy; the alternation keeps the ratios "
+           "comparable.",
            "- speedup = pallas ms / pallax ms (> 1: pallax faster). Both at their default "
            "`interpret=True` settings (for pallax that includes run-time bounds checks).",
            "", "## Kernels", ""]
@@ -473,6 +510,8 @@ def main(argv=None):
     md += ["", "## Results", "", table(rows, markdown=True), "",
            f"Geometric-mean speedup over {len(speedups)} kernels ({', '.join(in_gmean)}): "
            f"**{gmean:.2f}x**", "",
+           f"Without `add` (whose ratio dominates the mean): {gmean_no_add:.2f}x over "
+           f"{len(no_add)} kernels.", "",
            f"Total benchmark time: {total:.1f} s"]
     if failures:
       md += ["", "## Failures", ""] + [f"- `{n}` on {i}: {e}" for n, i, e in failures]

@@ -308,7 +308,7 @@ def _use_interpreter(params: Params, platform: str) -> bool:
   if params.backend not in (None, "triton"):
     raise ValueError(f"pallas_call {params.name}: unknown backend {params.backend!r}; "
                      "use backend='triton' or interpret=True")
-  if platform == "cuda" and _triton_lowering is not None:
+  if platform == "cuda" and _triton_available():
     return False
   if not _interpret_note_shown:
     _interpret_note_shown = True
@@ -317,7 +317,12 @@ def _use_interpreter(params: Params, platform: str) -> bool:
   return True
 
 
-_triton_lowering: Callable | None = None   # set by the Triton backend when it is importable
+def _triton_available() -> bool:
+  try:
+    import triton  # noqa: F401
+  except ImportError:
+    return False
+  return True
 
 
 def _lowering(ctx, *args, params: Params, platform: str):
@@ -325,7 +330,8 @@ def _lowering(ctx, *args, params: Params, platform: str):
   if _use_interpreter(params, platform):
     fn = functools.partial(interpreter.run, params=params, raise_errors="callback")
     return ji.mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
-  return _triton_lowering(ctx, *args, params=params)
+  from pallax._src.triton import launch
+  return launch.triton_lowering(ctx, *args, params=params)
 
 
 for _platform in ("cpu", "cuda", "rocm", "tpu"):

@@ -1,0 +1,1 @@
+"""The Triton backend: kernel jaxpr + GridMapping -> Triton source -> PTX, launched inside XLA."""

@@ -1,0 +1,227 @@
+"""``pallax.triton``: compiler params, Triton-specific kernel functions, and ``lower``."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallax._src import core as pc
+from pallax._src import jax_internals as ji
+from pallax._src import pallas_call as pcall
+from pallax._src import primitives as prims
+from pallax._src.primitives import dot, load, max_contiguous, store  # noqa: F401  (re-exported)
+from pallax._src.triton import codegen
+from pallax._src.triton import rules
+from pallax._src.triton.compile import compile_kernel
+from pallax._src.triton.values import Val, tl_dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class CompilerParams(pc.CompilerParams):
+  """Triton compiler parameters; ``None`` picks a default from the block sizes."""
+  BACKEND = "triton"
+  num_warps: int | None = None
+  num_stages: int | None = None
+
+
+# --- atomics -----------------------------------------------------------------------------
+
+atomic_p = ji.Primitive("atomic_rmw")
+
+
+def _atomic_abstract_eval(ref, val, *args, tree, op, has_mask):
+  shape = prims._view_shape(ref, ji.tree_util.tree_unflatten(tree, args[:tree.num_leaves]))
+  return ji.ShapedArray(shape, ref.dtype), {ji.WriteEffect(0), ji.ReadEffect(0)}
+
+
+atomic_p.def_effectful_abstract_eval(_atomic_abstract_eval)
+
+_COMBINE = {"add": jnp.add, "max": jnp.maximum, "min": jnp.minimum, "and": jnp.bitwise_and,
+            "or": jnp.bitwise_or, "xor": jnp.bitwise_xor, "xchg": lambda old, v: v}
+
+
+def _atomic_discharge(ctx, x, val, *args, tree, op, has_mask):
+  n = tree.num_leaves
+  (indexer,) = ji.tree_util.tree_unflatten(tree, args[:n])
+  coords = tuple(prims.indexer_coords(indexer))
+  old = x[coords] if coords else x
+  if op == "cas":
+    cmp, val = val
+    new = jnp.where(old == cmp, val, old)
+  else:
+    new = _COMBINE[op](old, val)
+  if has_mask:
+    new = jnp.where(args[n], new, old)
+  new_x = x.at[coords].set(new) if coords else new
+  return (new_x,) + (None,) * (1 + len(args)), old
+
+
+ji.register_discharge_rule(atomic_p)(_atomic_discharge)
+
+
+def _atomic(op, x_ref_or_view, idx, val, mask=None):
+  base, flat, tree = prims._flat_access(x_ref_or_view, idx)
+  extra = [jnp.asarray(mask)] if mask is not None else []
+  return atomic_p.bind(base, val, *flat, *extra, tree=tree, op=op, has_mask=mask is not None)
+
+
+def _atomic_fn(op):
+  def fn(x_ref_or_view, idx, val, *, mask=None, sem=None, scope=None):
+    """Atomically combines ``val`` into ``x_ref[idx]``; returns the old values."""
+    del sem, scope
+    return _atomic(op, x_ref_or_view, idx, jnp.asarray(val), mask)
+  fn.__name__ = f"atomic_{op}"
+  return fn
+
+
+atomic_add, atomic_max, atomic_min = _atomic_fn("add"), _atomic_fn("max"), _atomic_fn("min")
+atomic_and, atomic_or, atomic_xor = _atomic_fn("and"), _atomic_fn("or"), _atomic_fn("xor")
+atomic_xchg = _atomic_fn("xchg")
+
+
+def atomic_cas(ref, cmp, val):
+  """Where ``ref[...] == cmp`` writes ``val``; returns the old values."""
+  return _atomic("cas", ref, (), (jnp.asarray(cmp), jnp.asarray(val)))
+
+
+def _atomic_lowering(cg, eqn, ref, val, *rest):
+  p = eqn.params
+  n = p["tree"].num_leaves
+  view = cg.index_ref(ref, ji.tree_util.tree_unflatten(p["tree"], list(rest[:n])))
+  mask = rest[n] if p["has_mask"] else None
+  offs, m, shape = cg.address(view, mask)
+  ptr = f"{view.ptr} + {offs}" if offs != "0" else view.ptr
+  mexpr = f", mask={m}" if m else ""
+  if p["op"] == "cas":
+    raise codegen.Unsupported("atomic_cas with a value pair")
+  return cg.bind(f"tl.atomic_{p['op']}({ptr}, {val.expr}{mexpr})", shape, ref.dtype, "old")
+
+
+codegen.LOWERINGS[atomic_p] = _atomic_lowering
+
+
+# --- other Triton-specific functions ---------------------------------------------------------
+
+approx_tanh_p = ji.Primitive("approx_tanh")
+approx_tanh_p.def_abstract_eval(lambda x: x)
+approx_tanh_p.def_impl(jnp.tanh)
+ji.mlir.register_lowering(approx_tanh_p, ji.mlir.lower_fun(jnp.tanh, multiple_results=False))
+ji.batching.primitive_batchers[approx_tanh_p] = lambda args, dims: (approx_tanh_p.bind(*args), dims[0])
+
+
+def approx_tanh(x):
+  """tanh with the GPU's fast approximate instruction (exact tanh in the interpreter)."""
+  return approx_tanh_p.bind(jnp.asarray(x))
+
+
+def _approx_tanh_lowering(cg, eqn, x):
+  if x.dtype == jnp.float32:
+    expr = (f'tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [{x.expr}], '
+            f"dtype=tl.float32, is_pure=True, pack=1)")
+  else:
+    expr = cg.f32_math("libdevice.tanh({0})", x)
+  return cg.bind(expr, x.shape, x.dtype, "tanh")
+
+
+codegen.LOWERINGS[approx_tanh_p] = _approx_tanh_lowering
+
+barrier_p = ji.Primitive("debug_barrier")
+barrier_p.multiple_results = True
+barrier_p.def_effectful_abstract_eval(lambda: ([], {ji.debug_effect}))
+barrier_p.def_impl(lambda: [])
+ji.mlir.register_lowering(barrier_p, lambda ctx: [])
+
+
+def debug_barrier():
+  """Synchronizes the threads of a program (a no-op in the interpreter)."""
+  barrier_p.bind()
+
+
+def _barrier_lowering(cg, eqn):
+  cg.emit("tl.debug_barrier()")
+  return []
+
+
+codegen.LOWERINGS[barrier_p] = _barrier_lowering
+
+inline_asm_p = ji.Primitive("elementwise_inline_asm")
+inline_asm_p.multiple_results = True
+inline_asm_p.def_abstract_eval(
+    lambda *args, asm, constraints, pack, result_shape_dtypes: [
+        ji.ShapedArray(s.shape, s.dtype) for s in result_shape_dtypes])
+
+
+def _no_asm_in_interpreter(*args, **kw):
+  raise NotImplementedError("elementwise_inline_asm runs PTX, which the interpreter cannot "
+                            "execute; write the operation with jnp for the interpreter")
+
+
+ji.mlir.register_lowering(inline_asm_p, lambda ctx, *a, **kw: _no_asm_in_interpreter())
+inline_asm_p.def_impl(_no_asm_in_interpreter)
+
+
+def elementwise_inline_asm(asm: str, *, args, constraints: str, pack: int, result_shape_dtypes):
+  """Inline PTX applied elementwise (Triton only)."""
+  return inline_asm_p.bind(*args, asm=asm, constraints=constraints, pack=pack,
+                           result_shape_dtypes=tuple(result_shape_dtypes))
+
+
+def _inline_asm_lowering(cg, eqn, *args):
+  p = eqn.params
+  outs = p["result_shape_dtypes"]
+  dtypes = [tl_dtype(s.dtype) for s in outs]
+  dt = dtypes[0] if len(dtypes) == 1 else f"({', '.join(dtypes)},)"
+  expr = (f"tl.inline_asm_elementwise({p['asm']!r}, {p['constraints']!r}, "
+          f"[{', '.join(a.expr for a in args)}], dtype={dt}, is_pure=True, pack={p['pack']})")
+  if len(outs) == 1:
+    return [cg.bind(expr, outs[0].shape, outs[0].dtype, "asm")]
+  tup = cg.fresh("asm")
+  cg.emit(f"{tup} = {expr}")
+  return [cg.bind(f"{tup}[{i}]", s.shape, s.dtype, "asm") for i, s in enumerate(outs)]
+
+
+codegen.LOWERINGS[inline_asm_p] = _inline_asm_lowering
+
+
+# --- inspection without a GPU ------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class KernelArtifact:
+  """One compiled pallas_call: the generated Triton source and what Triton made of it."""
+  name: str
+  source: str
+  ttir: str
+  ptx: str
+  shared_mem_bytes: int
+  num_warps: int
+  num_stages: int
+  grid: tuple[int, int, int]
+
+
+def _pallas_call_params(jaxpr):
+  for eqn in jaxpr.eqns:
+    if eqn.primitive is pcall.pallas_call_p:
+      yield eqn.params["params"]
+    for v in eqn.params.values():
+      subs = v if isinstance(v, tuple) else (v,)
+      for s in subs:
+        if isinstance(s, ji.Jaxpr):
+          yield from _pallas_call_params(s)
+
+
+def lower(fun, *args, compute_capability: int = 90, **kwargs) -> list[KernelArtifact]:
+  """Traces ``fun(*args)`` (arrays or ``jax.ShapeDtypeStruct``s) and compiles every pallas_call
+  in it for ``sm_<compute_capability>``; needs no GPU."""
+  from pallax._src.triton.launch import check_compute_capability
+  closed = jax.make_jaxpr(functools.partial(fun, **kwargs))(*args)
+  out = []
+  for params in _pallas_call_params(closed.jaxpr):
+    check_compute_capability(compute_capability, params.name)
+    ks = codegen.generate(params, compute_capability)
+    c = compile_kernel(ks, compute_capability, params.name)
+    out.append(KernelArtifact(params.name, c.source, c.ttir, c.ptx, c.shared_mem_bytes,
+                              c.num_warps, c.num_stages, c.grid))
+  return out

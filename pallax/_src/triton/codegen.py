@@ -1,0 +1,636 @@
+"""Kernel jaxpr + GridMapping -> the source of one ``@triton.jit`` function.
+
+Generated code is meant to be read: one statement a line, names from the kernel's
+parameters, and a comment with the user's source line above the code it produced.
+
+Grid: the axes along which programs may run concurrently become Triton's launch
+grid (flattened into axis 0); axes along which a block the kernel reads back is
+revisited run as loops inside each program, in order, as in the interpreter.
+"""
+from __future__ import annotations
+
+import dataclasses
+import linecache
+import math
+import re
+
+import jax.numpy as jnp
+import numpy as np
+
+from pallax._src import checks
+from pallax._src import core as pc
+from pallax._src import jax_internals as ji
+from pallax._src import primitives as prims
+from pallax._src import schedule as sched
+from pallax._src.triton import rules
+from pallax._src.triton.values import SIGNATURE, RefDim, RefVal, Val, pow2, tl_dtype
+
+PROLOGUE = '''import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+INF = tl.constexpr(float("inf"))
+NAN = tl.constexpr(float("nan"))
+
+
+@triton.jit
+def _and(a, b):
+    return a & b
+
+
+@triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def _mul(a, b):
+    return a * b
+
+
+@triton.jit
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _min(a, b):
+    return tl.minimum(a, b)
+'''
+
+
+@dataclasses.dataclass
+class KernelSource:
+  name: str
+  source: str
+  signature: dict[str, str]
+  grid: tuple[int, int, int]
+  num_warps: int
+  num_stages: int
+  debug: bool
+  stages_chosen: bool = False   # the user set num_stages (no automatic retry with fewer)
+
+
+class Unsupported(NotImplementedError):
+  pass
+
+
+def _ident(s: str) -> str:
+  s = re.sub(r"\W", "_", s)
+  return s if s and not s[0].isdigit() else f"k_{s}"
+
+
+class Codegen:
+  def __init__(self, kernel_name: str):
+    self.kernel_name = kernel_name
+    self.lines: list[str] = []
+    self.depth = 1
+    self.used: set[str] = {"tl", "triton", "libdevice", "INF", "NAN", "range"}
+    self.last_frame = None
+    self.max_numel = 1
+    self.has_checks = False
+    self.has_dot_loop = False
+    self._in_loop = 0
+
+  # --- emitting ----------------------------------------------------------------------
+  def emit(self, line: str):
+    self.lines.append("    " * self.depth + line)
+
+  def fresh(self, hint: str) -> str:
+    base = _ident(hint)
+    name, k = base, 1
+    while name in self.used:
+      k += 1
+      name = f"{base}{k}"
+    self.used.add(name)
+    return name
+
+  def bind(self, expr: str, shape, dtype, hint: str = "v", copy: bool = False) -> Val:
+    if not copy and re.fullmatch(r"[A-Za-z_]\w*", expr) and expr not in ("True", "False"):
+      return Val(expr, tuple(shape), jnp.dtype(dtype))   # a name already: no new line
+    v = Val(self.fresh(hint), tuple(shape), jnp.dtype(dtype))
+    self.max_numel = max(self.max_numel, math.prod(v.padded))
+    self.emit(f"{v.expr} = {expr}")
+    return v
+
+  def comment_source(self, eqn):
+    frame = ji.user_frame(eqn.source_info)
+    if frame is None or frame == self.last_frame:
+      return
+    self.last_frame = frame
+    m = re.match(r"(.*):(\d+) \((.*)\)$", frame)
+    text = linecache.getline(m.group(1), int(m.group(2))).strip() if m else ""
+    self.emit(f"# {frame}: {text}" if text else f"# {frame}")
+
+  # --- values ------------------------------------------------------------------------
+  def const(self, value, dtype) -> Val:
+    dtype = jnp.dtype(dtype)
+    v = np.asarray(value).item()
+    if dtype == jnp.bool_:
+      return Val("True" if v else "False", (), dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+      text = "INF" if v == np.inf else "-INF" if v == -np.inf else "NAN" if np.isnan(v) else repr(float(v))
+      if dtype == jnp.float32 and text not in ("INF", "-INF", "NAN"):
+        return Val(text, (), dtype)
+      return Val(f"tl.full([], {text}, {tl_dtype(dtype)})", (), dtype)
+    if dtype == jnp.int32 and -2**31 <= int(v) < 2**31:
+      return Val(str(int(v)), (), dtype)
+    return Val(f"tl.full([], {int(v)}, {tl_dtype(dtype)})", (), dtype)
+
+  def tensor(self, v: Val) -> str:
+    """An expression that is a Triton tensor (Python literals are wrapped)."""
+    if re.fullmatch(r"-?[\d.e+-]+|True|False", v.expr):
+      return f"tl.full([], {v.expr}, {tl_dtype(v.dtype)})"
+    return v.expr if re.fullmatch(r"\w+", v.expr) else f"({v.expr})"
+
+  def scalar(self, v: Val) -> str:
+    return v.expr
+
+  def f32_math(self, tmpl: str, *xs: Val, keep_f32: bool = False) -> str:
+    low = any(rules._low_float(x.dtype) for x in xs)
+    args = [f"{self.tensor(x)}.to(tl.float32)" if low else x.expr for x in xs]
+    expr = tmpl.format(*args)
+    if low and not keep_f32:
+      expr = f"({expr}).to({tl_dtype(xs[0].dtype)})"
+    return expr
+
+  def valid(self, shape, padded, axes) -> str | None:
+    """A mask of the lanes inside the logical shape along ``axes`` (None if none are padded)."""
+    conds = []
+    for a in axes:
+      if shape[a] != padded[a]:
+        conds.append(f"(tl.arange(0, {padded[a]}){rules._expand(a, len(padded))} < {shape[a]})")
+    return " & ".join(conds) if conds else None
+
+  def mask_padding(self, v: Val, axes, neutral: str) -> str:
+    cond = self.valid(v.shape, v.padded, axes)
+    if cond is None:
+      return v.expr
+    n = neutral.replace("float('inf')", "INF")
+    return f"tl.where({cond}, {v.expr}, {n})"
+
+  # --- Refs ----------------------------------------------------------------------------
+  def index_ref(self, ref: RefVal, transforms) -> RefVal:
+    for t in transforms:
+      if not isinstance(t, ji.NDIndexer):
+        raise Unsupported(f"Ref transform {type(t).__name__}")
+      kept = [i for i, d in enumerate(ref.dims) if d.kept]
+      dims = list(ref.dims)
+      for k, idx in zip(kept, t.indices):
+        d = dims[k]
+        if isinstance(idx, ji.Slice):
+          start = self._int_expr(idx.start)
+          if not isinstance(idx.size, (int, np.integer)):
+            raise Unsupported("slices of dynamic size")
+          dims[k] = dataclasses.replace(d, start=_add(d.start, _mul(start, d.step)),
+                                        size=int(idx.size), step=d.step * int(idx.stride))
+        elif isinstance(idx, Val) and idx.shape == ():
+          dims[k] = dataclasses.replace(d, start=_add(d.start, _mul(idx.expr, d.step)), size=1,
+                                        kept=False)
+        elif isinstance(idx, (int, np.integer)):
+          dims[k] = dataclasses.replace(d, start=_add(d.start, _mul(str(int(idx)), d.step)), size=1,
+                                        kept=False)
+        else:
+          raise Unsupported("indexing a Ref with an array of indices (gather/scatter)")
+      ref = dataclasses.replace(ref, dims=dims)
+    return ref
+
+  def _int_expr(self, x) -> str:
+    if isinstance(x, Val):
+      return x.expr
+    return str(int(x))
+
+  def address(self, ref: RefVal, user_mask: Val | None):
+    """(offsets expression, mask expression or None, result shape) for a Ref view."""
+    kept = [d for d in ref.dims if d.kept]
+    shape = tuple(d.size for d in kept)
+    padded = tuple(pow2(s) for s in shape)
+    big = math.prod(d.array_size for d in ref.dims) >= 2**31
+    terms, conds = [], []
+    j = 0
+    for d in ref.dims:
+      if d.kept:
+        local = f"tl.arange(0, {padded[j]}){rules._expand(j, len(padded))}"
+        coord = _add(d.start, _mul(local, d.step))
+        if d.size != padded[j]:
+          conds.append(f"({local} < {d.size})")
+        if not d.exact or user_mask is not None:
+          conds.append(f"({coord} < {d.array_size})")
+        j += 1
+      else:
+        coord = d.start
+        if not d.exact and d.start != "0":
+          conds.append(f"({coord} < {d.array_size})")
+      if coord == "0":
+        continue
+      c = f"({coord}).to(tl.int64)" if big else coord
+      terms.append(_mul(c, d.stride) if d.stride != 1 else c)
+    offs = " + ".join(f"({t})" if "+" in t and len(terms) > 1 else t for t in terms) or "0"
+    if user_mask is not None:
+      conds.append(user_mask.expr if re.fullmatch(r"\w+", user_mask.expr) else f"({user_mask.expr})")
+    return offs, (" & ".join(conds) if conds else None), shape
+
+  def load(self, ref: RefVal, user_mask=None, other=None, hint="") -> Val:
+    offs, mask, shape = self.address(ref, user_mask)
+    hint = hint or ref.ptr.removesuffix("_ref").removesuffix("_ptr") or "x"
+    args = f"{ref.ptr} + {offs}" if offs != "0" else ref.ptr
+    if mask is not None:
+      o = other.expr if other is not None else ("0" if ref.dtype != jnp.bool_ else "False")
+      args += f", mask={mask}, other={o}"
+    self.max_numel = max(self.max_numel, math.prod(pow2(s) for s in shape))
+    if ref.dtype == jnp.bool_:
+      return self.bind(f"tl.load({args}) != 0", shape, ref.dtype, hint)
+    return self.bind(f"tl.load({args})", shape, ref.dtype, hint)
+
+  def store(self, ref: RefVal, val: Val, user_mask=None):
+    offs, mask, shape = self.address(ref, user_mask)
+    if tuple(shape) != tuple(val.shape):
+      raise Unsupported(f"store of shape {val.shape} into a Ref view of shape {shape}")
+    v = self.tensor(val) if val.shape == () else val.expr
+    if ref.dtype == jnp.bool_:
+      v = f"{self.tensor(val)}.to(tl.int8)"
+    args = f"{ref.ptr} + {offs}" if offs != "0" else ref.ptr
+    self.emit(f"tl.store({args}, {v}" + (f", mask={mask})" if mask else ")"))
+
+  # --- jaxprs --------------------------------------------------------------------------
+  def lower_jaxpr(self, jaxpr, consts, args) -> list:
+    env = {}
+    for v, x in zip(jaxpr.all_invars, [*consts, *args]):
+      env[v] = x
+
+    def read(a):
+      if isinstance(a, ji.Literal):
+        return self.const(a.val, a.aval.dtype)
+      return env[a]
+
+    outer_used = getattr(self, "_used", set())
+    self._used = {a for e in jaxpr.eqns for a in e.invars if isinstance(a, ji.Var)}
+    self._used |= {a for a in jaxpr.outvars if isinstance(a, ji.Var)}
+    for eqn in jaxpr.eqns:
+      self.comment_source(eqn)
+      invals = [read(a) for a in eqn.invars]
+      rule = LOWERINGS.get(eqn.primitive) or rules.RULES.get(eqn.primitive)
+      if rule is None:
+        where = ji.user_frame(eqn.source_info) or "unknown location"
+        raise Unsupported(
+            f"pallas_call {self.kernel_name}: the Triton backend does not support the primitive "
+            f"'{eqn.primitive.name}' (at {where}); run it with interpret=True or rewrite that step")
+      try:
+        out = rule(self, eqn, *invals)
+      except Unsupported as e:
+        if str(e).startswith("pallas_call"):
+          raise
+        where = ji.user_frame(eqn.source_info) or "unknown location"
+        raise Unsupported(f"pallas_call {self.kernel_name}: {e} (at {where}); the Triton backend "
+                          "cannot express this: run it with interpret=True") from None
+      outs = out if isinstance(out, (list, tuple)) else [out]
+      for v, x in zip(eqn.outvars, outs):
+        env[v] = x
+    result = [read(a) for a in jaxpr.outvars]
+    self._used = outer_used
+    return result
+
+  def is_used(self, var) -> bool:
+    return var in self._used
+
+  def materialize(self, v: Val, hint="c") -> Val:
+    """A fresh variable holding ``v`` as a tensor of its own dtype (for loop/branch carries)."""
+    return self.bind(self.tensor(v) if v.shape == () else v.expr, v.shape, v.dtype, hint, copy=True)
+
+  def assign(self, targets: list[Val], values: list[Val]):
+    for t, v in zip(targets, values):
+      if t.expr != v.expr:
+        self.emit(f"{t.expr} = {self.tensor(v) if v.shape == () else v.expr}")
+
+
+def _add(a: str, b: str) -> str:
+  if a == "0":
+    return b
+  if b == "0":
+    return a
+  return f"{a} + {b}"
+
+
+def _mul(a: str, k) -> str:
+  if isinstance(k, (int, np.integer)):
+    if k == 1:
+      return a
+    if k == 0 or a == "0":
+      return "0"
+    a = f"({a})" if "+" in a or "-" in a[1:] else a
+    return f"{a} * {k}"
+  return f"({a}) * {k}"
+
+
+# --- rules that need the generator's structure: Refs and control flow ----------------------
+
+def _access(cg, eqn, invals):
+  first, _ = checks.ACCESS[eqn.primitive]
+  tree = eqn.params["tree"]
+  n = tree.num_leaves
+  ref = invals[0]
+  transforms = ji.tree_util.tree_unflatten(tree, invals[first:first + n])
+  rest = invals[first + n:]
+  return cg.index_ref(ref, transforms), rest
+
+
+def _get(cg, eqn, *invals):
+  view, _ = _access(cg, eqn, invals)
+  return cg.load(view)
+
+
+def _swap(cg, eqn, *invals):
+  view, _ = _access(cg, eqn, invals)
+  old = None
+  if cg.is_used(eqn.outvars[0]):
+    old = cg.load(view, hint="old")
+  cg.store(view, invals[1])
+  return old if old is not None else invals[1]
+
+
+def _addupdate(cg, eqn, *invals):
+  view, _ = _access(cg, eqn, invals)
+  cur = cg.load(view, hint="cur")
+  cg.store(view, cg.bind(f"{cur.expr} + {invals[1].expr}", cur.shape, cur.dtype, "upd"))
+  return []
+
+
+def _masked_load(cg, eqn, *invals):
+  view, rest = _access(cg, eqn, invals)
+  mask = rest.pop(0) if eqn.params["has_mask"] else None
+  other = rest.pop(0) if eqn.params["has_other"] else None
+  return cg.load(view, mask, other)
+
+
+def _masked_swap(cg, eqn, *invals):
+  view, rest = _access(cg, eqn, invals)
+  mask = rest[0]
+  old = None
+  if cg.is_used(eqn.outvars[0]):
+    old = cg.load(view, mask, hint="old")
+  cg.store(view, invals[1], mask)
+  return old if old is not None else invals[1]
+
+
+def _fori_index(body, num_consts: int) -> bool:
+  """Whether a loop body's first carry is an index that the body increments by one."""
+  if len(body.outvars) == 0 or len(body.invars) <= num_consts:
+    return False
+  i_in, i_out = body.invars[num_consts], body.outvars[0]
+  for eqn in body.eqns:
+    if eqn.outvars and eqn.outvars[0] is i_out and eqn.primitive.name == "add":
+      a, b = eqn.invars
+      return (a is i_in and isinstance(b, ji.Literal) and b.val == 1) or \
+             (b is i_in and isinstance(a, ji.Literal) and a.val == 1)
+  return False
+
+
+def _scan(cg, eqn, *invals):
+  p = eqn.params
+  # ft_in is a flat tree (consts, carry, xs); len() counts leaves.
+  consts_spec, carry_spec, xs_spec = p["ft_in"].unpack()
+  nc, ncarry, length = len(consts_spec), len(carry_spec), p["length"]
+  body = p["jaxpr"]
+  if len(xs_spec) or len(invals) != nc + ncarry or len(body.outvars) != ncarry:
+    raise Unsupported("lax.scan over arrays (xs/ys); use lax.fori_loop")
+  consts, init = invals[:nc], invals[nc:]
+  carry = [cg.materialize(v, "carry") for v in init]
+  if ncarry and _fori_index(body, nc) and not p["reverse"]:
+    i = cg.fresh("i")
+    cg.emit(f"for {i} in range({carry[0].expr}, {carry[0].expr} + {length}):")
+    cg.depth += 1
+    new = cg.lower_jaxpr(body, body.consts, [*consts, Val(i, (), carry[0].dtype), *carry[1:]])
+    cg.assign(carry[1:], new[1:])
+    cg.depth -= 1
+    cg.emit(f"{carry[0].expr} = {carry[0].expr} + {length}")
+    return carry
+  cg.emit(f"for _ in range({length}):")
+  cg.depth += 1
+  new = cg.lower_jaxpr(body, body.consts, [*consts, *carry])
+  cg.assign(carry, new)
+  cg.depth -= 1
+  return carry
+
+
+def _while(cg, eqn, *invals):
+  p = eqn.params
+  cn, bn = p["cond_nconsts"], p["body_nconsts"]
+  cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+  cconsts, bconsts, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
+  carry = [cg.materialize(v, "carry") for v in init]
+  # lax.fori_loop with dynamic bounds: carry (i, upper, ...), cond i < upper, i += 1.
+  if (len(carry) >= 2 and _fori_index(body, bn) and len(cond.eqns) == 1 and
+      cond.eqns[0].primitive.name == "lt" and cond.eqns[0].invars[0] is cond.invars[cn] and
+      cond.eqns[0].invars[1] is cond.invars[cn + 1] and body.outvars[1] is body.invars[bn + 1]):
+    i = cg.fresh("i")
+    cg.emit(f"for {i} in range({carry[0].expr}, {carry[1].expr}):")
+    cg.depth += 1
+    new = cg.lower_jaxpr(body, body.consts, [*bconsts, Val(i, (), carry[0].dtype), *carry[1:]])
+    cg.assign(carry[2:], new[2:])
+    cg.depth -= 1
+    cg.emit(f"{carry[0].expr} = tl.maximum({carry[0].expr}, {carry[1].expr})")
+    return carry
+  (c,) = cg.lower_jaxpr(cond, cond.consts, [*cconsts, *carry])
+  flag = cg.materialize(c, "go")
+  cg.emit(f"while {flag.expr}:")
+  cg.depth += 1
+  new = cg.lower_jaxpr(body, body.consts, [*bconsts, *carry])
+  cg.assign(carry, new)
+  (c,) = cg.lower_jaxpr(cond, cond.consts, [*cconsts, *carry])
+  cg.assign([flag], [c])
+  cg.depth -= 1
+  return carry
+
+
+def _cond(cg, eqn, index, *ops):
+  branches = eqn.params["branches"]
+  results = [Val(cg.fresh("r"), v.aval.shape, jnp.dtype(v.aval.dtype)) for v in eqn.outvars]
+  idx = index.expr if index.dtype != jnp.bool_ else f"{index.expr}.to(tl.int32)"
+  order = [1, 0] if len(branches) == 2 else list(range(len(branches)))
+  for pos, k in enumerate(order):
+    if pos == len(order) - 1:
+      head = "else:"
+    elif len(branches) == 2:
+      head = f"if {idx} != 0:"
+    else:
+      head = f"{'if' if pos == 0 else 'elif'} {idx} == {k}:"
+    cg.emit(head)
+    cg.depth += 1
+    before = len(cg.lines)
+    br = branches[k]
+    cg.assign(results, cg.lower_jaxpr(br, br.consts, list(ops)))
+    if len(cg.lines) == before:
+      cg.emit("pass")
+    cg.depth -= 1
+  return results
+
+
+def _inline(param):
+  def lower(cg, eqn, *invals):
+    jx = eqn.params[param]
+    return cg.lower_jaxpr(jx, jx.consts, list(invals))
+  return lower
+
+
+def _hint(cg, eqn, x):
+  fn = "tl.multiple_of" if eqn.params["kind"] == "multiple_of" else "tl.max_contiguous"
+  vals = list(eqn.params["values"])
+  return cg.bind(f"{fn}({x.expr}, {vals if x.shape else vals[0]})", x.shape, x.dtype, x.expr)
+
+
+def _debug_print(cg, eqn, *args):
+  fmt = eqn.params["fmt"]
+  prefix = fmt.split("{")[0].rstrip()
+  cg.emit(f"tl.device_print({prefix!r}" + "".join(f", {a.expr}" for a in args) + ")")
+  return []
+
+
+def _check(cg, eqn, pred, *args):
+  cg.has_checks = True
+  msg = eqn.params.get("msg") or "check failed"
+  msg = str(getattr(msg, "fmt_string", msg))
+  cg.emit(f"tl.device_assert({pred.expr}, {msg!r})")
+  return []
+
+
+def _run_scoped(cg, eqn, *args):
+  raise Unsupported("pl.run_scoped / scratch buffers are not supported by the Triton backend yet")
+
+
+LOWERINGS = {
+    ji.get_p: _get, ji.swap_p: _swap, ji.addupdate_p: _addupdate,
+    prims.masked_load_p: _masked_load, prims.masked_swap_p: _masked_swap,
+    prims.hint_p: _hint, prims.debug_print_p: _debug_print, prims.run_scoped_p: _run_scoped,
+}
+
+
+_NAMED = {"scan": _scan, "while": _while, "cond": _cond, "pjit": _inline("jaxpr"),
+          "jit": _inline("jaxpr"), "closed_call": _inline("call_jaxpr"),
+          "custom_jvp_call": _inline("call_jaxpr"), "custom_vjp_call": _inline("call_jaxpr"),
+          "checkpoint": _inline("jaxpr"), "remat": _inline("jaxpr"), "check": _check,
+          "copy": lambda cg, eqn, x: x, "copy_p": lambda cg, eqn, x: x,
+          "optimization_barrier": lambda cg, eqn, *xs: list(xs)}
+
+
+class _NameTable(dict):
+  """LOWERINGS keyed by primitive, falling back to primitive names for JAX's control flow
+  (whose primitive objects live in jax._src, which only jax_internals may import)."""
+
+  def get(self, prim, default=None):
+    if dict.__contains__(self, prim):
+      return dict.__getitem__(self, prim)
+    return _NAMED.get(getattr(prim, "name", None), default)
+
+
+LOWERINGS = _NameTable(LOWERINGS)
+
+
+# --- the kernel -----------------------------------------------------------------------------
+
+def gpu_schedule(gm, jaxpr, tables) -> sched.Schedule:
+  """Loops inside a program only along axes that revisit blocks the kernel reads back."""
+  rank = len(gm.grid)
+  invars = list(jaxpr.invars)
+  base = rank + gm.num_index_operands + gm.num_inputs
+  read_outs = [k for k in range(gm.num_outputs)
+               if any(isinstance(e, (ji.ReadEffect, ji.AccumEffect)) and e.input is invars[base + k]
+                      for e in jaxpr.effects)]
+  if tables is None:
+    raise Unsupported("index maps that read scalar-prefetch operands")
+  return sched.choose(gm, tables, outputs=read_outs)
+
+
+def generate(params, compute_capability: int = 90) -> KernelSource:
+  gm, jaxpr = params.grid_mapping, params.jaxpr
+  name = _ident(params.name)
+  if gm.scratch_avals or params.globals_avals:
+    raise Unsupported(f"pallas_call {params.name}: scratch_shapes and pl.get_global are not "
+                      "supported by the Triton backend yet; run it with interpret=True")
+  tables = sched.block_index_tables(gm)
+  if tables is not None:
+    sched.check_block_ranges(gm, tables, params.name)
+  schedule = gpu_schedule(gm, jaxpr, tables)
+  cg = Codegen(params.name)
+  rank, nidx, nin = len(gm.grid), gm.num_index_operands, gm.num_inputs
+  names = list(params.arg_names) or [f"ref{i}" for i in range(nidx + nin + gm.num_outputs)]
+  ptrs = [cg.fresh(n) for n in names[:nidx + nin + gm.num_outputs]]
+  in_avals = [ji.ShapedArray(a.shape, a.dtype) for a in gm.index_map_avals[rank:]] + \
+      [bm.array_aval for bm in gm.block_mappings]
+  signature = {p: "*" + SIGNATURE[jnp.dtype(a.dtype).name] for p, a in zip(ptrs, in_avals)}
+
+  par, seq = schedule.parallel, schedule.sequential
+  ids: list = [None] * rank
+  cg.emit(f"# grid {gm.grid}: axes {par} run as parallel programs"
+          + (f", axes {seq} as loops inside each program" if seq else ""))
+  if par:
+    pid = cg.fresh("pid")
+    cg.emit(f"{pid} = tl.program_id(0)")
+    rest = pid
+    for k, a in enumerate(reversed(par)):
+      n = cg.fresh(f"i{a}")
+      last = k == len(par) - 1
+      cg.emit(f"{n} = {rest} % {gm.grid[a]}" if not last else f"{n} = {rest}")
+      if not last:
+        r = cg.fresh("rest")
+        cg.emit(f"{r} = {rest} // {gm.grid[a]}")
+        rest = r
+      ids[a] = Val(n, (), jnp.dtype(jnp.int32))
+  for a in seq:
+    n = cg.fresh(f"i{a}")
+    cg.emit(f"for {n} in range(0, {gm.grid[a]}):")
+    cg.depth += 1
+    ids[a] = Val(n, (), jnp.dtype(jnp.int32))
+
+  # Index operands are whole arrays; block operands start where their index map says.
+  refs = []
+  for k in range(nidx):
+    a = gm.index_map_avals[rank + k]
+    refs.append(RefVal(ptrs[k], jnp.dtype(a.dtype),
+                       [RefDim("0", s, s, _stride(a.shape, d)) for d, s in enumerate(a.shape)],
+                       f"args[{k}]"))
+  for k, bm in enumerate(gm.block_mappings):
+    ptr = ptrs[nidx + k]
+    jx = bm.index_map_jaxpr
+    idx = cg.lower_jaxpr(jx, jx.consts, ids + refs[:nidx]) if bm.block_shape else []
+    dims = []
+    shape = bm.array_aval.shape
+    for d, (bd, size) in enumerate(zip(bm.block_shape, shape)):
+      i = idx[d]
+      element = isinstance(bd, pc.Element)
+      if element:
+        start = i.expr if bd.padding[0] == 0 else f"{i.expr} - {bd.padding[0]}"
+      else:
+        start = _mul(i.expr, bd.block_size) if not (i.expr == "0") else "0"
+      if start not in ("0",) and not re.fullmatch(r"\w+", start):
+        start = cg.bind(start, (), jnp.int32, f"{ptr}_start{d}").expr
+      exact = (not element) and (size % bd.block_size == 0)
+      dims.append(RefDim(start, bd.block_size, size, _stride(shape, d),
+                         kept=not isinstance(bd, pc.Squeezed), exact=exact))
+    refs.append(RefVal(ptr, jnp.dtype(bm.array_aval.dtype), dims, bm.origin))
+  cg.lower_jaxpr(jaxpr, jaxpr.consts, ids + refs)
+
+  launch = math.prod(gm.grid[a] for a in par) if par else 1
+  warps, stages, chosen = _default_warps_stages(params, cg)
+  header = f"@triton.jit\ndef {name}({', '.join(ptrs)}):"
+  source = PROLOGUE + "\n\n" + header + "\n" + "\n".join(cg.lines) + "\n"
+  return KernelSource(name, source, signature, (launch, 1, 1), warps, stages, cg.has_checks, chosen)
+
+
+def _stride(shape, d) -> int:
+  return int(math.prod(shape[d + 1:]))
+
+
+def _default_warps_stages(params, cg) -> tuple[int, int, bool]:
+  cp = params.compiler_params
+  warps = getattr(cp, "num_warps", None)
+  stages = getattr(cp, "num_stages", None)
+  if isinstance(cp, tuple):   # the {"triton": {...}} dict form, frozen
+    d = dict(cp)
+    t = dict(d.get("triton", ())) if "triton" in d else d
+    warps, stages = t.get("num_warps", warps), t.get("num_stages", stages)
+  chosen = stages is not None
+  if warps is None:
+    warps = max(1, min(8, pow2(cg.max_numel // 256)))
+  if stages is None:
+    stages = 3
+  return int(warps), int(stages), chosen

@@ -1,0 +1,43 @@
+"""Launching compiled kernels inside XLA through jaxlib's Triton kernel call."""
+from __future__ import annotations
+
+import zlib
+
+import jax
+
+from pallax._src.triton import codegen
+from pallax._src.triton.compile import compile_kernel
+
+
+def device_compute_capability() -> int:
+  dev = jax.devices("gpu")[0]
+  cc = getattr(dev, "compute_capability", None)
+  if cc is None:
+    raise RuntimeError("cannot read the GPU's compute capability")
+  major, minor = str(cc).split(".")[:2]
+  return int(major) * 10 + int(minor)
+
+
+def check_compute_capability(cc: int, name: str):
+  if cc < 80:
+    major, minor = divmod(cc, 10)
+    raise RuntimeError(
+        f"pallas_call {name}: the Triton backend needs an NVIDIA GPU of compute capability 8.0 "
+        f"(Ampere) or newer, but this one has {major}.{minor}. Run the kernel in the interpreter "
+        "instead: pallas_call(..., interpret=True) (it runs on this GPU through XLA).")
+
+
+def triton_lowering(ctx, *args, params):
+  from jax._src.lib import gpu_triton  # the CUDA plugin: present on GPU machines only
+  cc = device_compute_capability()
+  check_compute_capability(cc, params.name)
+  ks = codegen.generate(params, cc)
+  c = compile_kernel(ks, cc, params.name)
+  kernel = gpu_triton.TritonKernel(c.name, c.num_warps, 1, c.shared_mem_bytes, c.ptx, c.ttir, cc,
+                                   c.global_scratch_size, c.global_scratch_align)
+  nbuf = len(args) + len(ctx.avals_out)
+  kernel_params = [gpu_triton.create_array_parameter(0, 16) for _ in range(nbuf)]
+  call = gpu_triton.TritonKernelCall(kernel, *c.grid, kernel_params)
+  rule = jax.ffi.ffi_lowering("triton_kernel_call_ffi", api_version=4,
+                              operand_output_aliases=dict(params.input_output_aliases))
+  return rule(ctx, *args, opaque=zlib.compress(call.to_proto(c.name, b"")))

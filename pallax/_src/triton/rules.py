@@ -1,0 +1,389 @@
+"""One lowering rule per JAX primitive: jaxpr equation -> Triton expression.
+
+A rule takes the code generator, the equation's params and its operands (``Val``s)
+and returns the result ``Val`` (or a list). Values live in tensors whose shape is
+the logical shape rounded up to powers of two; lanes past the logical shape hold
+garbage that rules must neutralise where it could leak (reductions, dot).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallax._src.triton.values import Val, tl_dtype
+
+RULES: dict = {}
+
+
+def rule(*prims):
+  def register(f):
+    for p in prims:
+      RULES[p] = f
+    return f
+  return register
+
+
+def _is_float(dtype) -> bool:
+  return jnp.issubdtype(dtype, jnp.floating)
+
+
+def _low_float(dtype) -> bool:
+  return jnp.dtype(dtype) in (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)) or \
+      jnp.dtype(dtype).itemsize == 1 and _is_float(dtype)
+
+
+# --- elementwise -------------------------------------------------------------------------
+
+_BINARY_OPS = {lax.add_p: "+", lax.sub_p: "-", lax.mul_p: "*", lax.and_p: "&", lax.or_p: "|",
+               lax.xor_p: "^", lax.eq_p: "==", lax.ne_p: "!=", lax.lt_p: "<", lax.le_p: "<=",
+               lax.gt_p: ">", lax.ge_p: ">=", lax.shift_left_p: "<<"}
+
+
+def _out(cg, expr, eqn, hint="v"):
+  aval = eqn.outvars[0].aval
+  return cg.bind(expr, aval.shape, aval.dtype, hint)
+
+
+for _p, _op in _BINARY_OPS.items():
+  RULES[_p] = (lambda op: lambda cg, eqn, x, y: _out(cg, f"{x.expr} {op} {y.expr}", eqn))(_op)
+
+
+@rule(lax.div_p)
+def _div(cg, eqn, x, y):
+  if _is_float(x.dtype):
+    return _out(cg, f"{x.expr} / {y.expr}", eqn)
+  return _out(cg, f"{x.expr} // {y.expr}", eqn)   # Triton's integer // truncates, like lax.div
+
+
+@rule(lax.rem_p)
+def _rem(cg, eqn, x, y):
+  if _is_float(x.dtype):
+    return _out(cg, cg.f32_math("libdevice.fmod({0}, {1})", x, y), eqn)
+  return _out(cg, f"{x.expr} % {y.expr}", eqn)
+
+
+@rule(lax.max_p, lax.min_p)
+def _max_min(cg, eqn, x, y):
+  fn = "tl.maximum" if eqn.primitive is lax.max_p else "tl.minimum"
+  nan = ", propagate_nan=tl.PropagateNan.ALL" if _is_float(x.dtype) else ""
+  return _out(cg, f"{fn}({x.expr}, {y.expr}{nan})", eqn)
+
+
+@rule(lax.shift_right_logical_p)
+def _shr_logical(cg, eqn, x, y):
+  unsigned = {1: "tl.uint8", 2: "tl.uint16", 4: "tl.uint32", 8: "tl.uint64"}[jnp.dtype(x.dtype).itemsize]
+  return _out(cg, f"({x.expr}.to({unsigned}, bitcast=True) >> {y.expr}).to({tl_dtype(x.dtype)}, bitcast=True)", eqn)
+
+
+@rule(lax.shift_right_arithmetic_p)
+def _shr_arith(cg, eqn, x, y):
+  return _out(cg, f"{x.expr} >> {y.expr}", eqn)
+
+
+@rule(lax.neg_p)
+def _neg(cg, eqn, x):
+  return _out(cg, f"-{x.expr}", eqn)
+
+
+@rule(lax.not_p)
+def _not(cg, eqn, x):
+  return _out(cg, f"~{x.expr}" if x.dtype != jnp.bool_ else f"{x.expr} == 0", eqn)
+
+
+# Float math: Triton's own op where it has one, libdevice otherwise; f16/bf16 go through f32.
+_MATH = {
+    lax.exp_p: "tl.exp({0})", lax.exp2_p: "tl.exp2({0})", lax.log_p: "tl.log({0})",
+    lax.sin_p: "tl.sin({0})", lax.cos_p: "tl.cos({0})", lax.sqrt_p: "tl.sqrt_rn({0})",
+    lax.rsqrt_p: "tl.rsqrt({0})", lax.erf_p: "tl.erf({0})", lax.floor_p: "tl.floor({0})",
+    lax.ceil_p: "tl.ceil({0})", lax.logistic_p: "tl.sigmoid({0})",
+    lax.log1p_p: "libdevice.log1p({0})", lax.expm1_p: "libdevice.expm1({0})",
+    lax.tan_p: "libdevice.tan({0})", lax.tanh_p: "libdevice.tanh({0})",
+    lax.asin_p: "libdevice.asin({0})", lax.acos_p: "libdevice.acos({0})",
+    lax.atan_p: "libdevice.atan({0})", lax.sinh_p: "libdevice.sinh({0})",
+    lax.cosh_p: "libdevice.cosh({0})", lax.asinh_p: "libdevice.asinh({0})",
+    lax.acosh_p: "libdevice.acosh({0})", lax.atanh_p: "libdevice.atanh({0})",
+    lax.cbrt_p: "libdevice.cbrt({0})", lax.erf_inv_p: "libdevice.erfinv({0})",
+    lax.erfc_p: "libdevice.erfc({0})",
+    lax.atan2_p: "libdevice.atan2({0}, {1})", lax.pow_p: "libdevice.pow({0}, {1})",
+    lax.nextafter_p: "libdevice.nextafter({0}, {1})",
+}
+for _p, _tmpl in _MATH.items():
+  RULES[_p] = (lambda t: lambda cg, eqn, *xs: _out(cg, cg.f32_math(t, *xs), eqn))(_tmpl)
+
+
+@rule(lax.round_p)
+def _round(cg, eqn, x, rounding_method=None):
+  method = eqn.params["rounding_method"]
+  fn = "libdevice.rint({0})" if int(method) == 1 else "libdevice.round({0})"
+  return _out(cg, cg.f32_math(fn, x), eqn)
+
+
+@rule(lax.abs_p)
+def _abs(cg, eqn, x):
+  return _out(cg, f"tl.abs({x.expr})", eqn)
+
+
+@rule(lax.sign_p)
+def _sign(cg, eqn, x):
+  d = tl_dtype(x.dtype)
+  return _out(cg, f"(({x.expr} > 0).to({d}) - ({x.expr} < 0).to({d}))", eqn)
+
+
+@rule(lax.is_finite_p)
+def _is_finite(cg, eqn, x):
+  return _out(cg, cg.f32_math("libdevice.isfinited({0}) != 0", x, keep_f32=True), eqn)
+
+
+@rule(lax.square_p)
+def _square(cg, eqn, x):
+  return _out(cg, f"{x.expr} * {x.expr}", eqn)
+
+
+@rule(lax.integer_pow_p)
+def _integer_pow(cg, eqn, x):
+  y = eqn.params["y"]
+  if y == 0:
+    return _out(cg, f"tl.full({list(x.padded)}, 1, {tl_dtype(x.dtype)})", eqn)
+  acc = " * ".join([x.expr] * abs(y))
+  return _out(cg, f"1.0 / ({acc})" if y < 0 else acc, eqn)
+
+
+@rule(lax.population_count_p)
+def _popc(cg, eqn, x):
+  return _out(cg, f"libdevice.popc({x.expr})", eqn)
+
+
+@rule(lax.clz_p)
+def _clz(cg, eqn, x):
+  return _out(cg, f"libdevice.clz({x.expr})", eqn)
+
+
+@rule(lax.select_n_p)
+def _select_n(cg, eqn, pred, *cases):
+  if len(cases) == 1:
+    return cases[0]
+  if len(cases) == 2:
+    p = pred.expr if pred.dtype == jnp.bool_ else f"({pred.expr} != 0)"
+    return _out(cg, f"tl.where({p}, {cases[1].expr}, {cases[0].expr})", eqn)
+  expr = cases[-1].expr
+  for k in range(len(cases) - 2, -1, -1):
+    expr = f"tl.where({pred.expr} == {k}, {cases[k].expr}, {expr})"
+  return _out(cg, expr, eqn)
+
+
+@rule(lax.clamp_p)
+def _clamp(cg, eqn, lo, x, hi):
+  return _out(cg, f"tl.minimum(tl.maximum({x.expr}, {lo.expr}), {hi.expr})", eqn)
+
+
+@rule(lax.convert_element_type_p)
+def _convert(cg, eqn, x):
+  new = eqn.params["new_dtype"]
+  if jnp.dtype(new) == jnp.dtype(x.dtype):
+    return x
+  if jnp.dtype(new) == jnp.bool_:
+    return _out(cg, f"{x.expr} != 0", eqn)
+  return _out(cg, f"{cg.tensor(x)}.to({tl_dtype(new)})", eqn)
+
+
+@rule(lax.bitcast_convert_type_p)
+def _bitcast(cg, eqn, x):
+  return _out(cg, f"{cg.tensor(x)}.to({tl_dtype(eqn.params['new_dtype'])}, bitcast=True)", eqn)
+
+
+# --- shapes ------------------------------------------------------------------------------------
+
+@rule(lax.iota_p)
+def _iota(cg, eqn):
+  aval = eqn.outvars[0].aval
+  shape = Val("", aval.shape, aval.dtype).padded
+  d = eqn.params["dimension"]
+  expr = f"tl.arange(0, {shape[d]})"
+  if len(shape) > 1:
+    expr = f"tl.broadcast_to({expr}{_expand(d, len(shape))}, {list(shape)})"
+  if jnp.dtype(aval.dtype) != jnp.int32:
+    expr = f"{expr}.to({tl_dtype(aval.dtype)})"
+  return _out(cg, expr, eqn, "iota")
+
+
+def _expand(kept_positions, rank) -> str:
+  """Indexing suffix that places the kept dims at ``kept_positions`` of a ``rank``-d tensor."""
+  kept = {kept_positions} if isinstance(kept_positions, int) else set(kept_positions)
+  if len(kept) == rank:
+    return ""
+  return "[" + ", ".join(":" if i in kept else "None" for i in range(rank)) + "]"
+
+
+@rule(lax.broadcast_in_dim_p)
+def _broadcast_in_dim(cg, eqn, x, *dyn):
+  aval = eqn.outvars[0].aval
+  target = Val("", aval.shape, aval.dtype).padded
+  if x.shape == ():
+    return _out(cg, f"tl.full({list(target)}, {cg.scalar(x)}, {tl_dtype(x.dtype)})", eqn, "bcast")
+  dims = eqn.params["broadcast_dimensions"]
+  expr = f"{cg.tensor(x)}{_expand(dims, len(target))}"
+  if tuple(x.padded) != tuple(target[d] for d in dims) or len(dims) != len(target):
+    expr = f"tl.broadcast_to({expr}, {list(target)})"
+  return _out(cg, expr, eqn, "bcast")
+
+
+def _reshape(cg, eqn, x):
+  aval = eqn.outvars[0].aval
+  new = Val("", aval.shape, aval.dtype)
+  if [d for d in x.shape if d != 1] != [d for d in aval.shape if d != 1] and (x.is_padded or new.is_padded):
+    raise NotImplementedError(
+        f"reshape {x.shape} -> {aval.shape}: the Triton backend reshapes blocks whose sizes are "
+        "powers of two, or only adds/removes dimensions of size 1")
+  if aval.shape == ():
+    return _out(cg, f"tl.reshape({x.expr}, [])" if x.shape else x.expr, eqn)
+  if x.shape == ():
+    return _out(cg, f"tl.full({list(new.padded)}, {cg.scalar(x)}, {tl_dtype(x.dtype)})", eqn)
+  return _out(cg, f"tl.reshape({x.expr}, {list(new.padded)})", eqn)
+
+
+RULES[lax.reshape_p] = lambda cg, eqn, x, *dyn: _reshape(cg, eqn, x)
+RULES[lax.squeeze_p] = _reshape
+
+
+@rule(lax.transpose_p)
+def _transpose(cg, eqn, x):
+  perm = tuple(eqn.params["permutation"])
+  if perm == tuple(range(len(perm))):
+    return x
+  if len(perm) == 2:
+    return _out(cg, f"tl.trans({x.expr})", eqn)
+  return _out(cg, f"tl.permute({x.expr}, {list(perm)})", eqn)
+
+
+# --- reductions --------------------------------------------------------------------------------
+
+def _neutral(kind: str, dtype) -> str:
+  dtype = jnp.dtype(dtype)
+  if kind in ("sum", "or"):
+    return "0"
+  if kind == "and":
+    return "1"
+  if kind == "prod":
+    return "1"
+  if _is_float(dtype):
+    return "-float('inf')" if kind == "max" else "float('inf')"
+  if dtype == jnp.bool_:
+    return "0" if kind == "max" else "1"
+  info = jnp.iinfo(dtype)
+  return str(int(info.min if kind == "max" else info.max))
+
+
+_REDUCE = {lax.reduce_sum_p: ("sum", "tl.sum({x}, axis={a})"),
+           lax.reduce_max_p: ("max", "tl.max({x}, axis={a})"),
+           lax.reduce_min_p: ("min", "tl.min({x}, axis={a})"),
+           lax.reduce_and_p: ("and", "tl.reduce({x}, {a}, _and)"),
+           lax.reduce_or_p: ("or", "tl.reduce({x}, {a}, _or)"),
+           lax.reduce_prod_p: ("prod", "tl.reduce({x}, {a}, _mul)"),
+           lax.reduce_xor_p: ("xor", "tl.xor_sum({x}, axis={a})")}
+
+
+def _reduce_rule(kind, tmpl):
+  def lower(cg, eqn, x):
+    axes = sorted(eqn.params["axes"], reverse=True)
+    cur = cg.mask_padding(x, axes, _neutral(kind, x.dtype))
+    shape = list(x.shape)
+    for a in axes:
+      if kind in ("and", "or") and x.dtype == jnp.bool_:
+        cur = f"({cur}).to(tl.int32)"
+      cur = tmpl.format(x=cur, a=a)
+      del shape[a]
+      if kind in ("and", "or") and x.dtype == jnp.bool_:
+        cur = f"({cur} != 0)"
+      if a != axes[-1]:
+        cur = cg.bind(cur, tuple(shape), x.dtype, "red").expr
+    return _out(cg, cur, eqn, kind)
+  return lower
+
+
+for _p, (_k, _t) in _REDUCE.items():
+  RULES[_p] = _reduce_rule(_k, _t)
+
+
+@rule(lax.argmax_p, lax.argmin_p)
+def _argmax(cg, eqn, x):
+  (axis,) = eqn.params["axes"]
+  kind = "max" if eqn.primitive is lax.argmax_p else "min"
+  cur = cg.mask_padding(x, [axis], _neutral(kind, x.dtype))
+  fn = "tl.argmax" if kind == "max" else "tl.argmin"
+  expr = f"{fn}({cur}, axis={axis}, tie_break_left=True)"
+  out = eqn.outvars[0].aval
+  if jnp.dtype(out.dtype) != jnp.int32:
+    expr = f"({expr}).to({tl_dtype(out.dtype)})"
+  return _out(cg, expr, eqn, "arg" + kind)
+
+
+@rule(lax.cumsum_p, lax.cummax_p, lax.cummin_p, lax.cumprod_p)
+def _cumulative(cg, eqn, x):
+  axis, reverse = eqn.params["axis"], eqn.params["reverse"]
+  kind = {lax.cumsum_p: "sum", lax.cummax_p: "max", lax.cummin_p: "min", lax.cumprod_p: "prod"}[eqn.primitive]
+  cur = cg.mask_padding(x, [axis], _neutral(kind, x.dtype)) if reverse else x.expr
+  if kind == "sum":
+    expr = f"tl.cumsum({cur}, axis={axis}, reverse={reverse})"
+  elif kind == "prod":
+    expr = f"tl.cumprod({cur}, axis={axis}, reverse={reverse})"
+  else:
+    expr = f"tl.associative_scan({cur}, {axis}, _{kind}, reverse={reverse})"
+  return _out(cg, expr, eqn, "cum" + kind)
+
+
+# --- matrix products ------------------------------------------------------------------------
+
+_PRECISION = {None: "tf32", "DEFAULT": "tf32", "HIGH": "tf32x3", "HIGHEST": "ieee"}
+
+
+@rule(lax.dot_general_p)
+def _dot_general(cg, eqn, a, b):
+  (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+  out = eqn.outvars[0].aval
+  nb = len(lb)
+  if len(lc) != 1 or len(rc) != 1 or a.shape.__len__() - nb != 2 and len(a.shape) - nb != 1 or \
+      tuple(lb) != tuple(range(nb)) or tuple(rb) != tuple(range(nb)) or nb > 1:
+    raise NotImplementedError(f"dot_general with dimension numbers {eqn.params['dimension_numbers']}")
+  # Bring both to (batch, M, K) x (batch, K, N) with K padded by zeros.
+  ax, bx = a.expr, b.expr
+  if len(a.shape) - nb == 1:
+    raise NotImplementedError("matrix-vector products: reshape the vector to a matrix first")
+  if lc[0] != nb + 1:
+    ax = f"tl.trans({ax})" if nb == 0 else f"tl.permute({ax}, [0, 2, 1])"
+  if rc[0] != nb:
+    bx = f"tl.trans({bx})" if nb == 0 else f"tl.permute({bx}, [0, 2, 1])"
+  k = a.shape[lc[0]]
+  a_val = cg.bind(ax, _moved(a.shape, lc[0], nb + 1), a.dtype, "lhs")
+  b_val = cg.bind(bx, _moved(b.shape, rc[0], nb), b.dtype, "rhs")
+  ax = cg.mask_padding(a_val, [nb + 1], "0")
+  bx = cg.mask_padding(b_val, [nb], "0")
+  m, n = a_val.padded[nb], b_val.padded[nb + 1]
+  acc_float = _is_float(out.dtype) or _is_float(a.dtype)
+  acc = "tl.float32" if acc_float else "tl.int32"
+  prec = eqn.params.get("precision")
+  p = None
+  if isinstance(prec, tuple):
+    p = prec[0]
+  elif prec is not None:
+    p = prec
+  pname = getattr(p, "name", p)
+  if min(m, n, a_val.padded[nb + 1]) >= 16:
+    ip = ""
+    if jnp.dtype(a.dtype) == jnp.float32 and jnp.dtype(b.dtype) == jnp.float32:
+      ip = f', input_precision="{_PRECISION.get(pname, "tf32")}"'
+    expr = f"tl.dot({ax}, {bx}{ip}, out_dtype={acc})"
+  else:   # too small for the tensor cores: multiply and sum
+    a3 = f"({ax}).to({acc})[:, :, None]" if nb == 0 else f"({ax}).to({acc})[:, :, :, None]"
+    b3 = f"({bx}).to({acc})[None, :, :]" if nb == 0 else f"({bx}).to({acc})[:, None, :, :]"
+    expr = f"tl.sum({a3} * {b3}, axis={nb + 1})"
+  if jnp.dtype(out.dtype) != jnp.dtype(np.float32 if acc_float else np.int32):
+    expr = f"({expr}).to({tl_dtype(out.dtype)})"
+  return _out(cg, expr, eqn, "dot")
+
+
+def _moved(shape, src, dst):
+  s = list(shape)
+  d = s.pop(src)
+  s.insert(dst, d)
+  return tuple(s)
