@@ -116,3 +116,32 @@ def check_block_ranges(gm, tables, name: str) -> None:
             f"{int(col[point])} along dimension {d} at grid point {point}, but {bm.origin} "
             f"(shape {bm.array_aval.shape}, block {bm.full_block_shape}) allows 0..{hi}; "
             "fix the index_map or the grid")
+
+
+def _sub_jaxprs(params):
+  for v in params.values():
+    for j in (v if isinstance(v, tuple) else (v,)):
+      if isinstance(j, ji.Jaxpr):
+        yield j
+
+
+def _has_loop(jaxpr) -> bool:
+  return any(e.primitive.name == "while" or any(_has_loop(j) for j in _sub_jaxprs(e.params))
+             for e in jaxpr.eqns)
+
+
+def loop_count_axes(jaxpr, rank: int) -> set[int]:
+  """Grid axes that the trip count of some while loop in the kernel may depend on.
+
+  A forward dependency analysis from the grid-index inputs (the first ``rank`` invars);
+  equations with sub-jaxprs are treated as depending on all their operands.
+  """
+  deps = {v: {a} for a, v in enumerate(jaxpr.invars[:rank])}
+  found: set[int] = set()
+  for eqn in jaxpr.eqns:
+    d = set().union(*[deps.get(v, set()) for v in eqn.invars if isinstance(v, ji.Var)])
+    if eqn.primitive.name == "while" or any(_has_loop(j) for j in _sub_jaxprs(eqn.params)):
+      found |= d
+    for v in eqn.outvars:
+      deps[v] = d
+  return found

@@ -77,7 +77,10 @@ def plan_for(params) -> Plan:
   nidx, nin = gm.num_index_operands, gm.num_inputs
   has_debug = any(not isinstance(e, ji.effects.JaxprInputEffect) for e in jaxpr.effects)
   writes_inputs = any(w < nidx + nin for w in written)
-  parallel = schedule.parallel
+  # Loops whose trip count depends on an axis would make batched programs run the longest
+  # trip count; such axes run in order instead.
+  divergent = sched.loop_count_axes(jaxpr, rank)
+  parallel = tuple(a for a in schedule.parallel if a not in divergent)
   if (not ip.parallel or has_debug or params.globals_avals or writes_inputs or ip.detect_races):
     parallel = ()
   names = [f"args[{i}]" for i in range(nidx)] + [bm.origin for bm in gm.block_mappings] + \
@@ -235,9 +238,19 @@ def _interpret(*args, params, plan: Plan):
   check_maps = not plan.tables_known
   name = params.name
 
+  def run_kernel(*args):
+    return ji.eval_jaxpr(plan.pure, plan.pure.consts, *args)
+
+  # Checks are made into values per program, before programs are batched: JAX cannot
+  # check a batched while loop (a loop whose trip count differs between programs).
+  checked_kernel = checkify.checkify(run_kernel, errors=checkify.user_checks)
+
   def program(ids, index_vals, in_blocks, out_blocks, scratch_vals, glob_vals):
-    res = ji.eval_jaxpr(plan.pure, plan.pure.consts, *ids, *index_vals, *in_blocks, *out_blocks,
-                        *scratch_vals, *glob_vals)
+    args = (*ids, *index_vals, *in_blocks, *out_blocks, *scratch_vals, *glob_vals)
+    if not plan.checked:
+      return run_kernel(*args)
+    err, res = checked_kernel(*args)
+    checkify.check_error(err)
     return res
 
   def step(t, state):

@@ -1,0 +1,491 @@
+"""Kernels that every backend must run: each case builds a function from ``interpret`` and
+makes fresh random inputs. Used by the Triton lowering tests (CI) and the GPU differential
+tests (Triton against the interpreter)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+import pallax as pl
+import pallax.triton as plgpu
+
+S = jax.ShapeDtypeStruct
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  name: str
+  build: Callable[[bool], Callable]     # interpret -> function of the arrays
+  args: Callable[[jax.Array], tuple]    # key -> fresh random inputs
+  tol: float = 1e-6                     # relative error allowed between backends
+  gpu_only_ok: bool = True
+
+
+CASES: list[Case] = []
+
+
+def case(name, args, tol=1e-6):
+  def register(build):
+    CASES.append(Case(name, build, args, tol))
+    return build
+  return register
+
+
+def normal(shape, dtype=jnp.float32):
+  return lambda k: jax.random.normal(k, shape, jnp.float32).astype(dtype)
+
+
+def normals(*specs):
+  def make(key):
+    keys = jax.random.split(key, len(specs))
+    return tuple(jax.random.normal(k, s, jnp.float32).astype(d) for k, (s, d) in zip(keys, specs))
+  return make
+
+
+def blocked(kernel, out, grid, in_specs, out_specs, interpret, **kw):
+  return pl.pallas_call(kernel, out_shape=out, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                        interpret=interpret, **kw)
+
+
+# --- the seed notebook ---------------------------------------------------------------------
+
+def _add_vectors_kernel(x_ref, y_ref, o_ref):
+  x, y = x_ref[...], y_ref[...]
+  o_ref[...] = x + y
+
+
+@case("notebook_add_vectors", lambda k: (jnp.arange(8), jnp.arange(8) * 3))
+def _(interpret):
+  return jax.jit(lambda x, y: pl.pallas_call(
+      _add_vectors_kernel, out_shape=S(x.shape, x.dtype), interpret=interpret)(x, y))
+
+
+def _iota_kernel(o_ref):
+  i = pl.program_id(0)
+  o_ref[i] = i
+
+
+@case("notebook_iota", lambda k: ())
+def _(interpret):
+  return lambda: pl.pallas_call(_iota_kernel, out_shape=S((8,), jnp.int32), grid=(8,),
+                                interpret=interpret)()
+
+
+def _matmul_kernel(x_ref, y_ref, z_ref):
+  z_ref[...] = x_ref[...] @ y_ref[...]
+
+
+def _notebook_matmul(x, y, interpret):
+  return pl.pallas_call(
+      _matmul_kernel, out_shape=S((x.shape[0], y.shape[1]), x.dtype), grid=(2, 2),
+      in_specs=[pl.BlockSpec((x.shape[0] // 2, x.shape[1]), lambda i, j: (i, 0)),
+                pl.BlockSpec((y.shape[0], y.shape[1] // 2), lambda i, j: (0, j))],
+      out_specs=pl.BlockSpec((x.shape[0] // 2, y.shape[1] // 2), lambda i, j: (i, j)),
+      interpret=interpret)(x, y)
+
+
+@case("notebook_matmul_128", normals(((128, 128), jnp.float32), ((128, 128), jnp.float32)), tol=2e-3)
+def _(interpret):
+  return jax.jit(functools.partial(_notebook_matmul, interpret=interpret))
+
+
+@case("notebook_vmap_matmul", normals(((3, 64, 64), jnp.float32), ((3, 64, 64), jnp.float32)), tol=2e-3)
+def _(interpret):
+  return jax.jit(jax.vmap(functools.partial(_notebook_matmul, interpret=interpret)))
+
+
+# --- elementwise, dtypes, partial blocks -------------------------------------------------------
+
+def _ew(fn, shape, block, dtype=jnp.float32, out_dtype=None, name=None, tol=1e-6, positive=False):
+  def kernel(x_ref, o_ref):
+    o_ref[...] = fn(x_ref[...])
+
+  def make(key):
+    x = jax.random.normal(key, shape, jnp.float32)
+    if positive:
+      x = jnp.abs(x) + 0.1
+    if jnp.issubdtype(dtype, jnp.integer):
+      x = x * 50
+    return (x.astype(dtype),)
+
+  def build(interpret):
+    grid = tuple(pl.cdiv(s, b) for s, b in zip(shape, block))
+    idx = lambda *ids: ids
+    return jax.jit(lambda x: pl.pallas_call(
+        kernel, out_shape=S(shape, out_dtype or dtype), grid=grid,
+        in_specs=[pl.BlockSpec(block, idx)], out_specs=pl.BlockSpec(block, idx),
+        interpret=interpret)(x))
+  CASES.append(Case(name, build, make, tol))
+
+
+for _fn_name, _fn, _pos, _tol in [
+    ("exp", jnp.exp, False, 1e-6), ("exp2", jnp.exp2, False, 1e-6), ("log", jnp.log, True, 1e-6),
+    ("log1p", jnp.log1p, True, 1e-6), ("sin", jnp.sin, False, 1e-6), ("cos", jnp.cos, False, 1e-6),
+    ("tanh", jnp.tanh, False, 1e-6), ("erf", jax.scipy.special.erf, False, 1e-6),
+    ("rsqrt", lax.rsqrt, True, 1e-6), ("sqrt", jnp.sqrt, True, 1e-6),
+    ("pow", lambda x: jnp.power(x, 1.7), True, 1e-6), ("abs_neg", lambda x: -jnp.abs(x), False, 0),
+    ("sigmoid", jax.nn.sigmoid, False, 1e-6), ("floor_ceil", lambda x: jnp.floor(x) + jnp.ceil(x * 3), False, 0),
+    ("where", lambda x: jnp.where(x > 0, x * 2, -x), False, 0), ("expm1", jnp.expm1, False, 1e-6),
+    ("atan2", lambda x: jnp.arctan2(x, x + 1), False, 1e-6), ("square_int_pow", lambda x: x ** 3 + x * x, False, 1e-6),
+    ("sign", jnp.sign, False, 0), ("clip", lambda x: jnp.clip(x, -0.5, 0.5), False, 0)]:
+  _ew(_fn, (300, 257), (64, 128), name=f"ew_{_fn_name}_f32_partial", tol=_tol, positive=_pos)
+
+for _dt in (jnp.float16, jnp.bfloat16):
+  _ew(lambda x: (x * 2 + 1).astype(x.dtype), (1000,), (256,), dtype=_dt, name=f"ew_affine_{jnp.dtype(_dt).name}")
+  _ew(lambda x: jnp.exp(x), (1000,), (256,), dtype=_dt, name=f"ew_exp_{jnp.dtype(_dt).name}", tol=1e-2)
+for _dt in (jnp.int8, jnp.int16, jnp.int32, jnp.uint8, jnp.uint32):  # no 64-bit without jax_enable_x64
+  _ew(lambda x: (x * 3 + (x >> 1)) ^ (x & 7), (777,), (128,), dtype=_dt, name=f"ew_int_{jnp.dtype(_dt).name}")
+_ew(lambda x: x // 7 + x % 5, (777,), (128,), dtype=jnp.int32, name="ew_int_div_rem")
+for _src, _dst in [(jnp.float32, jnp.bfloat16), (jnp.float32, jnp.float16), (jnp.float32, jnp.int32),
+                   (jnp.int32, jnp.float32), (jnp.float32, jnp.float8_e4m3fn), (jnp.float32, jnp.float8_e5m2),
+                   (jnp.bfloat16, jnp.float32), (jnp.int8, jnp.float32), (jnp.float32, jnp.bool_),
+                   (jnp.float32, jnp.uint8)]:
+  _ew(lambda x, d=_dst: x.astype(d) if d != jnp.bool_ else x > 0, (500,), (128,), dtype=_src, out_dtype=_dst,
+      name=f"cast_{jnp.dtype(_src).name}_{jnp.dtype(_dst).name}", tol=0)
+_ew(lambda x: x * 2, (5, 7, 9), (2, 4, 16), name="ew_rank3_nonpow2")
+_ew(lambda x: x + 1, (1,), (1,), name="ew_size1")
+
+
+# --- shapes, reductions --------------------------------------------------------------------------
+
+def _whole(kernel, out_shape, interpret):
+  return jax.jit(lambda *a: pl.pallas_call(kernel, out_shape=out_shape, interpret=interpret)(*a))
+
+
+def _reductions_kernel(x_ref, s_ref, m_ref, a_ref, b_ref):
+  x = x_ref[...]
+  s_ref[...] = jnp.stack([x.sum(axis=0), x.max(axis=0), x.min(axis=0)])
+  m_ref[...] = jnp.stack([x.sum(axis=1), x.max(axis=1)], axis=1).sum(axis=1)
+  a_ref[...] = jnp.stack([jnp.argmax(x, axis=1), jnp.argmin(x, axis=1)]).astype(jnp.int32)
+  b_ref[...] = jnp.stack([jnp.all(x > -3, axis=1), jnp.any(x > 2, axis=1)]).astype(jnp.int32)
+
+
+@case("reductions_nonpow2", normal((24, 100)), tol=1e-5)
+def _(interpret):
+  outs = (S((3, 100), jnp.float32), S((24,), jnp.float32), S((2, 24), jnp.int32), S((2, 24), jnp.int32))
+  return _whole(_reductions_kernel, outs, interpret)
+
+
+def _shapes_kernel(x_ref, o_ref, t_ref, i_ref):
+  x = x_ref[...]
+  o_ref[...] = jnp.broadcast_to(x[:, :1], x.shape) + x.sum(axis=1, keepdims=True) + x[0:1, :]
+  t_ref[...] = x.T * 2
+  i_ref[...] = lax.broadcasted_iota(jnp.int32, (16, 32), 0) * 100 + lax.broadcasted_iota(jnp.int32, (16, 32), 1)
+
+
+@case("broadcast_transpose_iota", normal((16, 32)), tol=1e-6)
+def _(interpret):
+  return _whole(_shapes_kernel, (S((16, 32), jnp.float32), S((32, 16), jnp.float32), S((16, 32), jnp.int32)),
+                interpret)
+
+
+def _reshape_kernel(x_ref, o_ref):
+  x = x_ref[...]
+  o_ref[...] = x.reshape(4, 8, 16).sum(axis=1).reshape(64)
+
+
+@case("reshape_pow2", normal((32, 16)), tol=1e-6)
+def _(interpret):
+  return _whole(_reshape_kernel, S((64,), jnp.float32), interpret)
+
+
+# --- matmuls ------------------------------------------------------------------------------------
+
+def _dot_variants_kernel(a_ref, b_ref, o1, o2, o3):
+  a, b = a_ref[...], b_ref[...]
+  o1[...] = pl.dot(a, b)
+  o2[...] = pl.dot(a, b.T, trans_b=True)
+  o3[...] = lax.dot_general(a.T, b, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+@case("dot_transposes_f32", normals(((64, 32), jnp.float32), ((32, 48), jnp.float32)), tol=3e-3)
+def _(interpret):
+  return _whole(_dot_variants_kernel, (S((64, 48), jnp.float32), S((64, 48), jnp.float32),
+                                       S((32, 32), jnp.float32)) if False else
+                (S((64, 48), jnp.float32), S((64, 48), jnp.float32), S((32, 48), jnp.float32)), interpret)
+
+
+def _dot_hi_kernel(a_ref, b_ref, o_ref):
+  o_ref[...] = jnp.dot(a_ref[...], b_ref[...], precision=lax.Precision.HIGHEST)
+
+
+@case("dot_f32_highest", normals(((64, 64), jnp.float32), ((64, 32), jnp.float32)), tol=1e-5)
+def _(interpret):
+  return _whole(_dot_hi_kernel, S((64, 32), jnp.float32), interpret)
+
+
+def _small_dot_kernel(a_ref, b_ref, o_ref):
+  o_ref[...] = jnp.dot(a_ref[...], b_ref[...], precision=lax.Precision.HIGHEST)
+
+
+@case("dot_small_8x5x3", normals(((8, 5), jnp.float32), ((5, 3), jnp.float32)), tol=1e-5)
+def _(interpret):
+  return _whole(_small_dot_kernel, S((8, 3), jnp.float32), interpret)
+
+
+def _mm_loop_kernel(x_ref, y_ref, o_ref, *, bk):
+  def body(k, acc):
+    return acc + pl.dot(x_ref[:, pl.ds(k * bk, bk)], y_ref[pl.ds(k * bk, bk), :])
+  acc = lax.fori_loop(0, x_ref.shape[1] // bk, body, jnp.zeros(o_ref.shape, jnp.float32))
+  o_ref[...] = acc.astype(o_ref.dtype)
+
+
+def matmul_inner_loop(x, y, *, bm=128, bn=128, bk=64, interpret=False, num_warps=None, num_stages=None):
+  """A blocked matmul with the K loop inside each program (fori_loop over pl.ds slices)."""
+  cp = plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+  return pl.pallas_call(
+      functools.partial(_mm_loop_kernel, bk=bk), out_shape=S((x.shape[0], y.shape[1]), x.dtype),
+      grid=(pl.cdiv(x.shape[0], bm), pl.cdiv(y.shape[1], bn)),
+      in_specs=[pl.BlockSpec((bm, x.shape[1]), lambda i, j: (i, 0)),
+                pl.BlockSpec((y.shape[0], bn), lambda i, j: (0, j))],
+      out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)), compiler_params=cp,
+      interpret=interpret)(x, y)
+
+
+for _dt, _tol in [(jnp.bfloat16, 1e-2), (jnp.float16, 5e-3), (jnp.float32, 3e-3)]:
+  CASES.append(Case(f"matmul_inner_loop_{jnp.dtype(_dt).name}",
+                    lambda interpret: jax.jit(functools.partial(matmul_inner_loop, interpret=interpret)),
+                    normals(((256, 512), _dt), ((512, 384), _dt)), _tol))
+
+
+def _kgrid_kernel(x_ref, y_ref, o_ref):
+  @pl.when(pl.program_id(2) == 0)
+  def _():
+    o_ref[...] = jnp.zeros_like(o_ref)
+  o_ref[...] += pl.dot(x_ref[...], y_ref[...])
+
+
+@case("matmul_k_in_grid_partial", normals(((300, 256), jnp.float32), ((256, 200), jnp.float32)), tol=3e-3)
+def _(interpret):
+  return jax.jit(lambda x, y: pl.pallas_call(
+      _kgrid_kernel, out_shape=S((300, 200), jnp.float32), grid=(3, 4, 4),
+      in_specs=[pl.BlockSpec((128, 64), lambda i, j, k: (i, k)), pl.BlockSpec((64, 64), lambda i, j, k: (k, j))],
+      out_specs=pl.BlockSpec((128, 64), lambda i, j, k: (i, j)), interpret=interpret)(x, y))
+
+
+def _int8_dot_kernel(a_ref, b_ref, o_ref):
+  o_ref[...] = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.int32)
+
+
+@case("dot_int8", lambda k: (jax.random.randint(k, (32, 64), -100, 100, jnp.int8),
+                             jax.random.randint(jax.random.fold_in(k, 1), (64, 32), -100, 100, jnp.int8)), tol=0)
+def _(interpret):
+  return _whole(_int8_dot_kernel, S((32, 32), jnp.int32), interpret)
+
+
+# --- control flow and Ref access ----------------------------------------------------------------------
+
+def _control_kernel(x_ref, o_ref, n_ref):
+  i = pl.program_id(0)
+  n = x_ref.shape[0]
+
+  def body(j, acc):
+    return acc + x_ref[j] * (j + 1)
+  total = lax.fori_loop(0, n, body, jnp.zeros(x_ref.shape[1:], jnp.float32))
+  dyn = lax.fori_loop(0, i + 1, lambda j, a: a + x_ref[j], jnp.zeros(x_ref.shape[1:], jnp.float32))
+  w = lax.while_loop(lambda c: c[0] < 5 + i, lambda c: (c[0] + 2, c[1] * 1.5), (i, jnp.float32(1)))[1]
+  v = lax.cond(i % 2 == 0, lambda: total * 2, lambda: total - 1)
+  v = lax.switch(i % 3, [lambda: v, lambda: v + 10, lambda: -v])
+  o_ref[...] = v + dyn * w
+
+  @pl.when(i == 1)
+  def _():
+    o_ref[...] = o_ref[...] * 0 + 7
+
+  @pl.loop(0, 4, step=2)
+  def _(j):
+    n_ref[pl.ds(j, 2)] = jnp.full((2,), j, jnp.int32) + i
+  del n
+
+
+@case("control_flow", normal((8, 32)), tol=1e-5)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _control_kernel, out_shape=(S((32,), jnp.float32), S((4,), jnp.int32)), grid=(3,),
+      in_specs=[pl.BlockSpec((8, 32), lambda i: (0, 0))],
+      out_specs=(pl.BlockSpec((None, 32), lambda i: (i, 0)), pl.BlockSpec((None, 4), lambda i: (i, 0))),
+      interpret=interpret)(x) if False else pl.pallas_call(
+      _control_kernel, out_shape=(S((3, 32), jnp.float32), S((3, 4), jnp.int32)), grid=(3,),
+      in_specs=[pl.BlockSpec((8, 32), lambda i: (0, 0))],
+      out_specs=(pl.BlockSpec((None, 32), lambda i: (i, 0)), pl.BlockSpec((None, 4), lambda i: (i, 0))),
+      interpret=interpret)(x))
+
+
+def _slicing_kernel(x_ref, o_ref, s_ref, v_ref):
+  i = pl.program_id(0)
+  o_ref[...] = x_ref[pl.ds(i * 4, 4), :] * 2
+  s_ref[...] = x_ref[pl.ds(1, 8, stride=2), 3]
+  view = x_ref.at[pl.ds(2, 8)]
+  v_ref[...] = view[:, pl.ds(0, 16)] + view[1, 0]
+
+
+@case("ds_strided_views", normal((16, 32)), tol=1e-6)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _slicing_kernel, out_shape=(S((4, 4, 32), jnp.float32), S((4, 8), jnp.float32), S((4, 8, 16), jnp.float32)),
+      grid=(4,), in_specs=[pl.BlockSpec((16, 32), lambda i: (0, 0))],
+      out_specs=(pl.BlockSpec((None, 4, 32), lambda i: (i, 0, 0)), pl.BlockSpec((None, 8), lambda i: (i, 0)),
+                 pl.BlockSpec((None, 8, 16), lambda i: (i, 0, 0))),
+      interpret=interpret)(x))
+
+
+def _masked_kernel(x_ref, o_ref, *, block, n):
+  offs = pl.program_id(0) * block + jnp.arange(block)
+  x = pl.load(x_ref, (pl.ds(pl.multiple_of(pl.program_id(0) * block, block), block),), mask=offs < n, other=-1.0)
+  pl.store(o_ref, (pl.ds(pl.program_id(0) * block, block),), x * 3.0, mask=offs < n)
+
+
+@case("masked_triton_style", normal((1000,)), tol=1e-6)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      functools.partial(_masked_kernel, block=256, n=1000), out_shape=S((1000,), jnp.float32),
+      grid=(4,), interpret=interpret)(x))
+
+
+def _rank4_kernel(x_ref, o_ref):
+  o_ref[...] = x_ref[...] + (pl.program_id(0) * 1000 + pl.program_id(1) * 100 + pl.program_id(2) * 10
+                             + pl.program_id(3)).astype(jnp.float32)
+
+
+@case("grid_rank4_squeezed", normal((3, 2, 5, 40)), tol=0)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _rank4_kernel, out_shape=S(x.shape, x.dtype), grid=(3, 2, 5, 3),
+      in_specs=[pl.BlockSpec((None, None, 1, 16), lambda a, b, c, d: (a, b, c, d))],
+      out_specs=pl.BlockSpec((None, None, 1, 16), lambda a, b, c, d: (a, b, c, d)),
+      interpret=interpret)(x))
+
+
+def _alias_kernel(x_ref, o_ref):
+  o_ref[...] = o_ref[...] * 2 + 1
+
+
+@case("input_output_alias", normal((256,)), tol=0)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _alias_kernel, out_shape=S(x.shape, x.dtype), grid=(2,), in_specs=[pl.BlockSpec((128,), lambda i: (i,))],
+      out_specs=pl.BlockSpec((128,), lambda i: (i,)), input_output_aliases={0: 0}, interpret=interpret)(x))
+
+
+def _atomic_kernel(x_ref, o_ref):
+  @pl.when(pl.program_id(0) == 0)
+  def _():
+    pass
+  plgpu.atomic_add(o_ref, (pl.ds(0, 16),), x_ref[...])
+
+
+@case("atomic_add_histogram", lambda k: (jnp.round(jax.random.normal(k, (64,)) * 8),), tol=0)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _atomic_kernel, out_shape=S((16,), jnp.float32), grid=(4,), in_specs=[pl.BlockSpec((16,), lambda i: (i,))],
+      out_specs=pl.BlockSpec((16,), lambda i: (0,)), input_output_aliases={1: 0},
+      interpret=interpret)(x, jnp.zeros((16,), jnp.float32)) if False else pl.pallas_call(
+      _atomic_kernel, out_shape=S((16,), jnp.float32), grid=(4,),
+      in_specs=[pl.BlockSpec((16,), lambda i: (i,)), pl.BlockSpec((16,), lambda i: (0,))],
+      out_specs=pl.BlockSpec((16,), lambda i: (0,)), input_output_aliases={1: 0},
+      interpret=interpret)(x, jnp.zeros((16,), jnp.float32)))
+
+
+# --- the benchmark kernels ---------------------------------------------------------------------
+
+def _softmax_kernel(x_ref, o_ref):
+  x = x_ref[...].astype(jnp.float32)
+  e = jnp.exp(x - jnp.max(x, axis=1, keepdims=True))
+  o_ref[...] = (e / jnp.sum(e, axis=1, keepdims=True)).astype(o_ref.dtype)
+
+
+def softmax(x, *, block_rows=1, interpret=False, num_warps=None):
+  return pl.pallas_call(
+      _softmax_kernel, out_shape=S(x.shape, x.dtype), grid=(pl.cdiv(x.shape[0], block_rows),),
+      in_specs=[pl.BlockSpec((block_rows, x.shape[1]), lambda i: (i, 0))],
+      out_specs=pl.BlockSpec((block_rows, x.shape[1]), lambda i: (i, 0)),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps), interpret=interpret)(x)
+
+
+def _layer_norm_kernel(x_ref, w_ref, b_ref, o_ref, *, eps):
+  x = x_ref[...].astype(jnp.float32)
+  mean = jnp.mean(x, axis=1, keepdims=True)
+  xc = x - mean
+  var = jnp.mean(xc * xc, axis=1, keepdims=True)
+  o_ref[...] = (xc * lax.rsqrt(var + eps) * w_ref[...] + b_ref[...]).astype(o_ref.dtype)
+
+
+def layer_norm(x, w, b, *, eps=1e-5, block_rows=1, interpret=False, num_warps=None):
+  r, c = x.shape
+  return pl.pallas_call(
+      functools.partial(_layer_norm_kernel, eps=eps), out_shape=S(x.shape, x.dtype),
+      grid=(pl.cdiv(r, block_rows),),
+      in_specs=[pl.BlockSpec((block_rows, c), lambda i: (i, 0)), pl.BlockSpec((1, c), lambda i: (0, 0)),
+                pl.BlockSpec((1, c), lambda i: (0, 0))],
+      out_specs=pl.BlockSpec((block_rows, c), lambda i: (i, 0)),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps), interpret=interpret)(x, w, b)
+
+
+CASES.append(Case("softmax_rows_nonpow2", lambda interpret: jax.jit(functools.partial(
+    softmax, block_rows=4, interpret=interpret)), normal((50, 300)), 1e-5))
+CASES.append(Case("layer_norm_rows", lambda interpret: jax.jit(functools.partial(
+    layer_norm, block_rows=2, interpret=interpret)),
+    normals(((30, 256), jnp.float32), ((1, 256), jnp.float32), ((1, 256), jnp.float32)), 1e-5))
+
+
+def _flash_kernel(q_ref, k_ref, v_ref, o_ref, *, block_k, causal, sm_scale):
+  q = q_ref[...]
+  block_q, d = q.shape
+  seq = k_ref.shape[0]
+  qi = pl.program_id(1)
+  m = jnp.full((block_q,), -jnp.inf, jnp.float32)
+  l = jnp.zeros((block_q,), jnp.float32)
+  acc = jnp.zeros((block_q, d), jnp.float32)
+
+  def body(j, carry):
+    m, l, acc = carry
+    k = k_ref[pl.ds(j * block_k, block_k), :]
+    v = v_ref[pl.ds(j * block_k, block_k), :]
+    s = pl.dot(q, k, trans_b=True) * sm_scale
+    if causal:
+      rows = qi * block_q + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
+      cols = j * block_k + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
+      s = jnp.where(rows >= cols, s, -jnp.inf)
+    m_new = jnp.maximum(m, s.max(axis=1))
+    p = jnp.exp(s - m_new[:, None])
+    alpha = jnp.exp(m - m_new)
+    l = l * alpha + p.sum(axis=1)
+    acc = acc * alpha[:, None] + pl.dot(p.astype(v.dtype), v)
+    return m_new, l, acc
+
+  upper = pl.cdiv((qi + 1) * block_q, block_k) if causal else seq // block_k
+  m, l, acc = lax.fori_loop(0, upper, body, (m, l, acc))
+  o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
+
+
+def flash_attention(q, k, v, *, causal=False, block_q=128, block_k=64, interpret=False,
+                    num_warps=None, num_stages=None):
+  """q, k, v: (batch*heads, seq, head_dim)."""
+  bh, seq, d = q.shape
+  kernel = functools.partial(_flash_kernel, block_k=block_k, causal=causal, sm_scale=1.0 / np.sqrt(d))
+  return pl.pallas_call(
+      kernel, out_shape=S(q.shape, q.dtype), grid=(bh, pl.cdiv(seq, block_q)),
+      in_specs=[pl.BlockSpec((None, block_q, d), lambda b, i: (b, i, 0)),
+                pl.BlockSpec((None, seq, d), lambda b, i: (b, 0, 0)),
+                pl.BlockSpec((None, seq, d), lambda b, i: (b, 0, 0))],
+      out_specs=pl.BlockSpec((None, block_q, d), lambda b, i: (b, i, 0)),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+      interpret=interpret)(q, k, v)
+
+
+for _causal in (False, True):
+  CASES.append(Case(f"flash_attention_{'causal' if _causal else 'full'}_bf16",
+                    lambda interpret, c=_causal: jax.jit(functools.partial(flash_attention, causal=c,
+                                                                           interpret=interpret)),
+                    normals(((2, 256, 64), jnp.bfloat16), ((2, 256, 64), jnp.bfloat16),
+                            ((2, 256, 64), jnp.bfloat16)), 2e-2))
+
+
+def by_name(name: str) -> Case:
+  return next(c for c in CASES if c.name == name)
