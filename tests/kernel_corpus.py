@@ -24,7 +24,7 @@ class Case:
   build: Callable[[bool], Callable]     # interpret -> function of the arrays
   args: Callable[[jax.Array], tuple]    # key -> fresh random inputs
   tol: float = 1e-6                     # relative error allowed between backends
-  gpu_only_ok: bool = True
+  min_cc: int = 80                      # the oldest GPU generation that can run it
 
 
 CASES: list[Case] = []
@@ -38,7 +38,7 @@ def case(name, args, tol=1e-6):
 
 
 def normal(shape, dtype=jnp.float32):
-  return lambda k: jax.random.normal(k, shape, jnp.float32).astype(dtype)
+  return lambda k: (jax.random.normal(k, shape, jnp.float32).astype(dtype),)
 
 
 def normals(*specs):
@@ -102,7 +102,8 @@ def _(interpret):
 
 # --- elementwise, dtypes, partial blocks -------------------------------------------------------
 
-def _ew(fn, shape, block, dtype=jnp.float32, out_dtype=None, name=None, tol=1e-6, positive=False):
+def _ew(fn, shape, block, dtype=jnp.float32, out_dtype=None, name=None, tol=1e-6, positive=False,
+        min_cc=80):
   def kernel(x_ref, o_ref):
     o_ref[...] = fn(x_ref[...])
 
@@ -121,7 +122,7 @@ def _ew(fn, shape, block, dtype=jnp.float32, out_dtype=None, name=None, tol=1e-6
         kernel, out_shape=S(shape, out_dtype or dtype), grid=grid,
         in_specs=[pl.BlockSpec(block, idx)], out_specs=pl.BlockSpec(block, idx),
         interpret=interpret)(x))
-  CASES.append(Case(name, build, make, tol))
+  CASES.append(Case(name, build, make, tol, min_cc))
 
 
 for _fn_name, _fn, _pos, _tol in [
@@ -147,7 +148,8 @@ for _src, _dst in [(jnp.float32, jnp.bfloat16), (jnp.float32, jnp.float16), (jnp
                    (jnp.bfloat16, jnp.float32), (jnp.int8, jnp.float32), (jnp.float32, jnp.bool_),
                    (jnp.float32, jnp.uint8)]:
   _ew(lambda x, d=_dst: x.astype(d) if d != jnp.bool_ else x > 0, (500,), (128,), dtype=_src, out_dtype=_dst,
-      name=f"cast_{jnp.dtype(_src).name}_{jnp.dtype(_dst).name}", tol=0)
+      name=f"cast_{jnp.dtype(_src).name}_{jnp.dtype(_dst).name}", tol=0,
+      min_cc=89 if _dst in (jnp.float8_e4m3fn, jnp.float8_e5m2) else 80)
 _ew(lambda x: x * 2, (5, 7, 9), (2, 4, 16), name="ew_rank3_nonpow2")
 _ew(lambda x: x + 1, (1,), (1,), name="ew_size1")
 
@@ -160,10 +162,14 @@ def _whole(kernel, out_shape, interpret):
 
 def _reductions_kernel(x_ref, s_ref, m_ref, a_ref, b_ref):
   x = x_ref[...]
-  s_ref[...] = jnp.stack([x.sum(axis=0), x.max(axis=0), x.min(axis=0)])
-  m_ref[...] = jnp.stack([x.sum(axis=1), x.max(axis=1)], axis=1).sum(axis=1)
-  a_ref[...] = jnp.stack([jnp.argmax(x, axis=1), jnp.argmin(x, axis=1)]).astype(jnp.int32)
-  b_ref[...] = jnp.stack([jnp.all(x > -3, axis=1), jnp.any(x > 2, axis=1)]).astype(jnp.int32)
+  s_ref[0] = x.sum(axis=0)
+  s_ref[1] = x.max(axis=0)
+  s_ref[2] = x.min(axis=0)
+  m_ref[...] = x.sum(axis=1) + x.max(axis=1) * 2 + x.sum()
+  a_ref[0] = jnp.argmax(x, axis=1).astype(jnp.int32)
+  a_ref[1] = jnp.argmin(x, axis=1).astype(jnp.int32)
+  b_ref[0] = jnp.all(x > -3, axis=1).astype(jnp.int32)
+  b_ref[1] = jnp.any(x > 2, axis=1).astype(jnp.int32)
 
 
 @case("reductions_nonpow2", normal((24, 100)), tol=1e-5)
@@ -174,7 +180,7 @@ def _(interpret):
 
 def _shapes_kernel(x_ref, o_ref, t_ref, i_ref):
   x = x_ref[...]
-  o_ref[...] = jnp.broadcast_to(x[:, :1], x.shape) + x.sum(axis=1, keepdims=True) + x[0:1, :]
+  o_ref[...] = jnp.broadcast_to(x_ref[:, 0:1], x.shape) + x.sum(axis=1, keepdims=True) + x_ref[0:1, :]
   t_ref[...] = x.T * 2
   i_ref[...] = lax.broadcasted_iota(jnp.int32, (16, 32), 0) * 100 + lax.broadcasted_iota(jnp.int32, (16, 32), 1)
 
@@ -206,9 +212,8 @@ def _dot_variants_kernel(a_ref, b_ref, o1, o2, o3):
 
 @case("dot_transposes_f32", normals(((64, 32), jnp.float32), ((32, 48), jnp.float32)), tol=3e-3)
 def _(interpret):
-  return _whole(_dot_variants_kernel, (S((64, 48), jnp.float32), S((64, 48), jnp.float32),
-                                       S((32, 32), jnp.float32)) if False else
-                (S((64, 48), jnp.float32), S((64, 48), jnp.float32), S((32, 48), jnp.float32)), interpret)
+  return _whole(_dot_variants_kernel,
+                (S((64, 48), jnp.float32), S((64, 48), jnp.float32), S((64, 48), jnp.float32)), interpret)
 
 
 def _dot_hi_kernel(a_ref, b_ref, o_ref):
@@ -307,10 +312,6 @@ def _control_kernel(x_ref, o_ref, n_ref):
 @case("control_flow", normal((8, 32)), tol=1e-5)
 def _(interpret):
   return jax.jit(lambda x: pl.pallas_call(
-      _control_kernel, out_shape=(S((32,), jnp.float32), S((4,), jnp.int32)), grid=(3,),
-      in_specs=[pl.BlockSpec((8, 32), lambda i: (0, 0))],
-      out_specs=(pl.BlockSpec((None, 32), lambda i: (i, 0)), pl.BlockSpec((None, 4), lambda i: (i, 0))),
-      interpret=interpret)(x) if False else pl.pallas_call(
       _control_kernel, out_shape=(S((3, 32), jnp.float32), S((3, 4), jnp.int32)), grid=(3,),
       in_specs=[pl.BlockSpec((8, 32), lambda i: (0, 0))],
       out_specs=(pl.BlockSpec((None, 32), lambda i: (i, 0)), pl.BlockSpec((None, 4), lambda i: (i, 0))),
@@ -373,7 +374,7 @@ def _(interpret):
       out_specs=pl.BlockSpec((128,), lambda i: (i,)), input_output_aliases={0: 0}, interpret=interpret)(x))
 
 
-def _atomic_kernel(x_ref, o_ref):
+def _atomic_kernel(x_ref, _, o_ref):
   @pl.when(pl.program_id(0) == 0)
   def _():
     pass
@@ -383,9 +384,6 @@ def _atomic_kernel(x_ref, o_ref):
 @case("atomic_add_histogram", lambda k: (jnp.round(jax.random.normal(k, (64,)) * 8),), tol=0)
 def _(interpret):
   return jax.jit(lambda x: pl.pallas_call(
-      _atomic_kernel, out_shape=S((16,), jnp.float32), grid=(4,), in_specs=[pl.BlockSpec((16,), lambda i: (i,))],
-      out_specs=pl.BlockSpec((16,), lambda i: (0,)), input_output_aliases={1: 0},
-      interpret=interpret)(x, jnp.zeros((16,), jnp.float32)) if False else pl.pallas_call(
       _atomic_kernel, out_shape=S((16,), jnp.float32), grid=(4,),
       in_specs=[pl.BlockSpec((16,), lambda i: (i,)), pl.BlockSpec((16,), lambda i: (0,))],
       out_specs=pl.BlockSpec((16,), lambda i: (0,)), input_output_aliases={1: 0},

@@ -15,6 +15,10 @@ def _specs(case):
 @pytest.mark.parametrize("cc", [80, 90])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_lowers_to_ptx(case, cc):
+  if cc < case.min_cc:
+    with pytest.raises(NotImplementedError, match="compute capability"):
+      plgpu.lower(case.build(False), *_specs(case), compute_capability=cc)
+    return
   arts = plgpu.lower(case.build(False), *_specs(case), compute_capability=cc)
   assert arts, "no pallas_call found"
   for a in arts:

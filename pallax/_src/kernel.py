@@ -30,7 +30,7 @@ def _is_ref(x) -> bool:
 
 
 def _run_one(body, mesh: pc.Mesh, operands, out_avals, scratch, name, interpret, debug,
-             compiler_params, cost_estimate):
+             compiler_params, cost_estimate, kernel_args=None):
   """Runs ``body`` over ``mesh``; returns (outputs, new values of Ref operands)."""
   rank = len(mesh.grid)
   op_avals = [ji.ShapedArray(jax.typeof(x).shape, jax.typeof(x).dtype) for x in operands]
@@ -39,7 +39,8 @@ def _run_one(body, mesh: pc.Mesh, operands, out_avals, scratch, name, interpret,
   probe_avals = [ji.ref_aval(a.shape, a.dtype) for a in op_avals + list(out_avals)] + scratch_avals
   probe, _ = pcall.trace_kernel(body, name, mesh.grid, probe_avals,
                                 [f"args[{i}]" for i in range(len(operands))]
-                                + [f"out[{i}]" for i in range(len(out_avals))], mesh.grid_names)
+                                + [f"out[{i}]" for i in range(len(out_avals))], mesh.grid_names,
+                                kernel_args, allow_ref_consts=True)
   closed_refs = [c for c in probe.consts if _is_ref(c)]
   n_ops, n_out, n_closed = len(operands), len(out_avals), len(closed_refs)
   # pallas_call operands: operand values, then closed-over Ref values.
@@ -98,12 +99,13 @@ def kernel(body=_NS, out_type=(), *, mesh, scratch_types=(), compiler_params=Non
   scratch = jax.tree.leaves(scratch_types, is_leaf=lambda s: hasattr(s, "get_ref_aval"))
 
   def call(*operands):
-    flat_ops, _ = jax.tree.flatten(operands, is_leaf=_is_ref)
+    flat_ops, in_tree = jax.tree.flatten(operands, is_leaf=_is_ref)
+    kargs = pcall._kernel_args(in_tree, out_tree, scratch_types)
     outs = None
     for b, m in zip(bodies, meshes):
       if outs is None:
         outs = _run_one(b, m, flat_ops, out_avals, scratch, kname, interpret, debug,
-                        compiler_params, cost_estimate)
+                        compiler_params, cost_estimate, kargs)
       else:
         # Later bodies see the earlier bodies' outputs: run them on Refs holding those.
         out_refs = [jax.new_ref(o) for o in outs]

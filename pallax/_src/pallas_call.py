@@ -60,6 +60,21 @@ def _check_arity(fn, n: int, what: str, expected: str):
                     f"its signature is {sig}") from None
 
 
+def _check_kernel_arity(kernel, n_pos: int, kw_names, name: str, ref_names):
+  try:
+    sig = inspect.signature(kernel)
+  except (TypeError, ValueError):
+    return
+  try:
+    sig.bind(*range(n_pos), **{k: 0 for k in kw_names})
+  except TypeError:
+    raise TypeError(
+        f"pallas_call {name}: the kernel {name}{sig} cannot take {n_pos} Ref arguments"
+        + (f" and keyword Refs {list(kw_names)}" if kw_names else "")
+        + f" (the Refs are {', '.join(ref_names)}); give the kernel one parameter per input, "
+        "output and scratch buffer") from None
+
+
 # --- building the GridMapping ------------------------------------------------------------
 
 def _as_tuple_grid(grid, name) -> tuple[int, ...]:
@@ -195,15 +210,57 @@ def make_grid_mapping(name, grid_spec: pc.GridSpec, in_avals, in_tree, out_avals
 
 # --- tracing the kernel --------------------------------------------------------------------
 
+@dataclasses.dataclass(frozen=True)
+class KernelArgs:
+  """How flat Refs become the kernel's arguments: pytrees of positional Refs, scratch
+  passed positionally or (from a dict of scratch shapes) by keyword."""
+  positional: Any           # treedef of the tuple of positional arguments
+  keyword: Any = None       # treedef of the keyword arguments (or None)
+
+  @staticmethod
+  def flat(n: int) -> "KernelArgs":
+    return KernelArgs(jax.tree.structure(tuple(range(n))))
+
+  def call(self, kernel, refs):
+    n = self.positional.num_leaves
+    args = jax.tree.unflatten(self.positional, refs[:n])
+    kwargs = jax.tree.unflatten(self.keyword, refs[n:]) if self.keyword is not None else {}
+    return kernel(*args, **kwargs)
+
+  def names(self, kernel) -> tuple[str, ...]:
+    """A readable name per flat Ref: the kernel's parameter name (with an index when a
+    parameter holds several Refs)."""
+    try:
+      params = [p.name for p in inspect.signature(kernel).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+      params = []
+    args = jax.tree.unflatten(self.positional, list(range(self.positional.num_leaves)))
+    names = []
+    for k, a in enumerate(args):
+      base = params[k] if k < len(params) else f"ref{k}"
+      leaves = jax.tree.leaves(a)
+      names += [base] if len(leaves) == 1 else [f"{base}_{j}" for j in range(len(leaves))]
+    if self.keyword is not None:
+      kw = jax.tree.unflatten(self.keyword, list(range(self.keyword.num_leaves)))
+      for key, a in kw.items():
+        leaves = jax.tree.leaves(a)
+        names += [str(key)] if len(leaves) == 1 else [f"{key}_{j}" for j in range(len(leaves))]
+    return tuple(names)
+
+
 def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid_names=(),
-                 allow_globals=True):
-  """Traces ``kernel(*refs)`` into a jaxpr whose invars are ``*grid_indices, *refs, *globals``.
+                 kernel_args: KernelArgs | None = None, allow_ref_consts: bool = False):
+  """Traces the kernel on Refs into a jaxpr whose invars are ``*grid_indices, *refs, *globals``.
 
   Returns (closed jaxpr, global scratch avals). ``pl.get_global`` requests make a
   second trace with those Refs appended.
   """
-  _check_arity(kernel, len(ref_avals), f"pallas_call {name}: the kernel {name}",
-               f"the Refs {', '.join(ref_names)}")
+  kernel_args = kernel_args or KernelArgs.flat(len(ref_avals))
+  n_pos = len(jax.tree.unflatten(kernel_args.positional, [0] * kernel_args.positional.num_leaves))
+  kw_names = () if kernel_args.keyword is None else tuple(
+      jax.tree.unflatten(kernel_args.keyword, [0] * kernel_args.keyword.num_leaves))
+  _check_kernel_arity(kernel, n_pos, kw_names, name, ref_names)
   requested: list[Any] = []
 
   def run(global_refs, *args):
@@ -218,7 +275,7 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
 
     env = pc.GridEnv(name, tuple(ids), grid, tuple(grid_names), get_global)
     with pc.grid_env(env):
-      out = kernel(*refs)
+      out = kernel_args.call(kernel, list(refs))
     if out is not None and jax.tree.leaves(out):
       raise ValueError(f"the kernel {name} returned a value; kernels write their results into "
                        "output Refs and return None")
@@ -235,7 +292,7 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
   except (ValueError, TypeError, IndexError, NotImplementedError, RuntimeError) as e:
     _reraise(e, f"pallas_call {name}")
   for c in consts:
-    if isinstance(c, jax.core.Tracer):
+    if isinstance(c, jax.core.Tracer) and not (allow_ref_consts and ji.is_ref_aval(jax.typeof(c))):
       raise ValueError(
           f"pallas_call {name}: the kernel closes over a traced value of type {jax.typeof(c)}; "
           "pass it to pallas_call as an operand instead")
@@ -244,14 +301,20 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
   return closed, tuple(globals_avals)
 
 
-def _param_names(kernel, n: int) -> tuple[str, ...]:
-  try:
-    ps = [p for p in inspect.signature(kernel).parameters.values()
-          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-  except (TypeError, ValueError):
-    ps = []
-  names = [p.name for p in ps[:n]] if len(ps) >= n else []
-  return tuple(names) if len(names) == n else tuple(f"ref{i}" for i in range(n))
+def _kernel_args(in_tree, out_tree, scratch_shapes) -> KernelArgs:
+  """Pallas passes Refs in the structure of the operands, then of out_shape (a tuple or
+  list of outputs is spread into positional arguments), then the scratch buffers."""
+  ins = jax.tree.unflatten(in_tree, list(range(in_tree.num_leaves)))
+  outs = jax.tree.unflatten(out_tree, list(range(out_tree.num_leaves)))
+  outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+  is_leaf = lambda s: hasattr(s, "get_ref_aval") or isinstance(s, jax.ShapeDtypeStruct)
+  if isinstance(scratch_shapes, dict):
+    scratch_pos, scratch_kw = (), scratch_shapes
+  else:
+    scratch_pos, scratch_kw = tuple(scratch_shapes or ()), None
+  pos = jax.tree.structure((*ins, *outs, *scratch_pos), is_leaf=is_leaf)
+  kw = None if scratch_kw is None else jax.tree.structure(scratch_kw, is_leaf=is_leaf)
+  return KernelArgs(pos, kw)
 
 
 # --- the primitive ---------------------------------------------------------------------------
@@ -492,9 +555,11 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
                  + [bm.ref_aval for bm in gm.block_mappings] + list(gm.scratch_avals))
     ref_names = ([f"args[{i}]" for i in range(nidx)] + [bm.origin for bm in gm.block_mappings]
                  + [f"scratch[{i}]" for i in range(len(gm.scratch_avals))])
-    jaxpr, globals_avals = trace_kernel(kernel, name, gm.grid, ref_avals, ref_names, _grid_names)
+    kargs = _kernel_args(in_tree, out_tree, grid_spec.scratch_shapes)
+    jaxpr, globals_avals = trace_kernel(kernel, name, gm.grid, ref_avals, ref_names, _grid_names,
+                                        kargs)
     params = Params(jaxpr, gm, name, interpret, debug, aliases, compiler_params, cost_estimate,
-                    backend, globals_avals, _param_names(kernel, len(ref_avals)))
+                    backend, globals_avals, kargs.names(kernel))
     if debug:
       print(f"The kernel jaxpr of pallas_call {name}:\n{jaxpr}\n{gm}")
     return params

@@ -9,7 +9,9 @@ revisited run as loops inside each program, in order, as in the interpreter.
 """
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import keyword
 import linecache
 import math
 import re
@@ -75,14 +77,19 @@ class Unsupported(NotImplementedError):
   pass
 
 
+_RESERVED = set(keyword.kwlist) | set(dir(builtins))
+
+
 def _ident(s: str) -> str:
   s = re.sub(r"\W", "_", s)
-  return s if s and not s[0].isdigit() else f"k_{s}"
+  s = s if s and not s[0].isdigit() else f"k_{s}"
+  return f"{s}_v" if s in _RESERVED else s
 
 
 class Codegen:
-  def __init__(self, kernel_name: str):
+  def __init__(self, kernel_name: str, compute_capability: int = 90):
     self.kernel_name = kernel_name
+    self.compute_capability = compute_capability
     self.lines: list[str] = []
     self.depth = 1
     self.used: set[str] = {"tl", "triton", "libdevice", "INF", "NAN", "range"}
@@ -277,7 +284,7 @@ class Codegen:
             f"'{eqn.primitive.name}' (at {where}); run it with interpret=True or rewrite that step")
       try:
         out = rule(self, eqn, *invals)
-      except Unsupported as e:
+      except NotImplementedError as e:
         if str(e).startswith("pallas_call"):
           raise
         where = ji.user_frame(eqn.source_info) or "unknown location"
@@ -330,7 +337,7 @@ def _access(cg, eqn, invals):
   n = tree.num_leaves
   ref = invals[0]
   transforms = ji.tree_util.tree_unflatten(tree, invals[first:first + n])
-  rest = invals[first + n:]
+  rest = list(invals[first + n:])
   return cg.index_ref(ref, transforms), rest
 
 
@@ -550,7 +557,7 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
   if tables is not None:
     sched.check_block_ranges(gm, tables, params.name)
   schedule = gpu_schedule(gm, jaxpr, tables)
-  cg = Codegen(params.name)
+  cg = Codegen(params.name, compute_capability)
   rank, nidx, nin = len(gm.grid), gm.num_index_operands, gm.num_inputs
   names = list(params.arg_names) or [f"ref{i}" for i in range(nidx + nin + gm.num_outputs)]
   ptrs = [cg.fresh(n) for n in names[:nidx + nin + gm.num_outputs]]

@@ -27,7 +27,11 @@ def check_compute_capability(cc: int, name: str):
         "instead: pallas_call(..., interpret=True) (it runs on this GPU through XLA).")
 
 
+LAUNCHES = 0   # how many pallas_calls were lowered to Triton (tests check the backend ran)
+
+
 def triton_lowering(ctx, *args, params):
+  global LAUNCHES
   from jax._src.lib import gpu_triton  # the CUDA plugin: present on GPU machines only
   cc = device_compute_capability()
   check_compute_capability(cc, params.name)
@@ -38,6 +42,7 @@ def triton_lowering(ctx, *args, params):
   nbuf = len(args) + len(ctx.avals_out)
   kernel_params = [gpu_triton.create_array_parameter(0, 16) for _ in range(nbuf)]
   call = gpu_triton.TritonKernelCall(kernel, *c.grid, kernel_params)
+  LAUNCHES += 1
   rule = jax.ffi.ffi_lowering("triton_kernel_call_ffi", api_version=4,
                               operand_output_aliases=dict(params.input_output_aliases))
   return rule(ctx, *args, opaque=zlib.compress(call.to_proto(c.name, b"")))

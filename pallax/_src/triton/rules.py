@@ -126,8 +126,8 @@ def _abs(cg, eqn, x):
 
 @rule(lax.sign_p)
 def _sign(cg, eqn, x):
-  d = tl_dtype(x.dtype)
-  return _out(cg, f"(({x.expr} > 0).to({d}) - ({x.expr} < 0).to({d}))", eqn)
+  d, t = tl_dtype(x.dtype), cg.tensor(x)
+  return _out(cg, f"(({t} > 0).to({d}) - ({t} < 0).to({d}))", eqn)
 
 
 @rule(lax.is_finite_p)
@@ -184,6 +184,9 @@ def _convert(cg, eqn, x):
     return x
   if jnp.dtype(new) == jnp.bool_:
     return _out(cg, f"{x.expr} != 0", eqn)
+  if jnp.dtype(new).itemsize == 1 and _is_float(new) and cg.compute_capability < 89:
+    raise NotImplementedError(f"conversion to {jnp.dtype(new).name} needs compute capability 8.9 "
+                              f"or newer (this target is sm_{cg.compute_capability})")
   return _out(cg, f"{cg.tensor(x)}.to({tl_dtype(new)})", eqn)
 
 
