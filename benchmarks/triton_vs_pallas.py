@@ -41,7 +41,8 @@ def notebook_matmul(P, TP, x, y):
 def blocked_matmul(P, TP, x, y, bm=128, bn=256, bk=64, warps=8, stages=3):
   def kernel(x_ref, y_ref, o_ref):
     def body(k, acc):
-      return acc + P.dot(x_ref[:, P.ds(k * bk, bk)], y_ref[P.ds(k * bk, bk), :])
+      return acc + jnp.dot(x_ref[:, P.ds(k * bk, bk)], y_ref[P.ds(k * bk, bk), :],
+                           preferred_element_type=jnp.float32)
     acc = lax.fori_loop(0, x_ref.shape[1] // bk, body, jnp.zeros(o_ref.shape, jnp.float32))
     o_ref[...] = acc.astype(o_ref.dtype)
   m, k = x.shape
@@ -69,7 +70,7 @@ def flash_attention(P, TP, q, k, v, causal, block_q=128, block_k=64, warps=8, st
       m, l, acc = carry
       kb = k_ref[P.ds(j * block_k, block_k), :]
       vb = v_ref[P.ds(j * block_k, block_k), :]
-      s = P.dot(q, kb, trans_b=True) * scale
+      s = lax.dot_general(q, kb, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) * scale
       if causal:
         rows = qi * block_q + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
         cols = j * block_k + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
@@ -78,7 +79,7 @@ def flash_attention(P, TP, q, k, v, causal, block_q=128, block_k=64, warps=8, st
       p = jnp.exp(s - m_new[:, None])
       alpha = jnp.exp(m - m_new)
       l = l * alpha + p.sum(axis=1)
-      acc = acc * alpha[:, None] + P.dot(p.astype(vb.dtype), vb)
+      acc = acc * alpha[:, None] + jnp.dot(p.astype(vb.dtype), vb, preferred_element_type=jnp.float32)
       return m_new, l, acc
 
     upper = ((qi + 1) * block_q + block_k - 1) // block_k if causal else seq // block_k
@@ -189,7 +190,7 @@ def main():
   jax_pallas = functools.partial  # marker
   del jax_pallas
   JP = type("JP", (), {})  # JAX Pallas, Triton backend
-  for n in ("BlockSpec", "ds", "dot", "program_id"):
+  for n in ("BlockSpec", "ds", "program_id"):
     setattr(JP, n, staticmethod(getattr(jpl, n)))
   JP.pallas_call = staticmethod(functools.partial(jpl.pallas_call, backend="triton"))
 

@@ -11,6 +11,22 @@ import pytest
 import pallax as pl
 
 
+def draw(key, shape, dtype=jnp.float32):
+  """Fresh random values from jax.random for ``key`` (never all zeros).
+
+  Drawn at one fixed size and cut to ``shape``, so that new shapes cost no new
+  compilation of the random number generator.
+  """
+  n = int(np.prod(shape))
+  assert n <= 4096
+  if jnp.issubdtype(dtype, jnp.integer):
+    v = np.asarray(jax.random.randint(key, (4096,), -1000, 1000, jnp.int32))
+    v = np.where(v == 0, 1, v)
+  else:
+    v = np.asarray(jax.random.normal(key, (4096,), jnp.float32))
+  return jnp.asarray(v[:n].reshape(shape), dtype)
+
+
 # --- cell: add_vectors under jax.jit ------------------------------------------------
 
 def add_vectors_kernel(x_ref, y_ref, o_ref):
@@ -36,12 +52,7 @@ def test_add_vectors_arange():
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32])
 def test_add_vectors_random(dtype):
   k1, k2 = jax.random.split(jax.random.key(101))
-  if jnp.issubdtype(dtype, jnp.integer):
-    x = jax.random.randint(k1, (8,), -1000, 1000, dtype)
-    y = jax.random.randint(k2, (8,), -1000, 1000, dtype)
-  else:
-    x = jax.random.normal(k1, (8,), dtype)
-    y = jax.random.normal(k2, (8,), dtype)
+  x, y = draw(k1, (8,), dtype), draw(k2, (8,), dtype)
   out = add_vectors(x, y)
   assert out.dtype == dtype
   np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(x + y, np.float32))
@@ -51,18 +62,16 @@ def test_add_vectors_other_shapes():
   # The same jitted function retraces for new shapes: 2D, non-power-of-two, size 1.
   for i, shape in enumerate([(3, 5), (1,), (13,)]):
     k1, k2 = jax.random.split(jax.random.key(110 + i))
-    x = jax.random.normal(k1, shape)
-    y = jax.random.normal(k2, shape)
-    np.testing.assert_array_equal(add_vectors(x, y), x + y)
+    x, y = draw(k1, shape), draw(k2, shape)
+    np.testing.assert_array_equal(add_vectors(x, y), np.asarray(x) + np.asarray(y))
 
 
 def test_add_vectors_eager_matches_jit():
   k1, k2 = jax.random.split(jax.random.key(120))
-  x = jax.random.normal(k1, (8,))
-  y = jax.random.normal(k2, (8,))
+  x, y = draw(k1, (8,)), draw(k2, (8,))
   eager = pl.pallas_call(add_vectors_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
   np.testing.assert_array_equal(eager, add_vectors(x, y))
-  np.testing.assert_array_equal(eager, x + y)
+  np.testing.assert_array_equal(eager, np.asarray(x) + np.asarray(y))
 
 
 # --- cell: iota ---------------------------------------------------------------------------
@@ -134,34 +143,32 @@ def test_matmul_1024_fresh_inputs_jit():
 
 def test_matmul_small_rectangular():
   k1, k2 = jax.random.split(jax.random.key(131))
-  x = jax.random.normal(k1, (6, 10))
-  y = jax.random.normal(k2, (10, 14))
-  np.testing.assert_allclose(matmul(x, y), x @ y, rtol=1e-5, atol=1e-5)
+  x, y = draw(k1, (6, 10)), draw(k2, (10, 14))
+  ref = np.asarray(x, np.float64) @ np.asarray(y, np.float64)
+  np.testing.assert_allclose(matmul(x, y), ref, rtol=1e-5, atol=1e-5)
 
 
 # --- cell: "You can transform a pallas function with vmap" -------------------------------------
 
 def test_vmap_add_vectors():
   k1, k2 = jax.random.split(jax.random.key(140))
-  xs = jax.random.normal(k1, (4, 8))
-  ys = jax.random.normal(k2, (4, 8))
-  np.testing.assert_array_equal(jax.vmap(add_vectors)(xs, ys), xs + ys)
+  xs, ys = draw(k1, (4, 8)), draw(k2, (4, 8))
+  np.testing.assert_array_equal(jax.vmap(add_vectors)(xs, ys), np.asarray(xs) + np.asarray(ys))
 
 
 def test_vmap_matmul_grid():
   k1, k2 = jax.random.split(jax.random.key(141))
-  xs = jax.random.normal(k1, (3, 16, 8))
-  ys = jax.random.normal(k2, (3, 8, 12))
+  xs, ys = draw(k1, (3, 16, 8)), draw(k2, (3, 8, 12))
   out = jax.vmap(matmul)(xs, ys)
-  np.testing.assert_allclose(out, jnp.einsum("bij,bjk->bik", xs, ys), rtol=1e-5, atol=1e-5)
+  ref = np.einsum("bij,bjk->bik", np.asarray(xs, np.float64), np.asarray(ys, np.float64))
+  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_vmap_under_jit():
   k1, k2 = jax.random.split(jax.random.key(142))
-  xs = jax.random.randint(k1, (5, 8), -50, 50)
-  ys = jax.random.randint(k2, (5, 8), -50, 50)
+  xs, ys = draw(k1, (5, 8), jnp.int32), draw(k2, (5, 8), jnp.int32)
   out = jax.jit(jax.vmap(add_vectors))(xs, ys)
-  np.testing.assert_array_equal(out, xs + ys)
+  np.testing.assert_array_equal(out, np.asarray(xs) + np.asarray(ys))
 
 
 # --- cell: program_id (blockIdx) and num_programs (grid size) ------------------------------------
@@ -172,7 +179,7 @@ def test_program_id_and_num_programs():
     n0, n1 = pl.num_programs(0), pl.num_programs(1)
     o_ref[...] = x_ref[...] * (i * n1 + j + 1) + n0 * 1000 + n1 * 100
 
-  x = jax.random.randint(jax.random.key(150), (6, 8), 1, 9)
+  x = jnp.abs(draw(jax.random.key(150), (6, 8), jnp.int32)) % 9 + 1
   out = pl.pallas_call(
       kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(3, 2),
       in_specs=[pl.BlockSpec((2, 4), lambda i, j: (i, j))],

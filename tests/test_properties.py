@@ -34,7 +34,6 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -231,8 +230,6 @@ def simulate(grid, inputs: list[Operand], outputs: list[Operand], kernel):
 
 
 # --- running pallax -------------------------------------------------------------------------
-
-MODES = ["default", "default-jit", "sequential"]
 
 
 def run_pallax(kernel, mode, *, grid, inputs, outputs, aliases=None):

@@ -371,7 +371,7 @@ def _use_interpreter(params: Params, platform: str) -> bool:
   if params.backend not in (None, "triton"):
     raise ValueError(f"pallas_call {params.name}: unknown backend {params.backend!r}; "
                      "use backend='triton' or interpret=True")
-  if platform == "cuda" and _triton_available():
+  if platform in ("cuda", "gpu") and _triton_available():
     return False
   if not _interpret_note_shown:
     _interpret_note_shown = True
