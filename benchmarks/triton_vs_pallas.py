@@ -35,7 +35,8 @@ def notebook_matmul(P, TP, x, y):
       kernel, out_shape=S((x.shape[0], y.shape[1]), x.dtype), grid=(2, 2),
       in_specs=[P.BlockSpec((x.shape[0] // 2, x.shape[1]), lambda i, j: (i, 0)),
                 P.BlockSpec((y.shape[0], y.shape[1] // 2), lambda i, j: (0, j))],
-      out_specs=P.BlockSpec((x.shape[0] // 2, y.shape[1] // 2), lambda i, j: (i, j)))(x, y)
+      out_specs=P.BlockSpec((x.shape[0] // 2, y.shape[1] // 2), lambda i, j: (i, j)),
+      compiler_params=TP())(x, y)
 
 
 def blocked_matmul(P, TP, x, y, bm=128, bn=256, bk=64, warps=8, stages=3):
@@ -192,7 +193,9 @@ def main():
   JP = type("JP", (), {})  # JAX Pallas, Triton backend
   for n in ("BlockSpec", "ds", "program_id"):
     setattr(JP, n, staticmethod(getattr(jpl, n)))
-  JP.pallas_call = staticmethod(functools.partial(jpl.pallas_call, backend="triton"))
+  # JAX 0.11 picks the Triton backend from Triton compiler params.
+  JP.pallas_call = staticmethod(lambda *a, compiler_params=None, **kw: jpl.pallas_call(
+      *a, compiler_params=compiler_params or jplt.CompilerParams(), **kw))
 
   small = opts.small
   key = iter(jax.random.split(jax.random.key(int(time.time())), 64))

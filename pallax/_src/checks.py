@@ -130,14 +130,21 @@ def check_static_indices(jaxpr, kernel: str, names) -> None:
 
 # --- dynamic checks (the interpreter) ---------------------------------------------------
 
-def _eval_checked(jaxpr, names, kernel, consts, args):
+def _literal(a):
+  # Weakly typed int literals (TypedInt) trip JAX's gather-based discharge of Ref reads;
+  # typed NumPy scalars do not.
+  v = a.val
+  return np.asarray(v, a.aval.dtype) if isinstance(v, (int, float, bool)) and hasattr(a.aval, "dtype") else v
+
+
+def _eval_checked(jaxpr, names, kernel, consts, args, check: bool):
   env = {}
-  read = lambda a: a.val if isinstance(a, ji.Literal) else env[a]
+  read = lambda a: _literal(a) if isinstance(a, ji.Literal) else env[a]
   for v, x in zip(jaxpr.all_invars, [*consts, *args]):
     env[v] = x
   for eqn in jaxpr.eqns:
     invals = [read(a) for a in eqn.invars]
-    if eqn.primitive in ACCESS:
+    if check and eqn.primitive in ACCESS:
       ref = eqn.invars[0]
       transforms, mask = _split_access(eqn, invals)
       for ok, d, size, bad in violations(transforms, ref.aval.shape, mask):
@@ -146,7 +153,7 @@ def _eval_checked(jaxpr, names, kernel, consts, args):
     params = dict(eqn.params)
     for k, v in _sub_jaxprs(eqn.params):
       subs = v if isinstance(v, tuple) else (v,)
-      new = tuple(instrument(s, _sub_names(eqn, s, names), kernel) for s in subs)
+      new = tuple(instrument(s, _sub_names(eqn, s, names), kernel, check) for s in subs)
       params[k] = new if isinstance(v, tuple) else new[0]
     bind_params = eqn.primitive.get_bind_params(params)
     with ji.source_info_util.user_context(eqn.source_info.traceback):
@@ -157,10 +164,11 @@ def _eval_checked(jaxpr, names, kernel, consts, args):
   return [read(a) for a in jaxpr.outvars]
 
 
-def instrument(jaxpr, names: dict, kernel: str):
-  """``jaxpr`` with a checkify check before every Ref access (same signature)."""
+def instrument(jaxpr, names: dict, kernel: str, check: bool = True):
+  """``jaxpr`` retraced with typed literals and, if ``check``, a checkify check before every
+  Ref access (same signature)."""
   if not has_access(jaxpr):
     return jaxpr
-  fn = lambda *args: _eval_checked(jaxpr, names, kernel, jaxpr.consts, args)
+  fn = lambda *args: _eval_checked(jaxpr, names, kernel, jaxpr.consts, args, check)
   new, _, consts = ji.trace_to_jaxpr(fn, jaxpr.in_avals, name=kernel)
   return ji.closed(new, consts)

@@ -86,10 +86,8 @@ def plan_for(params) -> Plan:
   names = [f"args[{i}]" for i in range(nidx)] + [bm.origin for bm in gm.block_mappings] + \
       [f"scratch[{i}]" for i in range(len(gm.scratch_avals))] + \
       [f"get_global[{i}]" for i in range(len(params.globals_avals))]
-  checked_jaxpr = jaxpr
-  if ip.check_bounds:
-    checked_jaxpr = checks.instrument(
-        jaxpr, dict(zip(jaxpr.invars[rank:], names)), params.name)
+  checked_jaxpr = checks.instrument(
+      jaxpr, dict(zip(jaxpr.invars[rank:], names)), params.name, ip.check_bounds)
   pure = ji.discharge_state(checked_jaxpr)
   has_checks = ip.check_bounds or ip.detect_races or tables is None or any(
       "Error" in type(e).__name__ for e in checked_jaxpr.effects) or _has_checks(jaxpr)

@@ -98,6 +98,7 @@ class Codegen:
     self.has_checks = False
     self.has_dot_loop = False
     self._in_loop = 0
+    self.read_back: set[str] = set()   # pointers of Refs that the kernel both writes and reads
 
   # --- emitting ----------------------------------------------------------------------
   def emit(self, line: str):
@@ -258,6 +259,10 @@ class Codegen:
       v = f"{self.tensor(val)}.to(tl.int8)"
     args = f"{ref.ptr} + {offs}" if offs != "0" else ref.ptr
     self.emit(f"tl.store({args}, {v}" + (f", mask={mask})" if mask else ")"))
+    if ref.ptr in self.read_back:
+      # The kernel reads this Ref again later, possibly through other threads: make the
+      # stores visible to the whole program first.
+      self.emit("tl.debug_barrier()")
 
   # --- jaxprs --------------------------------------------------------------------------
   def lower_jaxpr(self, jaxpr, consts, args) -> list:
@@ -614,6 +619,12 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
       dims.append(RefDim(start, bd.block_size, size, _stride(shape, d),
                          kept=not isinstance(bd, pc.Squeezed), exact=exact))
     refs.append(RefVal(ptr, jnp.dtype(bm.array_aval.dtype), dims, bm.origin))
+  invars = list(jaxpr.invars)
+  for eff in jaxpr.effects:
+    if isinstance(eff, (ji.ReadEffect, ji.AccumEffect)) and eff.input in invars:
+      k = invars.index(eff.input) - rank
+      if 0 <= k < len(refs):
+        cg.read_back.add(refs[k].ptr)
   cg.lower_jaxpr(jaxpr, jaxpr.consts, ids + refs)
 
   launch = math.prod(gm.grid[a] for a in par) if par else 1
