@@ -106,6 +106,11 @@ def has_access(jaxpr) -> bool:
 
 # --- static checks (trace time) -------------------------------------------------------
 
+def _static_ok(ok, bad, size) -> bool:
+  """A static index passes if in range or a negative index from the end (as in NumPy)."""
+  return bool(ok) or (-size <= int(bad) < 0)
+
+
 def check_static_indices(jaxpr, kernel: str, names) -> None:
   """Raises IndexError for a Ref access whose indices are all constants and out of range."""
   names = dict(zip([v for v in jaxpr.invars if ji.is_ref_aval(v.aval)], names)) \
@@ -120,7 +125,7 @@ def check_static_indices(jaxpr, kernel: str, names) -> None:
         with jax.ensure_compile_time_eval():
           transforms, mask = _split_access(eqn, vals)
           for ok, d, size, bad in violations(transforms, ref.aval.shape, mask):
-            if not bool(ok):
+            if not _static_ok(ok, bad, size):
               raise IndexError(_describe(kernel, eqn, names.get(ref, "a Ref"), d, size,
                                          ref.aval.shape).format(index=int(bad)))
     for _, v in _sub_jaxprs(eqn.params):
@@ -137,6 +142,32 @@ def _literal(a):
   return np.asarray(v, a.aval.dtype) if isinstance(v, (int, float, bool)) and hasattr(a.aval, "dtype") else v
 
 
+class _Leaf:
+  def __init__(self, k):
+    self.k = k
+
+
+def _from_end(eqn, invals):
+  """Static negative indices count from the end, as in NumPy: make them non-negative."""
+  first, _ = ACCESS[eqn.primitive]
+  n = eqn.params["tree"].num_leaves
+  shape = eqn.invars[0].aval.shape
+  atoms = eqn.invars[first:first + n]
+  leaves = list(invals[first:first + n])
+  transforms = ji.tree_util.tree_unflatten(eqn.params["tree"], [_Leaf(k) for k in range(n)])
+  for t in transforms:
+    if not isinstance(t, ji.NDIndexer):
+      break
+    for i, d in zip(t.indices, shape):
+      k = (i.start if isinstance(i, ji.Slice) else i)
+      k = k.k if isinstance(k, _Leaf) else None
+      if k is not None and isinstance(atoms[k], ji.Literal) and np.ndim(leaves[k]) == 0 \
+          and int(leaves[k]) < 0:
+        leaves[k] = np.asarray(int(leaves[k]) + d, np.asarray(leaves[k]).dtype)
+    shape = tuple(t.get_indexer_shape()) if all(isinstance(x, ji.Slice) for x in t.indices) else ()
+  return [*invals[:first], *leaves, *invals[first + n:]]
+
+
 def _eval_checked(jaxpr, names, kernel, consts, args, check: bool):
   env = {}
   read = lambda a: _literal(a) if isinstance(a, ji.Literal) else env[a]
@@ -144,6 +175,8 @@ def _eval_checked(jaxpr, names, kernel, consts, args, check: bool):
     env[v] = x
   for eqn in jaxpr.eqns:
     invals = [read(a) for a in eqn.invars]
+    if eqn.primitive in ACCESS:
+      invals = _from_end(eqn, invals)
     if check and eqn.primitive in ACCESS:
       ref = eqn.invars[0]
       transforms, mask = _split_access(eqn, invals)

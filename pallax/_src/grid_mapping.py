@@ -93,6 +93,7 @@ class GridMapping:
   get_grid_indices: Any = None
   local_grid_env: Any = None
   debug: bool = False
+  scratch_zeroed: tuple[bool, ...] = ()   # pallax: scratch that starts at zero (semaphores)
 
   def check_invariants(self) -> None:
     assert len(self.block_mappings) == self.num_inputs + self.num_outputs

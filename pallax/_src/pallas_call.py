@@ -35,10 +35,22 @@ def _user_frame_of(exc: BaseException) -> str | None:
   return frame
 
 
-def _reraise(exc: Exception, prefix: str):
-  """Re-raises ``exc`` with the kernel's name and the user's source line in front."""
+def _refs_on_line(frame: str | None, ref_names: dict[str, str]) -> str:
+  """' (x_ref is args[0], o_ref is out[0])' for the kernel parameters named on that line."""
+  import linecache
+  import re
+  if not frame or not ref_names:
+    return ""
+  m = re.match(r"(.*):(\d+) \(", frame)
+  line = linecache.getline(m.group(1), int(m.group(2))) if m else ""
+  found = [f"{p} is {o}" for p, o in ref_names.items() if re.search(rf"\b{re.escape(p)}\b", line)]
+  return f" ({', '.join(found)})" if found else ""
+
+
+def _reraise(exc: Exception, prefix: str, ref_names: dict[str, str] | None = None):
+  """Re-raises ``exc`` with the kernel's name, the user's source line and the Refs on it."""
   frame = _user_frame_of(exc)
-  msg = str(exc)
+  msg = str(exc).split("\n--------------------")[0] + _refs_on_line(frame, ref_names or {})
   where = f" at {frame}" if frame and frame not in msg else ""
   cls = type(exc)
   if cls is ValueError and "Out of bound" in msg:
@@ -203,6 +215,7 @@ def make_grid_mapping(name, grid_spec: pc.GridSpec, in_avals, in_tree, out_avals
       index_map_tree=jax.tree.structure((tuple(map_avals), {})),
       index_map_avals=tuple(map_avals), vmapped_dims=(),
       scratch_avals=tuple(_scratch_aval(s, name) for s in scratch),
+      scratch_zeroed=tuple(getattr(s, "memory_space", None) is pc.MemorySpace.SEMAPHORE for s in scratch),
       num_index_operands=nidx, num_inputs=len(ins), num_outputs=len(out_avals), debug=debug)
   gm.check_invariants()
   return gm
@@ -290,7 +303,8 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
       jaxpr, _, consts = ji.trace_to_jaxpr(lambda *a: run(a[n:], *a[:n]), in_avals + globals_avals,
                                            name=name)
   except (ValueError, TypeError, IndexError, NotImplementedError, RuntimeError) as e:
-    _reraise(e, f"pallas_call {name}")
+    names = dict(zip(kernel_args.names(kernel), ref_names)) if ref_names else {}
+    _reraise(e, f"pallas_call {name}", names)
   for c in consts:
     if isinstance(c, jax.core.Tracer) and not (allow_ref_consts and ji.is_ref_aval(jax.typeof(c))):
       raise ValueError(
@@ -468,6 +482,13 @@ ji.batching.primitive_batchers[pallas_call_p] = _batching_rule
 
 # --- the user-facing entry point -----------------------------------------------------------
 
+def _check_operand(x, i: int, name: str):
+  if isinstance(x, str) or (isinstance(x, (list, tuple)) and x and all(
+      isinstance(v, (int, float, bool, complex)) for v in jax.tree.leaves(x))):
+    raise TypeError(f"pallas_call {name}: operands must be arrays, but args[{i}] is a "
+                    f"{type(x).__name__} of Python values; convert it with jnp.asarray")
+
+
 def _operand_aval(x, where: str, name: str):
   if isinstance(x, (jax.Array, np.ndarray, np.generic, jax.core.Tracer, int, float, bool, complex)):
     return jax.typeof(jnp.asarray(x) if isinstance(x, (int, float, bool, complex)) else x)
@@ -529,9 +550,11 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
 
   @functools.wraps(kernel)
   def wrapped(*args):
+    for i, a in enumerate(args):
+      _check_operand(a, i, name)
     flat_args, in_tree = jax.tree.flatten(args)
     in_avals = [_operand_aval(x, f"args[{i}]", name) for i, x in enumerate(flat_args)]
-    key = (in_tree, tuple(in_avals))
+    key = (in_tree, tuple(in_avals), pc.debug_checks_enabled())
     params = traced.get(key)
     if params is None:
       params = traced[key] = _trace(in_tree, in_avals)

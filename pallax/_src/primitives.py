@@ -39,9 +39,10 @@ def cdiv(a, b):
 
 
 def next_power_of_2(x: int) -> int:
-  if x <= 0:
-    raise ValueError(f"next_power_of_2 takes a positive int, got {x}")
-  return 1 << (int(x) - 1).bit_length()
+  """The smallest power of two >= x (1 for 0)."""
+  if x < 0:
+    raise ValueError(f"next_power_of_2 takes a non-negative int, got {x}")
+  return 1 if x == 0 else 1 << (int(x) - 1).bit_length()
 
 
 dslice = ji.ds
@@ -344,7 +345,7 @@ run_scoped_p = ji.Primitive("run_scoped")
 run_scoped_p.multiple_results = True
 
 
-def _run_scoped_abstract_eval(*args, jaxpr, num_consts):
+def _run_scoped_abstract_eval(*args, jaxpr, num_consts, zeroed=()):
   effects = set()
   for eff in jaxpr.effects:
     if isinstance(eff, ji.effects.JaxprInputEffect):
@@ -359,8 +360,9 @@ def _run_scoped_abstract_eval(*args, jaxpr, num_consts):
 run_scoped_p.def_effectful_abstract_eval(_run_scoped_abstract_eval)
 
 
-def _run_scoped_discharge(ctx, *args, jaxpr, num_consts):
-  scratch = [poison(v.aval.shape, v.aval.dtype) for v in jaxpr.invars[num_consts:]]
+def _run_scoped_discharge(ctx, *args, jaxpr, num_consts, zeroed=()):
+  scratch = [(jnp.zeros if z else poison)(v.aval.shape, v.aval.dtype)
+             for v, z in zip(jaxpr.invars[num_consts:], zeroed or [False] * len(jaxpr.invars))]
   pure = ji.discharge_state(jaxpr)
   res = ji.eval_jaxpr(pure, pure.consts, *args, *scratch)
   nout = len(jaxpr.outvars)
@@ -395,7 +397,8 @@ def run_scoped(f: Callable[..., Any], *types, collective_axes=(), **kw_types):
     return flat_out
 
   jaxpr, _, consts = ji.trace_to_jaxpr(flat_f, avals, name=getattr(f, "__name__", "run_scoped"))
-  outs = run_scoped_p.bind(*consts, jaxpr=jaxpr, num_consts=len(consts))
+  zeroed = tuple(getattr(t, "memory_space", None) is pc.MemorySpace.SEMAPHORE for t in flat_types)
+  outs = run_scoped_p.bind(*consts, jaxpr=jaxpr, num_consts=len(consts), zeroed=zeroed)
   return jax.tree.unflatten(out_tree_box[0], outs)
 
 

@@ -141,22 +141,21 @@ def _unpad(x, bm):
 def _starts(bm, ids, index_vals, check: bool, name: str):
   """Element offsets of the block at grid point ``ids`` (in padded coordinates)."""
   jx = bm.index_map_jaxpr
-  idx = ji.eval_jaxpr(jx, jx.consts, *ids, *index_vals)
+  if index_vals:   # index maps read the scalar-prefetch Refs: evaluate them on values
+    jx = ji.discharge_state(jx)
+  idx = ji.eval_jaxpr(jx, jx.consts, *ids, *index_vals)[:len(bm.block_shape)]
   starts = []
   for d, (i, bd, size) in enumerate(zip(idx, bm.block_shape, bm.array_aval.shape)):
     i = jnp.asarray(i, jnp.int32)
-    if isinstance(bd, pc.Element):
-      hi = size + sum(bd.padding) - bd.block_size
-      start = i
-    else:
-      hi = max(0, -(-size // bd.block_size) - 1)
-      start = i * bd.block_size
-    if check:
+    element = isinstance(bd, pc.Element)
+    hi = size + sum(bd.padding) - bd.block_size if element else max(0, -(-size // bd.block_size) - 1)
+    if check:   # the index was not validated ahead of time: check it, then keep it in range
       checkify.check((i >= 0) & (i <= hi),
                      f"pallas_call {name}: the index_map of {bm.origin} returned {{index}} along "
                      f"dimension {d}, outside 0..{hi} (shape {bm.array_aval.shape}, block "
                      f"{bm.full_block_shape})", index=i)
-    starts.append(jnp.clip(start, 0, hi if not isinstance(bd, pc.Element) else hi) if check else start)
+      i = jnp.clip(i, 0, hi)
+    starts.append(i if element else i * bd.block_size)
   return starts
 
 
@@ -226,7 +225,9 @@ def _interpret(*args, params, plan: Plan):
   lane_sizes = tuple(grid[a] for a in par)
   sem_par = plan.schedule.parallel
   scratch_avals = [a.inner_aval for a in gm.scratch_avals]
-  scratch = [prims.poison(lane_sizes + tuple(a.shape), a.dtype) for a in scratch_avals]
+  zeroed = gm.scratch_zeroed or (False,) * len(scratch_avals)
+  scratch = [(jnp.zeros if z else prims.poison)(lane_sizes + tuple(a.shape), a.dtype)
+             for a, z in zip(scratch_avals, zeroed)]
   glob = [jnp.zeros(a.shape, a.dtype) for a in params.globals_avals]
   # Operands carried through the loop: the outputs, and any index/input the kernel writes.
   carried_pos = [p for p in plan.written if p < nidx + nin]       # kernel Ref positions
@@ -265,7 +266,8 @@ def _interpret(*args, params, plan: Plan):
     lane_start = functools.reduce(jnp.logical_and, [l_coords[seq.index(a)] == 0 for a in seq
                                                     if a not in sem_par], jnp.bool_(True))
     if scratch and sem_par and not par:
-      scratch = [jnp.where(lane_start, prims.poison(s.shape, s.dtype), s) for s in scratch]
+      scratch = [jnp.where(lane_start, (jnp.zeros if z else prims.poison)(s.shape, s.dtype), s)
+                 for s, z in zip(scratch, zeroed)]
 
     def lane(*p_and_scratch):
       p_ids, scr = p_and_scratch[:len(par)], p_and_scratch[len(par):]

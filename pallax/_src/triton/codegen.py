@@ -193,7 +193,10 @@ class Codegen:
           dims[k] = dataclasses.replace(d, start=_add(d.start, _mul(start, d.step)),
                                         size=int(idx.size), step=d.step * int(idx.stride))
         elif isinstance(idx, Val) and idx.shape == ():
-          dims[k] = dataclasses.replace(d, start=_add(d.start, _mul(idx.expr, d.step)), size=1,
+          expr = idx.expr
+          if re.fullmatch(r"-\d+", expr):     # a static index from the end, as in NumPy
+            expr = str(int(expr) + d.size)
+          dims[k] = dataclasses.replace(d, start=_add(d.start, _mul(expr, d.step)), size=1,
                                         kept=False)
         elif isinstance(idx, (int, np.integer)):
           dims[k] = dataclasses.replace(d, start=_add(d.start, _mul(str(int(idx)), d.step)), size=1,
