@@ -95,6 +95,12 @@ def _(interpret):
   return jax.jit(functools.partial(_notebook_matmul, interpret=interpret))
 
 
+@case("notebook_matmul_1024_tiled", normals(((1024, 1024), jnp.float32), ((1024, 1024), jnp.float32)),
+      tol=2e-3)
+def _(interpret):
+  return jax.jit(functools.partial(_notebook_matmul, interpret=interpret))
+
+
 @case("notebook_vmap_matmul", normals(((3, 64, 64), jnp.float32), ((3, 64, 64), jnp.float32)), tol=2e-3)
 def _(interpret):
   return jax.jit(jax.vmap(functools.partial(_notebook_matmul, interpret=interpret)))

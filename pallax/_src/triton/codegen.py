@@ -25,6 +25,7 @@ from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
 from pallax._src import schedule as sched
 from pallax._src.triton import rules
+from pallax._src.triton import tiling
 from pallax._src.triton.values import SIGNATURE, RefDim, RefVal, Val, pow2, tl_dtype
 
 PROLOGUE = '''import triton
@@ -77,6 +78,11 @@ class Unsupported(NotImplementedError):
   pass
 
 
+# Values beyond this many elements spill out of a program's registers (ptxas then takes
+# minutes and gigabytes, and the kernel would crawl): refuse them with a clear message.
+MAX_VALUE_ELEMENTS = 128 * 512
+
+
 _RESERVED = set(keyword.kwlist) | set(dir(builtins))
 
 
@@ -99,6 +105,8 @@ class Codegen:
     self.has_dot_loop = False
     self._in_loop = 0
     self.read_back: set[str] = set()   # pointers of Refs that the kernel both writes and reads
+    self.spread_tiles = None   # the store whose output tiles are spread over programs
+    self.tile_ids = None       # (row, column) tile index expressions for it
 
   # --- emitting ----------------------------------------------------------------------
   def emit(self, line: str):
@@ -281,8 +289,16 @@ class Codegen:
     outer_used = getattr(self, "_used", set())
     self._used = {a for e in jaxpr.eqns for a in e.invars if isinstance(a, ji.Var)}
     self._used |= {a for a in jaxpr.outvars if isinstance(a, ji.Var)}
+    tiled = tiling.find(jaxpr)
+    skip = set().union(*[t.skip for t in tiled.values()])
     for eqn in jaxpr.eqns:
+      if id(eqn) in skip:
+        continue
       self.comment_source(eqn)
+      if id(eqn) in tiled:
+        spread = self.spread_tiles if self.spread_tiles is tiled[id(eqn)].store else None
+        tiling.emit(self, tiled[id(eqn)], read, self.tile_ids if spread is not None else None)
+        continue
       invals = [read(a) for a in eqn.invars]
       rule = LOWERINGS.get(eqn.primitive) or rules.RULES.get(eqn.primitive)
       if rule is None:
@@ -577,9 +593,28 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
   ids: list = [None] * rank
   cg.emit(f"# grid {gm.grid}: axes {par} run as parallel programs"
           + (f", axes {seq} as loops inside each program" if seq else ""))
-  if par:
+  # A kernel that is one large block matmul: each program computes one output tile of it.
+  whole = tiling.whole_kernel(jaxpr, tiling.find(jaxpr)) if not seq else None
+  n_tiles = 1
+  pid = None
+  if whole is not None:
+    bm, bn, _ = tiling.tile_sizes(whole)
+    a, b = whole.dot.invars
+    tm, tn = a.aval.shape[0] // bm, b.aval.shape[1] // bn
+    n_tiles = tm * tn
     pid = cg.fresh("pid")
     cg.emit(f"{pid} = tl.program_id(0)")
+    t = cg.fresh("tile")
+    cg.emit(f"{t} = {pid} % {n_tiles}")
+    cg.spread_tiles, cg.tile_ids = whole.store, (f"({t} // {tn})", f"({t} % {tn})")
+    if par:
+      r = cg.fresh("rest")
+      cg.emit(f"{r} = {pid} // {n_tiles}")
+      pid = r
+  if par:
+    if pid is None:
+      pid = cg.fresh("pid")
+      cg.emit(f"{pid} = tl.program_id(0)")
     rest = pid
     for k, a in enumerate(reversed(par)):
       n = cg.fresh(f"i{a}")
@@ -630,7 +665,11 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
         cg.read_back.add(refs[k].ptr)
   cg.lower_jaxpr(jaxpr, jaxpr.consts, ids + refs)
 
-  launch = math.prod(gm.grid[a] for a in par) if par else 1
+  if cg.max_numel > MAX_VALUE_ELEMENTS:
+    raise Unsupported(
+        f"pallas_call {params.name}: a value of {cg.max_numel} elements is too large for one Triton "
+        f"program (at most {MAX_VALUE_ELEMENTS} fit its registers); use smaller blocks")
+  launch = (math.prod(gm.grid[a] for a in par) if par else 1) * n_tiles
   warps, stages, chosen = _default_warps_stages(params, cg)
   header = f"@triton.jit\ndef {name}({', '.join(ptrs)}):"
   source = PROLOGUE + "\n\n" + header + "\n" + "\n".join(cg.lines) + "\n"

@@ -340,6 +340,15 @@ def _cumulative(cg, eqn, x):
 _PRECISION = {None: "tf32", "DEFAULT": "tf32", "HIGH": "tf32x3", "HIGHEST": "ieee"}
 
 
+def input_precision(eqn, a, b) -> str:
+  """The ``input_precision=`` argument of tl.dot for a float32 dot (empty otherwise)."""
+  if not (jnp.dtype(a.dtype) == jnp.float32 and jnp.dtype(b.dtype) == jnp.float32):
+    return ""
+  prec = eqn.params.get("precision")
+  p = prec[0] if isinstance(prec, tuple) else prec
+  return f', input_precision="{_PRECISION.get(getattr(p, "name", p), "tf32")}"'
+
+
 @rule(lax.dot_general_p)
 def _dot_general(cg, eqn, a, b):
   (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
@@ -364,18 +373,8 @@ def _dot_general(cg, eqn, a, b):
   m, n = a_val.padded[nb], b_val.padded[nb + 1]
   acc_float = _is_float(out.dtype) or _is_float(a.dtype)
   acc = "tl.float32" if acc_float else "tl.int32"
-  prec = eqn.params.get("precision")
-  p = None
-  if isinstance(prec, tuple):
-    p = prec[0]
-  elif prec is not None:
-    p = prec
-  pname = getattr(p, "name", p)
   if min(m, n, a_val.padded[nb + 1]) >= 16:
-    ip = ""
-    if jnp.dtype(a.dtype) == jnp.float32 and jnp.dtype(b.dtype) == jnp.float32:
-      ip = f', input_precision="{_PRECISION.get(pname, "tf32")}"'
-    expr = f"tl.dot({ax}, {bx}{ip}, out_dtype={acc})"
+    expr = f"tl.dot({ax}, {bx}{input_precision(eqn, a, b)}, out_dtype={acc})"
   else:   # too small for the tensor cores: multiply and sum
     a3 = f"({ax}).to({acc})[:, :, None]" if nb == 0 else f"({ax}).to({acc})[:, :, :, None]"
     b3 = f"({bx}).to({acc})[None, :, :]" if nb == 0 else f"({bx}).to({acc})[:, None, :, :]"
