@@ -275,7 +275,7 @@ def main():
       med, err, ok, msg = res.get(impl, (float("nan"),) * 2 + (False, ""))
       if not ok:
         return "failed" if msg else "wrong"
-      return f"{fl / med / 1e12:.0f} TFLOP/s" if fl > 1e10 else f"{nb / med / 1e12:.2f} TB/s"
+      return f"{fl / med / 1e12:.0f} TFLOP/s" if fl / nb > 50 else f"{nb / med / 1e12:.2f} TB/s"
     def ms(impl):
       med, err, ok, msg = res.get(impl, (float("nan"),) * 2 + (False, ""))
       return f"{med * 1e3:.3f}" if ok else ("failed: " + msg if msg else f"wrong (err {err:.1e})")

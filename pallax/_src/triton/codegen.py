@@ -425,16 +425,21 @@ def _scan(cg, eqn, *invals):
   if len(xs_spec) or len(invals) != nc + ncarry or len(body.outvars) != ncarry:
     raise Unsupported("lax.scan over arrays (xs/ys); use lax.fori_loop")
   consts, init = invals[:nc], invals[nc:]
-  carry = [cg.materialize(v, "carry") for v in init]
   if ncarry and _fori_index(body, nc) and not p["reverse"]:
+    # A fori_loop: a Triton for loop (static bounds when the start is a constant, which
+    # lets Triton pipeline it fully).
+    carry = [cg.materialize(v, "carry") for v in init[1:]]
+    start = init[0].expr
+    stop = str(int(start) + length) if re.fullmatch(r"-?\d+", start) else f"{start} + {length}"
     i = cg.fresh("i")
-    cg.emit(f"for {i} in range({carry[0].expr}, {carry[0].expr} + {length}):")
+    cg.emit(f"for {i} in range({start}, {stop}):")
     cg.depth += 1
-    new = cg.lower_jaxpr(body, body.consts, [*consts, Val(i, (), carry[0].dtype), *carry[1:]])
-    cg.assign(carry[1:], new[1:])
+    new = cg.lower_jaxpr(body, body.consts, [*consts, Val(i, (), init[0].dtype), *carry])
+    cg.assign(carry, new[1:])
     cg.depth -= 1
-    cg.emit(f"{carry[0].expr} = {carry[0].expr} + {length}")
-    return carry
+    end = cg.bind(stop if re.fullmatch(r"-?\d+", stop) else f"({stop})", (), init[0].dtype, "i_end")
+    return [end, *carry]
+  carry = [cg.materialize(v, "carry") for v in init]
   cg.emit(f"for _ in range({length}):")
   cg.depth += 1
   new = cg.lower_jaxpr(body, body.consts, [*consts, *carry])
@@ -616,7 +621,8 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
       pid = cg.fresh("pid")
       cg.emit(f"{pid} = tl.program_id(0)")
     rest = pid
-    for k, a in enumerate(reversed(par)):
+    # As in Pallas on Triton, the first grid axis varies fastest between neighbouring programs.
+    for k, a in enumerate(par):
       n = cg.fresh(f"i{a}")
       last = k == len(par) - 1
       cg.emit(f"{n} = {rest} % {gm.grid[a]}" if not last else f"{n} = {rest}")
