@@ -156,18 +156,23 @@ def ref_layer_norm(x, w, b, eps=1e-5):
 
 # --- measuring ----------------------------------------------------------------------------------------
 
-def time_call(f, args, n=10, repeats=7):
-  jax.block_until_ready(f(*args))
-  jax.block_until_ready(f(*args))
-  ts = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    out = None
-    for _ in range(n):
-      out = f(*args)
-    jax.block_until_ready(out)
-    ts.append((time.perf_counter() - t) / n)
-  return float(np.median(ts)), float(np.min(ts))
+def time_calls(fns: dict, args, n=10, rounds=15):
+  """Median seconds per call of each function, timed in interleaved rounds (A B C A B C ...)
+  so that clock or thermal drift does not favour whichever runs first."""
+  for f in fns.values():
+    jax.block_until_ready(f(*args))
+    jax.block_until_ready(f(*args))
+  samples = {k: [] for k in fns}
+  for _ in range(rounds):
+    for k, f in fns.items():
+      t = time.perf_counter()
+      out = None
+      for _ in range(n):
+        out = f(*args)
+      jax.block_until_ready(out)
+      samples[k].append((time.perf_counter() - t) / n)
+  return {k: (float(np.median(v)), float(np.percentile(v, 10)), float(np.percentile(v, 90)))
+          for k, v in samples.items()}
 
 
 def rel_err(a, b):
@@ -208,16 +213,17 @@ def main():
       return
     if opts.skip and any(o in name for o in opts.skip.split(",")):
       return
-    res = {}
+    res, ok_fns = {}, {}
     for impl, f in impls.items():
       try:
         fj = jax.jit(f)
         err = rel_err(fj(*args), ref)
-        ok = err <= tol
-        med, best = time_call(fj, args)
-        res[impl] = (med, err, ok, "")
+        res[impl] = (float("nan"), err, err <= tol, "")
+        ok_fns[impl] = fj
       except Exception as e:  # noqa: BLE001
         res[impl] = (float("nan"), float("nan"), False, f"{type(e).__name__}: {str(e).splitlines()[0][:150]}")
+    for impl, (med, lo, hi) in time_calls(ok_fns, args).items():
+      res[impl] = (med, res[impl][1], res[impl][2], f"(p10 {lo * 1e3:.3f}, p90 {hi * 1e3:.3f})")
     rows.append((name, flops, nbytes, res))
     line = [f"{name:34}"]
     for impl, (med, err, ok, msg) in res.items():
@@ -267,7 +273,8 @@ def main():
   # the table
   lines = [f"# pallax (Triton) vs JAX Pallas (Triton) vs XLA", "",
            f"device: {dev.device_kind}; date: {datetime.date.today()}; jax {jax.__version__}; "
-           f"time per call = median of 7 x (10 back-to-back calls), wall clock after block_until_ready", "",
+           "time per call = median over 15 interleaved rounds of (10 back-to-back calls) / 10, "
+           "wall clock to block_until_ready; p10-p90 of the rounds in the log", "",
            "| kernel | pallax ms | JAX Pallas ms | XLA ms | pallax / JAX Pallas speed | pallax rate | JAX Pallas rate | XLA rate |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
   for name, fl, nb, res in rows:
@@ -278,7 +285,9 @@ def main():
       return f"{fl / med / 1e12:.0f} TFLOP/s" if fl / nb > 50 else f"{nb / med / 1e12:.2f} TB/s"
     def ms(impl):
       med, err, ok, msg = res.get(impl, (float("nan"),) * 2 + (False, ""))
-      return f"{med * 1e3:.3f}" if ok else ("failed: " + msg if msg else f"wrong (err {err:.1e})")
+      if ok:
+        return f"{med * 1e3:.3f}"
+      return f"wrong (err {err:.1e})" if msg.startswith("(p10") or not msg else "failed: " + msg
     pm, jm = res["pallax"][0], res["jax_pallas"][0]
     ratio = f"{jm / pm:.2f}x" if res["pallax"][2] and res["jax_pallas"][2] else "n/a"
     lines.append(f"| {name} | {ms('pallax')} | {ms('jax_pallas')} | {ms('xla')} | {ratio} | {rate('pallax')} | "
