@@ -56,13 +56,24 @@ def test_unsupported_primitive_names_itself_and_the_line():
 
 def test_too_much_shared_memory_says_how_much():
   import pallax as pl
+  def kernel(x_ref, y_ref, o_ref):   # f32 operands of 128x512 and 512x128: 512 KiB to stage
+    o_ref[...] = jnp.dot(x_ref[...] * 2, y_ref[...])
+  s = jax.ShapeDtypeStruct((128, 512), jnp.float32)
+  t = jax.ShapeDtypeStruct((512, 128), jnp.float32)
+  f = lambda x, y: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32))(x, y)
+  with pytest.raises(ValueError, match=r"needs \d+ bytes of shared memory.*smaller blocks"):
+    plgpu.lower(f, s, t, compute_capability=80)
+
+
+def test_block_matmul_too_large_for_one_program_is_tiled():
+  import pallax as pl
   def kernel(x_ref, y_ref, o_ref):
     o_ref[...] = x_ref[...] @ y_ref[...]
   s = jax.ShapeDtypeStruct((512, 1024), jnp.float32)
   t = jax.ShapeDtypeStruct((1024, 512), jnp.float32)
   f = lambda x, y: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((512, 512), jnp.float32))(x, y)
-  with pytest.raises(ValueError, match=r"needs \d+ bytes of shared memory.*smaller blocks"):
-    plgpu.lower(f, s, t, compute_capability=80)
+  [a] = plgpu.lower(f, s, t)
+  assert "too large for one program" in a.source and a.grid[0] == 16 and "tl.dot(" in a.source
 
 
 def test_old_gpu_gets_a_clear_message():

@@ -105,6 +105,7 @@ class Codegen:
     self.has_dot_loop = False
     self._in_loop = 0
     self.read_back: set[str] = set()   # pointers of Refs that the kernel both writes and reads
+    self.enclosing_frame = None   # the user's line of the equation whose sub-jaxpr is lowered
     self.spread_tiles = None   # the store whose output tiles are spread over programs
     self.tile_ids = None       # (row, column) tile index expressions for it
 
@@ -301,19 +302,21 @@ class Codegen:
         continue
       invals = [read(a) for a in eqn.invars]
       rule = LOWERINGS.get(eqn.primitive) or rules.RULES.get(eqn.primitive)
+      where = ji.user_frame(eqn.source_info) or self.enclosing_frame or "unknown location"
       if rule is None:
-        where = ji.user_frame(eqn.source_info) or "unknown location"
         raise Unsupported(
             f"pallas_call {self.kernel_name}: the Triton backend does not support the primitive "
             f"'{eqn.primitive.name}' (at {where}); run it with interpret=True or rewrite that step")
+      outer, self.enclosing_frame = self.enclosing_frame, where
       try:
         out = rule(self, eqn, *invals)
       except NotImplementedError as e:
         if str(e).startswith("pallas_call"):
           raise
-        where = ji.user_frame(eqn.source_info) or "unknown location"
         raise Unsupported(f"pallas_call {self.kernel_name}: {e} (at {where}); the Triton backend "
                           "cannot express this: run it with interpret=True") from None
+      finally:
+        self.enclosing_frame = outer
       outs = out if isinstance(out, (list, tuple)) else [out]
       for v, x in zip(eqn.outvars, outs):
         env[v] = x
