@@ -493,3 +493,80 @@ for _causal in (False, True):
 
 def by_name(name: str) -> Case:
   return next(c for c in CASES if c.name == name)
+
+
+# --- scratch buffers ------------------------------------------------------------------------------
+
+def _scratch_acc_kernel(x_ref, y_ref, o_ref, acc_ref):
+  """The TPU-style accumulator: scratch carries the sum along the K axis of the grid."""
+  @pl.when(pl.program_id(2) == 0)
+  def _():
+    acc_ref[...] = jnp.zeros_like(acc_ref)
+  acc_ref[...] += pl.dot(x_ref[...], y_ref[...])
+
+  @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+  def _():
+    o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+@case("scratch_accumulator_k_grid", normals(((128, 256), jnp.bfloat16), ((256, 192), jnp.bfloat16)), tol=1e-2)
+def _(interpret):
+  return jax.jit(lambda x, y: pl.pallas_call(
+      _scratch_acc_kernel, out_shape=S((128, 192), jnp.bfloat16), grid=(2, 3, 4),
+      in_specs=[pl.BlockSpec((64, 64), lambda i, j, k: (i, k)), pl.BlockSpec((64, 64), lambda i, j, k: (k, j))],
+      out_specs=pl.BlockSpec((64, 64), lambda i, j, k: (i, j)),
+      scratch_shapes=[pl.ANY((64, 64), jnp.float32)], interpret=interpret)(x, y))
+
+
+def _run_scoped_kernel(x_ref, o_ref):
+  def body(tmp_ref):
+    tmp_ref[...] = x_ref[...] * 2
+    tmp_ref[pl.ds(0, 8)] = tmp_ref[pl.ds(8, 8)] + 1
+    o_ref[...] = tmp_ref[...] + x_ref[...]
+  pl.run_scoped(body, pl.ANY((16,), jnp.float32))
+
+
+@case("run_scoped_scratch", normal((64,)), tol=1e-6)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _run_scoped_kernel, out_shape=S((64,), jnp.float32), grid=(4,),
+      in_specs=[pl.BlockSpec((16,), lambda i: (i,))], out_specs=pl.BlockSpec((16,), lambda i: (i,)),
+      interpret=interpret)(x))
+
+
+def _global_kernel(x_ref, o_ref):
+  g = pl.get_global(pl.ANY((64,), jnp.float32))   # zero at the start of every call
+  i = pl.program_id(0)
+  o_ref[...] = x_ref[...] + g[pl.ds(i * 16, 16)]
+  g[pl.ds(i * 16, 16)] = x_ref[...]
+
+
+@case("get_global_zeroed_and_shared", normal((64,)), tol=0)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _global_kernel, out_shape=S((64,), jnp.float32), grid=(4,),
+      in_specs=[pl.BlockSpec((16,), lambda i: (i,))], out_specs=pl.BlockSpec((16,), lambda i: (i,)),
+      interpret=interpret)(x))
+
+
+# --- debugging on the device ----------------------------------------------------------------------
+
+def _debug_kernel(x_ref, o_ref):
+  pl.debug_check(jnp.all(x_ref[...] > -1e6), "x out of range")
+  pl.debug_print("program {} first value", pl.program_id(0))
+  o_ref[...] = x_ref[...] + 1
+
+
+def _debug_build(interpret):
+  f = jax.jit(lambda x: pl.pallas_call(
+      _debug_kernel, out_shape=S((64,), jnp.float32), grid=(2,),
+      in_specs=[pl.BlockSpec((32,), lambda i: (i,))], out_specs=pl.BlockSpec((32,), lambda i: (i,)),
+      interpret=interpret)(x))
+
+  def run(x):
+    with pl.enable_debug_checks():
+      return f(x)
+  return run
+
+
+CASES.append(Case("debug_check_and_print_pass", _debug_build, normal((64,)), 0))

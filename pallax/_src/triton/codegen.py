@@ -16,6 +16,7 @@ import linecache
 import math
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -72,6 +73,9 @@ class KernelSource:
   num_stages: int
   debug: bool
   stages_chosen: bool = False   # the user set num_stages (no automatic retry with fewer)
+  # Global-memory buffers the launcher allocates after the outputs: (shape, dtype, zeroed),
+  # for scratch (a slice per concurrent program) and pl.get_global (shared, zeroed).
+  hidden: tuple = ()
 
 
 class Unsupported(NotImplementedError):
@@ -106,6 +110,9 @@ class Codegen:
     self._in_loop = 0
     self.read_back: set[str] = set()   # pointers of Refs that the kernel both writes and reads
     self.enclosing_frame = None   # the user's line of the equation whose sub-jaxpr is lowered
+    self.hidden: list = []        # (pointer name, shape, dtype, zeroed) of hidden buffers
+    self.lane = "0"               # this program's index among the concurrent programs
+    self.lanes = 1                # how many programs run concurrently
     self.spread_tiles = None   # the store whose output tiles are spread over programs
     self.tile_ids = None       # (row, column) tile index expressions for it
 
@@ -524,16 +531,48 @@ def _debug_print(cg, eqn, *args):
   return []
 
 
-def _check(cg, eqn, pred, *args):
+def _check_message(err_tree) -> str:
+  """The message of a checkify check (kept in the error's pytree metadata)."""
+  try:
+    err = jax.tree_util.tree_unflatten(err_tree, [False] * err_tree.num_leaves)
+    for meta in err._metadata.values():
+      node = meta.node_data()[1] if hasattr(meta, "node_data") else None
+      if node and isinstance(node[-1], str):
+        return node[-1]
+  except Exception:  # noqa: BLE001  (the message is a courtesy; the check still runs)
+    pass
+  return "pl.debug_check failed"
+
+
+def _check(cg, eqn, failed, *args):
+  """checkify's check: its first operand is True when the check FAILED."""
   cg.has_checks = True
-  msg = eqn.params.get("msg") or "check failed"
-  msg = str(getattr(msg, "fmt_string", msg))
-  cg.emit(f"tl.device_assert({pred.expr}, {msg!r})")
+  cg.emit(f"tl.device_assert({failed.expr} == 0, {_check_message(eqn.params['err_tree'])!r})")
   return []
 
 
+def scratch_ref(cg, aval, name: str, zeroed: bool = False, shared: bool = False) -> RefVal:
+  """A Ref to a hidden global-memory buffer: one slice per concurrent program (scratch), or
+  one for all (``shared``, pl.get_global). Scratch contents persist along the grid axes that
+  run as loops inside a program, as in the interpreter."""
+  shape = tuple(aval.shape)
+  lanes = 1 if shared else cg.lanes
+  ptr = cg.fresh(name)
+  cg.hidden.append((ptr, (lanes,) + shape, jnp.dtype(aval.dtype), zeroed))
+  cg.read_back.add(ptr)
+  lane = "0" if shared else cg.lane
+  dims = [RefDim(lane, 1, lanes, int(math.prod(shape)), kept=False)]
+  dims += [RefDim("0", sz, sz, _stride(shape, d)) for d, sz in enumerate(shape)]
+  return RefVal(ptr, jnp.dtype(aval.dtype), dims, name)
+
+
 def _run_scoped(cg, eqn, *args):
-  raise Unsupported("pl.run_scoped / scratch buffers are not supported by the Triton backend yet")
+  jx, n = eqn.params["jaxpr"], eqn.params["num_consts"]
+  zeroed = eqn.params.get("zeroed") or (False,) * len(jx.invars)
+  if any(zeroed):
+    raise Unsupported("semaphores in pl.run_scoped")
+  scratch = [scratch_ref(cg, v.aval.inner_aval, "scoped") for v in jx.invars[n:]]
+  return cg.lower_jaxpr(jx, jx.consts, [*args, *scratch])
 
 
 LOWERINGS = {
@@ -574,6 +613,10 @@ def gpu_schedule(gm, jaxpr, tables) -> sched.Schedule:
   read_outs = [k for k in range(gm.num_outputs)
                if any(isinstance(e, (ji.ReadEffect, ji.AccumEffect)) and e.input is invars[base + k]
                       for e in jaxpr.effects)]
+  if gm.scratch_avals:
+    # Scratch carries values along the axes that revisit output blocks (the interpreter's
+    # sequential axes), whether or not the kernel reads the outputs back.
+    read_outs = list(range(gm.num_outputs))
   if tables is None:
     raise Unsupported("index maps that read scalar-prefetch operands")
   return sched.choose(gm, tables, outputs=read_outs)
@@ -582,9 +625,9 @@ def gpu_schedule(gm, jaxpr, tables) -> sched.Schedule:
 def generate(params, compute_capability: int = 90) -> KernelSource:
   gm, jaxpr = params.grid_mapping, params.jaxpr
   name = _ident(params.name)
-  if gm.scratch_avals or params.globals_avals:
-    raise Unsupported(f"pallas_call {params.name}: scratch_shapes and pl.get_global are not "
-                      "supported by the Triton backend yet; run it with interpret=True")
+  if any(gm.scratch_zeroed):
+    raise Unsupported(f"pallas_call {params.name}: semaphores are not supported by the Triton "
+                      "backend; run it with interpret=True")
   tables = sched.block_index_tables(gm)
   if tables is not None:
     sched.check_block_ranges(gm, tables, params.name)
@@ -623,6 +666,7 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
     if pid is None:
       pid = cg.fresh("pid")
       cg.emit(f"{pid} = tl.program_id(0)")
+    cg.lane, cg.lanes = pid, math.prod(gm.grid[a] for a in par)
     rest = pid
     # As in Pallas on Triton, the first grid axis varies fastest between neighbouring programs.
     for k, a in enumerate(par):
@@ -666,6 +710,11 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
       dims.append(RefDim(start, bd.block_size, size, _stride(shape, d),
                          kept=not isinstance(bd, pc.Squeezed), exact=exact))
     refs.append(RefVal(ptr, jnp.dtype(bm.array_aval.dtype), dims, bm.origin))
+  for k, aval in enumerate(gm.scratch_avals):
+    refs.append(scratch_ref(cg, aval.inner_aval, names[len(refs)] if len(refs) < len(names)
+                            else f"scratch{k}"))
+  for k, aval in enumerate(params.globals_avals):
+    refs.append(scratch_ref(cg, aval.inner_aval, f"global{k}", zeroed=True, shared=True))
   invars = list(jaxpr.invars)
   for eff in jaxpr.effects:
     if isinstance(eff, (ji.ReadEffect, ji.AccumEffect)) and eff.input in invars:
@@ -680,9 +729,13 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
         f"program (at most {MAX_VALUE_ELEMENTS} fit its registers); use smaller blocks")
   launch = (math.prod(gm.grid[a] for a in par) if par else 1) * n_tiles
   warps, stages, chosen = _default_warps_stages(params, cg)
-  header = f"@triton.jit\ndef {name}({', '.join(ptrs)}):"
+  for ptr, shape, dtype, _ in cg.hidden:
+    signature[ptr] = "*" + SIGNATURE[jnp.dtype(dtype).name]
+  header = f"@triton.jit\ndef {name}({', '.join(ptrs + [h[0] for h in cg.hidden])}):"
   source = PROLOGUE + "\n\n" + header + "\n" + "\n".join(cg.lines) + "\n"
-  return KernelSource(name, source, signature, (launch, 1, 1), warps, stages, cg.has_checks, chosen)
+  hidden = tuple((shape, dtype, zeroed) for _, shape, dtype, zeroed in cg.hidden)
+  return KernelSource(name, source, signature, (launch, 1, 1), warps, stages, cg.has_checks, chosen,
+                      hidden)
 
 
 def _stride(shape, d) -> int:

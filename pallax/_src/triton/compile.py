@@ -32,6 +32,7 @@ class Compiled:
   global_scratch_size: int
   global_scratch_align: int
   grid: tuple[int, int, int]
+  hidden: tuple = ()   # extra buffers after the outputs: (shape, dtype, zeroed)
 
 
 _memory: dict[str, Compiled] = {}
@@ -89,7 +90,8 @@ def _compile_cached(ks: KernelSource, cc: int, kernel_name: str) -> Compiled:
     with open(os.path.join(entry, "kernel.ttir")) as f:
       ttir = f.read()
     compiled = Compiled(ks.name, ks.source, ttir, ptx, meta["shared"], ks.num_warps, ks.num_stages,
-                        cc, meta["global_scratch_size"], meta["global_scratch_align"], ks.grid)
+                        cc, meta["global_scratch_size"], meta["global_scratch_align"], ks.grid,
+                        ks.hidden)
   else:
     compiled = _compile(ks, cc, entry)
     _atomic_write(os.path.join(entry, "kernel.ptx"), compiled.ptx)
@@ -127,4 +129,4 @@ def _compile(ks: KernelSource, cc: int, entry: str) -> Compiled:
   md = k.metadata
   return Compiled(ks.name, ks.source, k.asm["ttir"], k.asm["ptx"], int(md.shared), ks.num_warps,
                   ks.num_stages, cc, int(getattr(md, "global_scratch_size", 0) or 0),
-                  int(getattr(md, "global_scratch_align", 1) or 1), ks.grid)
+                  int(getattr(md, "global_scratch_align", 1) or 1), ks.grid, ks.hidden)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import zlib
 
 import jax
+import numpy as np
 
 from pallax._src.triton import codegen
 from pallax._src.triton.compile import compile_kernel
@@ -39,10 +40,18 @@ def triton_lowering(ctx, *args, params):
   c = compile_kernel(ks, cc, params.name)
   kernel = gpu_triton.TritonKernel(c.name, c.num_warps, 1, c.shared_mem_bytes, c.ptx, c.ttir, cc,
                                    c.global_scratch_size, c.global_scratch_align)
-  nbuf = len(args) + len(ctx.avals_out)
-  kernel_params = [gpu_triton.create_array_parameter(0, 16) for _ in range(nbuf)]
+  # Scratch and pl.get_global buffers are extra outputs of the call, dropped afterwards;
+  # the launcher zeroes the ones that must start at zero.
+  hidden = [jax.core.ShapedArray(shape, dtype) for shape, dtype, _ in c.hidden]
+  sizes = [0] * (len(args) + len(ctx.avals_out)) + [
+      int(np.prod(shape)) * np.dtype(dtype).itemsize if zeroed else 0 for shape, dtype, zeroed in c.hidden]
+  kernel_params = [gpu_triton.create_array_parameter(n, 16) for n in sizes]
   call = gpu_triton.TritonKernelCall(kernel, *c.grid, kernel_params)
   LAUNCHES += 1
   rule = jax.ffi.ffi_lowering("triton_kernel_call_ffi", api_version=4,
                               operand_output_aliases=dict(params.input_output_aliases))
-  return rule(ctx, *args, opaque=zlib.compress(call.to_proto(c.name, b"")))
+  n_out = len(ctx.avals_out)
+  if hidden:
+    ctx = ctx.replace(avals_out=[*ctx.avals_out, *hidden])
+  results = rule(ctx, *args, opaque=zlib.compress(call.to_proto(c.name, b"")))
+  return results[:n_out]
