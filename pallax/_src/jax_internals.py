@@ -43,6 +43,12 @@ discharge_state = state_discharge.discharge_state
 register_discharge_rule = state_discharge.register_discharge_rule
 
 
+def gpu_triton():
+  """jaxlib's Triton kernel call (from the CUDA plugin: present on GPU machines only)."""
+  from jax._src.lib import gpu_triton as lib
+  return lib
+
+
 def trace_to_jaxpr(fun, in_avals, name="kernel", arg_names=None):
   """Traces ``fun(*in_avals)`` to a jaxpr; returns (jaxpr, out_avals, consts)."""
   dbg = api_util.debug_info(name, fun, tuple(range(len(in_avals))), {})

@@ -15,7 +15,7 @@ from pallax._src import primitives as prims
 from pallax._src.primitives import dot, load, max_contiguous, store  # noqa: F401  (re-exported)
 from pallax._src.triton import codegen
 from pallax._src.triton import rules
-from pallax._src.triton.compile import compile_kernel
+from pallax._src.triton.compile import Compiled, compile_kernel
 from pallax._src.triton.values import Val, tl_dtype
 
 
@@ -188,17 +188,9 @@ codegen.LOWERINGS[inline_asm_p] = _inline_asm_lowering
 
 # --- inspection without a GPU ------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class KernelArtifact:
-  """One compiled pallas_call: the generated Triton source and what Triton made of it."""
-  name: str
-  source: str
-  ttir: str
-  ptx: str
-  shared_mem_bytes: int
-  num_warps: int
-  num_stages: int
-  grid: tuple[int, int, int]
+# What lower() returns per pallas_call: name, source (the generated Triton), ttir, ptx,
+# shared_mem_bytes, num_warps, num_stages, grid (and what the launcher needs).
+KernelArtifact = Compiled
 
 
 def _pallas_call_params(jaxpr):
@@ -221,7 +213,5 @@ def lower(fun, *args, compute_capability: int = 90, **kwargs) -> list[KernelArti
   for params in _pallas_call_params(closed.jaxpr):
     check_compute_capability(compute_capability, params.name)
     ks = codegen.generate(params, compute_capability)
-    c = compile_kernel(ks, compute_capability, params.name)
-    out.append(KernelArtifact(params.name, c.source, c.ttir, c.ptx, c.shared_mem_bytes,
-                              c.num_warps, c.num_stages, c.grid))
+    out.append(compile_kernel(ks, compute_capability, params.name))
   return out

@@ -592,7 +592,7 @@ _NAMED = {"scan": _scan, "while": _while, "cond": _cond, "pjit": _inline("jaxpr"
 
 class _NameTable(dict):
   """LOWERINGS keyed by primitive, falling back to primitive names for JAX's control flow
-  (whose primitive objects live in jax._src, which only jax_internals may import)."""
+  (whose primitive objects JAX does not export publicly)."""
 
   def get(self, prim, default=None):
     if dict.__contains__(self, prim):

@@ -6,6 +6,7 @@ import zlib
 import jax
 import numpy as np
 
+from pallax._src import jax_internals as ji
 from pallax._src.triton import codegen
 from pallax._src.triton.compile import compile_kernel
 
@@ -33,7 +34,7 @@ LAUNCHES = 0   # how many pallas_calls were lowered to Triton (tests check the b
 
 def triton_lowering(ctx, *args, params):
   global LAUNCHES
-  from jax._src.lib import gpu_triton  # the CUDA plugin: present on GPU machines only
+  gpu_triton = ji.gpu_triton()
   cc = device_compute_capability()
   check_compute_capability(cc, params.name)
   ks = codegen.generate(params, cc)
@@ -42,7 +43,7 @@ def triton_lowering(ctx, *args, params):
                                    c.global_scratch_size, c.global_scratch_align)
   # Scratch and pl.get_global buffers are extra outputs of the call, dropped afterwards;
   # the launcher zeroes the ones that must start at zero.
-  hidden = [jax.core.ShapedArray(shape, dtype) for shape, dtype, _ in c.hidden]
+  hidden = [ji.ShapedArray(shape, dtype) for shape, dtype, _ in c.hidden]
   sizes = [0] * (len(args) + len(ctx.avals_out)) + [
       int(np.prod(shape)) * np.dtype(dtype).itemsize if zeroed else 0 for shape, dtype, zeroed in c.hidden]
   kernel_params = [gpu_triton.create_array_parameter(n, 16) for n in sizes]
