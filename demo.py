@@ -107,6 +107,9 @@ def masked_scale(x, block=256):
 def main():
   keys = jax.random.split(jax.random.key(42), 8)
   rows = []
+  # f32 dots in kernels use TF32 on a GPU by default (as in Pallas): relative error ~1e-3.
+  on_gpu = jax.devices()[0].platform == "gpu"
+  mm_tol = 2e-3 if on_gpu else 1e-5
   x8, y8 = jax.random.randint(keys[0], (8,), 0, 100), jax.random.randint(keys[1], (8,), 0, 100)
   out, ms = timed(add_vectors, x8, y8)
   rows.append(("add_vectors (notebook)", np.array_equal(out, x8 + y8), 0.0, ms))
@@ -115,19 +118,17 @@ def main():
   x = jax.random.normal(keys[2], (1024, 1024))
   y = jax.random.normal(keys[3], (1024, 1024))
   out, ms = timed(matmul, x, y)
-  ref = x @ y
-  rows.append(("matmul 1024^2, 2x2 grid (notebook)", np.allclose(out, ref, rtol=1e-4, atol=1e-3),
-               rel_err(out, ref), ms))
+  ref = jnp.dot(x, y, precision="highest")
+  rows.append(("matmul 1024^2, 2x2 grid (notebook)", rel_err(out, ref) < mm_tol, rel_err(out, ref), ms))
   xb = jax.random.normal(keys[4], (8, 1024, 1024))
   out, ms = timed(jax.jit(jax.vmap(matmul)), xb, xb)
-  ref = jax.vmap(jnp.matmul)(xb, xb)
-  rows.append(("vmap(matmul) x8 (notebook)", np.allclose(out, ref, rtol=1e-4, atol=1e-3),
-               rel_err(out, ref), ms))
+  ref = jnp.einsum("bij,bjk->bik", xb, xb, precision="highest")
+  rows.append(("vmap(matmul) x8 (notebook)", rel_err(out, ref) < mm_tol, rel_err(out, ref), ms))
   a = jax.random.normal(keys[5], (300, 512))  # M, N partial blocks; K must divide (NaN padding!)
   b = jax.random.normal(keys[6], (512, 200))
   out, ms = timed(jax.jit(blocked_matmul), a, b)
   ref = jnp.dot(a, b, precision="highest")
-  rows.append(("matmul, K loop in the grid, partial blocks", rel_err(out, ref) < 1e-5,
+  rows.append(("matmul, K loop in the grid, partial blocks", rel_err(out, ref) < mm_tol,
                rel_err(out, ref), ms))
   s = jax.random.normal(keys[7], (1000, 384))
   out, ms = timed(jax.jit(softmax), s)
@@ -142,7 +143,8 @@ def main():
     print(f"{name:46} {'yes' if ok else 'NO':>7} {err:11.2e} {ms:10.3f}")
   if not all(r[1] for r in rows):
     raise SystemExit("some kernels disagree with their reference")
-  print(f"\nall {len(rows)} kernels agree with plain JAX (device: {jax.devices()[0].device_kind})")
+  print(f"\nall {len(rows)} kernels agree with plain JAX (device: {jax.devices()[0].device_kind}; "
+        f"f32 matmuls within {mm_tol:g} relative error)")
 
 
 if __name__ == "__main__":
