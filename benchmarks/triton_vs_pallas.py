@@ -185,6 +185,7 @@ def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--only", default="")
   ap.add_argument("--skip", default="")
+  ap.add_argument("--rounds", type=int, default=15)
   ap.add_argument("--out", default="")
   ap.add_argument("--small", action="store_true", help="small sizes (a quick check)")
   opts = ap.parse_args()
@@ -222,7 +223,7 @@ def main():
         ok_fns[impl] = fj
       except Exception as e:  # noqa: BLE001
         res[impl] = (float("nan"), float("nan"), False, f"{type(e).__name__}: {str(e).splitlines()[0][:150]}")
-    for impl, (med, lo, hi) in time_calls(ok_fns, args).items():
+    for impl, (med, lo, hi) in time_calls(ok_fns, args, rounds=opts.rounds).items():
       res[impl] = (med, res[impl][1], res[impl][2], f"(p10 {lo * 1e3:.3f}, p90 {hi * 1e3:.3f})")
     rows.append((name, flops, nbytes, res))
     line = [f"{name:34}"]

@@ -669,10 +669,15 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
     cg.lane, cg.lanes = pid, math.prod(gm.grid[a] for a in par)
     rest = pid
     # As in Pallas on Triton, the first grid axis varies fastest between neighbouring programs.
+    # Along axes that set a loop's trip count (causal attention's query blocks), programs are
+    # launched from the last index down: the longest programs start first, which shortens the
+    # tail of the launch. Only the order changes, never a result.
+    longest_first = sched.loop_count_axes(jaxpr, rank)
     for k, a in enumerate(par):
       n = cg.fresh(f"i{a}")
       last = k == len(par) - 1
-      cg.emit(f"{n} = {rest} % {gm.grid[a]}" if not last else f"{n} = {rest}")
+      idx = f"{rest} % {gm.grid[a]}" if not last else f"{rest}"
+      cg.emit(f"{n} = {gm.grid[a] - 1} - {idx}" if a in longest_first else f"{n} = {idx}")
       if not last:
         r = cg.fresh("rest")
         cg.emit(f"{r} = {rest} // {gm.grid[a]}")
