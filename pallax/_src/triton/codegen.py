@@ -109,7 +109,6 @@ class Codegen:
     self.has_dot_loop = False
     self._in_loop = 0
     self.read_back: set[str] = set()   # pointers of Refs that the kernel both writes and reads
-    self.streamed: set[str] = set()    # pointers of inputs whose blocks no other program reads
     self.enclosing_frame = None   # the user's line of the equation whose sub-jaxpr is lowered
     self.hidden: list = []        # (pointer name, shape, dtype, zeroed) of hidden buffers
     self.lane = "0"               # this program's index among the concurrent programs
@@ -265,8 +264,6 @@ class Codegen:
     if mask is not None:
       o = other.expr if other is not None else ("0" if ref.dtype != jnp.bool_ else "False")
       args += f", mask={mask}, other={o}"
-    if ref.ptr in self.streamed:   # read once, by one program: keep it from crowding out L2
-      args += ', eviction_policy="evict_first"'
     self.max_numel = max(self.max_numel, math.prod(pow2(s) for s in shape))
     if ref.dtype == jnp.bool_:
       return self.bind(f"tl.load({args}) != 0", shape, ref.dtype, hint)
@@ -718,11 +715,6 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
       dims.append(RefDim(start, bd.block_size, size, _stride(shape, d),
                          kept=not isinstance(bd, pc.Squeezed), exact=exact))
     refs.append(RefVal(ptr, jnp.dtype(bm.array_aval.dtype), dims, bm.origin))
-  if tables is not None:
-    for k, table in enumerate(tables[:nin]):
-      keys = table.reshape(-1, table.shape[-1])
-      if keys.shape[0] > 1 and len(np.unique(keys, axis=0)) == keys.shape[0]:
-        cg.streamed.add(refs[nidx + k].ptr)
   for k, aval in enumerate(gm.scratch_avals):
     refs.append(scratch_ref(cg, aval.inner_aval, names[len(refs)] if len(refs) < len(names)
                             else f"scratch{k}"))
