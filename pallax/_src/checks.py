@@ -2,8 +2,6 @@
 into the kernel jaxpr (as checkify checks) for the interpreter."""
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -7,7 +7,6 @@ in place: each becomes an input aliased to an output that is written back.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji

@@ -5,7 +5,6 @@ import dataclasses
 import functools
 import inspect
 import sys
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 

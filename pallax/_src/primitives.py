@@ -1,10 +1,8 @@
 """The functions kernels call: program ids, Ref access with masks, dot, control flow, scratch."""
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax

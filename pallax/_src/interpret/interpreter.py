@@ -21,7 +21,6 @@ import weakref
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.experimental import checkify
 

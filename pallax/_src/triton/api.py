@@ -6,7 +6,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
@@ -14,9 +13,8 @@ from pallax._src import pallas_call as pcall
 from pallax._src import primitives as prims
 from pallax._src.primitives import dot, load, max_contiguous, store  # noqa: F401  (re-exported)
 from pallax._src.triton import codegen
-from pallax._src.triton import rules
 from pallax._src.triton.compile import Compiled, compile_kernel
-from pallax._src.triton.values import Val, tl_dtype
+from pallax._src.triton.values import tl_dtype
 
 
 @dataclasses.dataclass(frozen=True)

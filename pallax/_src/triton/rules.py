@@ -354,18 +354,16 @@ def _dot_general(cg, eqn, a, b):
   (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
   out = eqn.outvars[0].aval
   nb = len(lb)
-  if len(lc) != 1 or len(rc) != 1 or a.shape.__len__() - nb != 2 and len(a.shape) - nb != 1 or \
-      tuple(lb) != tuple(range(nb)) or tuple(rb) != tuple(range(nb)) or nb > 1:
-    raise NotImplementedError(f"dot_general with dimension numbers {eqn.params['dimension_numbers']}")
+  if (len(lc) != 1 or len(rc) != 1 or nb > 1 or tuple(lb) != tuple(range(nb))
+      or tuple(rb) != tuple(range(nb)) or len(a.shape) - nb != 2 or len(b.shape) - nb != 2):
+    raise NotImplementedError(f"dot_general with dimension numbers {eqn.params['dimension_numbers']}: "
+                              "the Triton backend multiplies (batched) matrices")
   # Bring both to (batch, M, K) x (batch, K, N) with K padded by zeros.
   ax, bx = a.expr, b.expr
-  if len(a.shape) - nb == 1:
-    raise NotImplementedError("matrix-vector products: reshape the vector to a matrix first")
   if lc[0] != nb + 1:
     ax = f"tl.trans({ax})" if nb == 0 else f"tl.permute({ax}, [0, 2, 1])"
   if rc[0] != nb:
     bx = f"tl.trans({bx})" if nb == 0 else f"tl.permute({bx}, [0, 2, 1])"
-  k = a.shape[lc[0]]
   a_val = cg.bind(ax, _moved(a.shape, lc[0], nb + 1), a.dtype, "lhs")
   b_val = cg.bind(bx, _moved(b.shape, rc[0], nb), b.dtype, "rhs")
   ax = cg.mask_padding(a_val, [nb + 1], "0")
