@@ -195,8 +195,6 @@ def main():
   from jax.experimental import pallas as jpl
   from jax.experimental.pallas import triton as jplt
 
-  jax_pallas = functools.partial  # marker
-  del jax_pallas
   JP = type("JP", (), {})  # JAX Pallas, Triton backend
   for n in ("BlockSpec", "ds", "program_id"):
     setattr(JP, n, staticmethod(getattr(jpl, n)))

@@ -158,13 +158,9 @@ def _starts(bm, ids, index_vals, check: bool, name: str):
   return starts
 
 
-def _block_shape(bm) -> tuple[int, ...]:
-  return tuple(bm.ref_aval.shape)
-
-
 def _read_block(buf, bm, starts):
   blk = lax.dynamic_slice(buf, starts, bm.full_block_shape) if starts else buf
-  return blk.reshape(_block_shape(bm))
+  return blk.reshape(bm.ref_aval.shape)
 
 
 def _write_lanes(buf, bm, blocks, starts, lanes: int):
@@ -264,7 +260,7 @@ def _interpret(*args, params, plan: Plan):
     # Scratch starts poisoned in each new semantic lane (its first program along the sequential axes).
     lane_start = functools.reduce(jnp.logical_and, [l_coords[seq.index(a)] == 0 for a in seq
                                                     if a not in sem_par], jnp.bool_(True))
-    if scratch and sem_par and not par:
+    if scratch and any(a in sem_par for a in seq):   # lanes that run in a loop here
       scratch = [jnp.where(lane_start, (jnp.zeros if z else prims.poison)(s.shape, s.dtype), s)
                  for s, z in zip(scratch, zeroed)]
 
