@@ -42,3 +42,13 @@ def test_triton_matches_interpreter(case):
       else:
         assert _rel_err(g, w) <= case.tol, (case.name, _rel_err(g, w))
   assert launch.LAUNCHES > before, "the Triton backend was not used"
+
+
+@pytest.mark.parametrize("case", __import__("jax_gpu_ops").cases(), ids=lambda c: c[0])
+def test_jax_gpu_ops_on_triton_match_interpreter(case):
+  from jax_gpu_ops import load
+  name, module, build, args, _ = case
+  m = load(module)
+  got = np.asarray(jax.block_until_ready(build(m, False)(*args)))
+  want = np.asarray(build(m, True)(*args))
+  assert _rel_err(got, want) <= 2e-3, (name, _rel_err(got, want))

@@ -33,30 +33,33 @@ def _split_access(eqn, vals):
 
 
 def violations(transforms, shape, mask):
-  """Yields (in_bounds, dim, size, offending index) for each indexed dimension."""
+  """Yields (in_bounds, dim, size, offending index) for each indexed dimension.
+
+  A masked access (Triton style) is checked on the base Ref's coordinates of its unmasked
+  lanes only: its view may run past the Ref where the mask is False.
+  """
+  if mask is not None:
+    if not all(isinstance(t, ji.NDIndexer) for t in transforms):
+      return
+    for d, (c, size) in enumerate(zip(prims.base_coords(transforms), shape)):
+      ok_lane = (c >= 0) & (c < size)
+      bad = jnp.where(ok_lane | ~mask, 0, c)
+      yield jnp.all(ok_lane | ~mask), d, size, jnp.min(bad) if bad.ndim else bad
+    return
   for t in transforms:
     if not isinstance(t, ji.NDIndexer):
       return  # reshapes/bitcasts: shapes past here are not tracked
-    last = t is transforms[-1]
-    if last and mask is not None:
-      coords = prims.indexer_coords(t)
-      for d, (c, size) in enumerate(zip(coords, shape)):
-        ok_lane = (c >= 0) & (c < size)
-        ok = jnp.all(ok_lane | ~mask)
-        bad = jnp.where(ok_lane | ~mask, 0, c)
-        yield ok, d, size, jnp.min(bad) if bad.ndim else bad
-    else:
-      for d, (i, size) in enumerate(zip(t.indices, shape)):
-        if isinstance(i, ji.Slice):
-          if isinstance(i.size, int) and i.size == 0:
-            continue
-          start = jnp.asarray(i.start)
-          end = start + (i.size - 1) * i.stride
-          yield (start >= 0) & (end < size), d, size, jnp.where(start < 0, start, end)
-        else:
-          i = jnp.asarray(i)
-          ok = jnp.all((i >= 0) & (i < size))
-          yield ok, d, size, (jnp.where((i >= 0) & (i < size), 0, i).min() if i.ndim else i)
+    for d, (i, size) in enumerate(zip(t.indices, shape)):
+      if isinstance(i, ji.Slice):
+        if isinstance(i.size, int) and i.size == 0:
+          continue
+        start = jnp.asarray(i.start)
+        end = start + (i.size - 1) * i.stride
+        yield (start >= 0) & (end < size), d, size, jnp.where(start < 0, start, end)
+      else:
+        i = jnp.asarray(i)
+        ok = jnp.all((i >= 0) & (i < size))
+        yield ok, d, size, (jnp.where((i >= 0) & (i < size), 0, i).min() if i.ndim else i)
     shape = tuple(t.get_indexer_shape())
 
 

@@ -96,29 +96,41 @@ def _view_shape(ref_aval, transforms):
   return tuple(shape)
 
 
-def indexer_coords(indexer) -> list[jax.Array]:
-  """Per-dimension element coordinates of an NDIndexer, broadcast to its result shape."""
-  out_shape = tuple(indexer.get_indexer_shape())
+def _layout(indexer) -> tuple[list[int], list[int]]:
+  """Result dimensions of an NDIndexer: those of its slices (in order) and of its integer
+  indices (NumPy's rule: together where the integer indices are adjacent, else first)."""
   is_int = [not isinstance(i, ji.Slice) for i in indexer.indices]
   nslice = sum(not b for b in is_int)
   int_rank = len(indexer.int_indexer_shape)
   contiguous = bool(np.all(np.diff(np.where(is_int)[0]) == 1))
   int_pos = (is_int.index(True) if (contiguous and any(is_int)) else 0)
-  # Positions in the result: slices keep their order, int dims sit at int_pos.
   slice_dims = list(range(nslice + int_rank))
   int_dims = slice_dims[int_pos:int_pos + int_rank]
   del slice_dims[int_pos:int_pos + int_rank]
-  coords, k = [], 0
+  return slice_dims, int_dims
+
+
+def _parent_coords(indexer, coords) -> list[jax.Array]:
+  """Coordinates in the indexed array of the elements at ``coords`` of the result."""
+  slice_dims, int_dims = _layout(indexer)
+  shape = coords[0].shape if coords else ()
+  out, k = [], 0
   for i in indexer.indices:
     if isinstance(i, ji.Slice):
-      d = slice_dims[k]
+      out.append(jnp.asarray(i.start, jnp.int32) + i.stride * coords[slice_dims[k]])
       k += 1
-      c = lax.broadcasted_iota(jnp.int32, out_shape, d) * i.stride + jnp.asarray(i.start, jnp.int32)
-    else:
-      c = jnp.asarray(i, jnp.int32)
-      c = lax.broadcast_in_dim(c, out_shape, tuple(int_dims))
-    coords.append(c)
-  return coords
+    elif jnp.ndim(i) == 0:
+      out.append(jnp.broadcast_to(jnp.asarray(i, jnp.int32), shape))
+    else:   # an array of indices: gather it at the result's integer-indexed coordinates
+      out.append(jnp.asarray(i, jnp.int32)[tuple(coords[d] for d in int_dims)])
+  return out
+
+
+def indexer_coords(indexer) -> list[jax.Array]:
+  """Per-dimension element coordinates of an NDIndexer, broadcast to its result shape."""
+  out_shape = tuple(indexer.get_indexer_shape())
+  iotas = [lax.broadcasted_iota(jnp.int32, out_shape, d) for d in range(len(out_shape))]
+  return _parent_coords(indexer, iotas)
 
 
 def poison(shape, dtype):
@@ -159,13 +171,21 @@ masked_load_p.def_effectful_abstract_eval(_masked_load_abstract_eval)
 masked_swap_p.def_effectful_abstract_eval(_masked_swap_abstract_eval)
 
 
-def _apply_views(x, transforms):
-  """Applies all but the last indexer (the ``.at[...]`` views) to a value; returns (x, last)."""
+def base_coords(transforms) -> list[jax.Array]:
+  """Coordinates in the base Ref of every element a chain of indexers selects (``ref.at[...]``
+  views, then the access), one array per base dimension, broadcast to the result shape."""
   *views, last = transforms
-  for t in views:
-    coords = indexer_coords(t)
-    x = x[tuple(coords)] if coords else x
-  return x, last
+  coords = indexer_coords(last)
+  for t in reversed(views):
+    coords = _parent_coords(t, coords)
+  return coords
+
+
+def _in_range(coords, shape):
+  ok = jnp.ones(coords[0].shape if coords else (), bool)
+  for c, d in zip(coords, shape):
+    ok = ok & (c >= 0) & (c < d)
+  return ok
 
 
 def _masked_load_discharge(ctx, x, *args, tree, has_mask, has_other):
@@ -174,13 +194,10 @@ def _masked_load_discharge(ctx, x, *args, tree, has_mask, has_other):
   rest = list(args[n:])
   mask = rest.pop(0) if has_mask else None
   other = rest.pop(0) if has_other else None
-  x, last = _apply_views(x, transforms)
-  coords = indexer_coords(last)
-  in_range = functools.reduce(jnp.logical_and, [(c >= 0) & (c < d) for c, d in zip(coords, x.shape)],
-                              jnp.ones(coords[0].shape if coords else (), bool))
+  coords = base_coords(transforms)
   clamped = tuple(jnp.clip(c, 0, d - 1) for c, d in zip(coords, x.shape))
   y = x[clamped] if clamped else x
-  keep = in_range if mask is None else (in_range & mask)
+  keep = _in_range(coords, x.shape) if mask is None else (_in_range(coords, x.shape) & mask)
   fill = poison(y.shape, y.dtype) if other is None else jnp.broadcast_to(other, y.shape).astype(y.dtype)
   return (None,) * (1 + len(args)), jnp.where(keep, y, fill)
 
@@ -189,14 +206,10 @@ def _masked_swap_discharge(ctx, x, val, *args, tree, has_mask):
   n = tree.num_leaves
   transforms = ji.tree_util.tree_unflatten(tree, args[:n])
   mask = args[n] if has_mask else None
-  if len(transforms) > 1:
-    raise NotImplementedError("masked stores into a ref.at[...] view: index the Ref directly")
-  last = transforms[0]
-  coords = indexer_coords(last)
+  coords = base_coords(transforms)
   clamped = tuple(jnp.clip(c, 0, d - 1) for c, d in zip(coords, x.shape))
   old = x[clamped]
-  keep = functools.reduce(jnp.logical_and, [(c >= 0) & (c < d) for c, d in zip(coords, x.shape)],
-                          jnp.ones(old.shape, bool))
+  keep = _in_range(coords, x.shape)
   if mask is not None:
     keep = keep & mask
   # Masked-off lanes point past the end and are dropped, so they never clobber a kept lane.

@@ -11,7 +11,7 @@ from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import pallas_call as pcall
 from pallax._src import primitives as prims
-from pallax._src.primitives import dot, load, max_contiguous, store  # noqa: F401  (re-exported)
+from pallax._src.primitives import dot, max_contiguous  # noqa: F401  (re-exported)
 from pallax._src.triton import codegen
 from pallax._src.triton.compile import Compiled, compile_kernel
 from pallax._src.triton.values import tl_dtype
@@ -23,6 +23,20 @@ class CompilerParams(pc.CompilerParams):
   BACKEND = "triton"
   num_warps: int | None = None
   num_stages: int | None = None
+
+
+# --- Ref access, as in jax.experimental.pallas.triton: the Ref (view) is the index ---------
+
+def load(x_ref_or_view, *, mask=None, other=None, cache_modifier=None, eviction_policy=None,
+         volatile=False):
+  """Reads the whole Ref or ``ref.at[...]`` view; lanes where ``mask`` is False read ``other``."""
+  return prims.load(x_ref_or_view, (), mask=mask, other=other, cache_modifier=cache_modifier,
+                    eviction_policy=eviction_policy, volatile=volatile)
+
+
+def store(x_ref_or_view, val, *, mask=None, eviction_policy=None):
+  """Writes ``val`` to the whole Ref or ``ref.at[...]`` view, only where ``mask`` is True."""
+  prims.store(x_ref_or_view, (), val, mask=mask, eviction_policy=eviction_policy)
 
 
 # --- atomics -----------------------------------------------------------------------------

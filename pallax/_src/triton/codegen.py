@@ -202,6 +202,15 @@ class Codegen:
       dims = list(ref.dims)
       for k, idx in zip(kept, t.indices):
         d = dims[k]
+        if d.index is not None:   # only the whole of an array-indexed dimension can be taken
+          if not (isinstance(idx, ji.Slice) and idx.start == 0 and idx.size == d.size and idx.stride == 1):
+            raise Unsupported("indexing a Ref view that was itself indexed with an array")
+          continue
+        if isinstance(idx, Val) and len(idx.shape) == 1 and len(t.int_indexer_shape) == 1 and \
+            sum(not isinstance(i, ji.Slice) for i in t.indices) == 1:
+          # One array of indices (a gather): the dimension stays where it is (NumPy's rule).
+          dims[k] = dataclasses.replace(d, size=idx.shape[0], index=idx.expr, exact=False)
+          continue
         if isinstance(idx, ji.Slice):
           start = self._int_expr(idx.start)
           if not isinstance(idx.size, (int, np.integer)):
@@ -237,10 +246,13 @@ class Codegen:
     j = 0
     for d in ref.dims:
       if d.kept:
-        local = f"tl.arange(0, {padded[j]}){rules._expand(j, len(padded))}"
+        lane = f"tl.arange(0, {padded[j]}){rules._expand(j, len(padded))}"
+        local = lane if d.index is None else f"({d.index}){rules._expand(j, len(padded))}"
         coord = _add(d.start, _mul(local, d.step))
         if d.size != padded[j]:
-          conds.append(f"({local} < {d.size})")
+          conds.append(f"({lane} < {d.size})")
+        if d.index is not None:
+          conds.append(f"({coord} >= 0)")
         if not d.exact or user_mask is not None:
           conds.append(f"({coord} < {d.array_size})")
         j += 1

@@ -60,6 +60,7 @@ class RefDim:
   step: int = 1
   kept: bool = True   # a dimension of the view (False: squeezed or integer-indexed)
   exact: bool = True  # every local coordinate < size lies inside the array
+  index: str | None = None  # a 1-D tensor of offsets: global = start + step * index[local]
 
 
 @dataclasses.dataclass
