@@ -27,3 +27,21 @@ def test_jax_gpu_op_lowers_to_ptx(case):
   specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
   arts = plgpu.lower(build(load(module), False), *specs, compute_capability=90)
   assert arts and all(".entry" in a.ptx for a in arts)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] != "softmax"], ids=lambda c: c[0])
+def test_gradients_through_jax_gpu_op_backward_kernels(case):
+  """Their custom_vjp backward passes are Pallas kernels too."""
+  name, module, build, args, ref = case
+  m = load(module)
+  f = build(m, True)
+  if ref is None:
+    ref_f = lambda *a: m.mha_reference(*a, segment_ids=None)
+  else:
+    from jax_gpu_ops import _ln_ref, _rms_ref
+    ref_f = {"layer_norm": _ln_ref, "rms_norm": _rms_ref}[name]
+  argnums = tuple(range(len(args)))
+  got = jax.grad(lambda *a: (f(*a) ** 2).sum(), argnums=argnums)(*args)
+  want = jax.grad(lambda *a: (ref_f(*a) ** 2).sum(), argnums=argnums)(*args)
+  for g, w in zip(got, want):
+    assert np.linalg.norm(np.asarray(g) - np.asarray(w)) / np.linalg.norm(np.asarray(w)) < 1e-4
