@@ -1,4 +1,4 @@
-"""The Triton path's public API (mirrors ``jax.experimental.pallas.triton``).
+"""The Triton path's public API (mirrors the Triton module of JAX Pallas).
 
 ``import pallax.triton as plgpu``.
 """

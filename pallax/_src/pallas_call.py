@@ -517,7 +517,7 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
                 metadata: dict[str, str] | None = None, _grid_names=()):
   """Returns a function that runs ``kernel`` once per point of ``grid`` on blocks of its operands.
 
-  Same semantics as ``jax.experimental.pallas.pallas_call``.
+  Same semantics as JAX Pallas's ``pallas_call``.
   """
   del metadata
   name = _kernel_name(kernel, name)

@@ -25,7 +25,7 @@ class CompilerParams(pc.CompilerParams):
   num_stages: int | None = None
 
 
-# --- Ref access, as in jax.experimental.pallas.triton: the Ref (view) is the index ---------
+# --- Ref access, as in JAX Pallas's Triton module: the Ref (view) is the index -----------
 
 def load(x_ref_or_view, *, mask=None, other=None, cache_modifier=None, eviction_policy=None,
          volatile=False):
