@@ -429,7 +429,7 @@ pallas_call_p.def_impl(_impl)
 
 # --- vmap: batching adds a grid axis -------------------------------------------------------
 
-def _batch_block_mapping(bm: BlockMapping, batched: bool, size: int, nidx_avals) -> BlockMapping:
+def _batch_block_mapping(bm: BlockMapping, batched: bool, size: int) -> BlockMapping:
   old = bm.index_map_jaxpr
   def new_map(b, *args):
     idx = ji.eval_jaxpr(old, old.consts, *args)
@@ -456,9 +456,9 @@ def _batching_rule(args, dims, *, params: Params):
     if not batched_in[i]:
       args[i] = jnp.broadcast_to(args[i], (size,) + args[i].shape)
       batched_in[i] = True
-  bms = [_batch_block_mapping(bm, batched_in[nidx + k], size, nidx)
+  bms = [_batch_block_mapping(bm, batched_in[nidx + k], size)
          for k, bm in enumerate(gm.block_mappings[:gm.num_inputs])]
-  bms += [_batch_block_mapping(bm, True, size, nidx) for bm in gm.block_mappings_output]
+  bms += [_batch_block_mapping(bm, True, size) for bm in gm.block_mappings_output]
   map_avals = (ji.ShapedArray((), jnp.int32),) + tuple(gm.index_map_avals)
   new_gm = gm.replace(
       grid=(size,) + gm.grid, block_mappings=tuple(bms),

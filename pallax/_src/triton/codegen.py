@@ -106,8 +106,6 @@ class Codegen:
     self.last_frame = None
     self.max_numel = 1
     self.has_checks = False
-    self.has_dot_loop = False
-    self._in_loop = 0
     self.read_back: set[str] = set()   # pointers of Refs that the kernel both writes and reads
     self.enclosing_frame = None   # the user's line of the equation whose sub-jaxpr is lowered
     self.hidden: list = []        # (pointer name, shape, dtype, zeroed) of hidden buffers
