@@ -651,11 +651,41 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
   signature = {p: "*" + SIGNATURE[jnp.dtype(a.dtype).name] for p, a in zip(ptrs, in_avals)}
 
   par, seq = schedule.parallel, schedule.sequential
-  ids: list = [None] * rank
   cg.emit(f"# grid {gm.grid}: axes {par} run as parallel programs"
           + (f", axes {seq} as loops inside each program" if seq else ""))
   # A kernel that is one large block matmul: each program computes one output tile of it.
   whole = tiling.whole_kernel(jaxpr, tiling.find(jaxpr)) if not seq else None
+  ids, n_tiles = _program_ids(cg, gm, jaxpr, par, seq, whole)
+  refs = _operand_refs(cg, gm, params, ids, ptrs, names)
+  invars = list(jaxpr.invars)
+  for eff in jaxpr.effects:
+    if isinstance(eff, (ji.ReadEffect, ji.AccumEffect)) and eff.input in invars:
+      k = invars.index(eff.input) - rank
+      if 0 <= k < len(refs):
+        cg.read_back.add(refs[k].ptr)
+  cg.lower_jaxpr(jaxpr, jaxpr.consts, ids + refs)
+
+  if cg.max_numel > MAX_VALUE_ELEMENTS:
+    raise Unsupported(
+        f"pallas_call {params.name}: a value of {cg.max_numel} elements is too large for one Triton "
+        f"program (at most {MAX_VALUE_ELEMENTS} fit its registers); use smaller blocks")
+  launch = (math.prod(gm.grid[a] for a in par) if par else 1) * n_tiles
+  warps, stages, chosen = _default_warps_stages(params, cg)
+  for ptr, shape, dtype, _ in cg.hidden:
+    signature[ptr] = "*" + SIGNATURE[jnp.dtype(dtype).name]
+  header = f"@triton.jit\ndef {name}({', '.join(ptrs + [h[0] for h in cg.hidden])}):"
+  source = PROLOGUE + "\n\n" + header + "\n" + "\n".join(cg.lines) + "\n"
+  hidden = tuple((shape, dtype, zeroed) for _, shape, dtype, zeroed in cg.hidden)
+  return KernelSource(name, source, signature, (launch, 1, 1), warps, stages, cg.has_checks, chosen,
+                      hidden)
+
+
+def _program_ids(cg, gm, jaxpr, par, seq, whole):
+  """Emits the grid indices of this program: the parallel axes decoded from the launch index
+  (after the output tile of a spread block matmul), the sequential axes as loops.
+  Returns (one Val per grid axis, how many tiles each grid point is spread over)."""
+  rank = len(gm.grid)
+  ids: list = [None] * rank
   n_tiles = 1
   pid = None
   if whole is not None:
@@ -698,8 +728,13 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
     cg.emit(f"for {n} in range(0, {gm.grid[a]}):")
     cg.depth += 1
     ids[a] = Val(n, (), jnp.dtype(jnp.int32))
+  return ids, n_tiles
 
-  # Index operands are whole arrays; block operands start where their index map says.
+
+def _operand_refs(cg, gm, params, ids, ptrs, names) -> list[RefVal]:
+  """The kernel's Refs: index operands whole, block operands where their index maps put them
+  for this program, then scratch and pl.get_global buffers."""
+  rank, nidx = len(gm.grid), gm.num_index_operands
   refs = []
   for k in range(nidx):
     a = gm.index_map_avals[rank + k]
@@ -718,8 +753,8 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
       if element:
         start = i.expr if bd.padding[0] == 0 else f"{i.expr} - {bd.padding[0]}"
       else:
-        start = _mul(i.expr, bd.block_size) if not (i.expr == "0") else "0"
-      if start not in ("0",) and not re.fullmatch(r"\w+", start):
+        start = _mul(i.expr, bd.block_size) if i.expr != "0" else "0"
+      if start != "0" and not re.fullmatch(r"\w+", start):
         start = cg.bind(start, (), jnp.int32, f"{ptr}_start{d}").expr
       exact = (not element) and (size % bd.block_size == 0)
       dims.append(RefDim(start, bd.block_size, size, _stride(shape, d),
@@ -730,27 +765,7 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
                             else f"scratch{k}"))
   for k, aval in enumerate(params.globals_avals):
     refs.append(scratch_ref(cg, aval.inner_aval, f"global{k}", zeroed=True, shared=True))
-  invars = list(jaxpr.invars)
-  for eff in jaxpr.effects:
-    if isinstance(eff, (ji.ReadEffect, ji.AccumEffect)) and eff.input in invars:
-      k = invars.index(eff.input) - rank
-      if 0 <= k < len(refs):
-        cg.read_back.add(refs[k].ptr)
-  cg.lower_jaxpr(jaxpr, jaxpr.consts, ids + refs)
-
-  if cg.max_numel > MAX_VALUE_ELEMENTS:
-    raise Unsupported(
-        f"pallas_call {params.name}: a value of {cg.max_numel} elements is too large for one Triton "
-        f"program (at most {MAX_VALUE_ELEMENTS} fit its registers); use smaller blocks")
-  launch = (math.prod(gm.grid[a] for a in par) if par else 1) * n_tiles
-  warps, stages, chosen = _default_warps_stages(params, cg)
-  for ptr, shape, dtype, _ in cg.hidden:
-    signature[ptr] = "*" + SIGNATURE[jnp.dtype(dtype).name]
-  header = f"@triton.jit\ndef {name}({', '.join(ptrs + [h[0] for h in cg.hidden])}):"
-  source = PROLOGUE + "\n\n" + header + "\n" + "\n".join(cg.lines) + "\n"
-  hidden = tuple((shape, dtype, zeroed) for _, shape, dtype, zeroed in cg.hidden)
-  return KernelSource(name, source, signature, (launch, 1, 1), warps, stages, cg.has_checks, chosen,
-                      hidden)
+  return refs
 
 
 def _stride(shape, d) -> int:
