@@ -59,31 +59,25 @@ def _reraise(exc: Exception, prefix: str, ref_names: dict[str, str] | None = Non
   raise cls(f"{prefix}{where}: {msg}") from exc
 
 
-def _check_arity(fn, n: int, what: str, expected: str):
+def _binds(fn, n: int, kw_names=()) -> bool:
+  """Whether ``fn`` accepts ``n`` positional and the named keyword arguments (True when its
+  signature cannot be read)."""
   try:
     sig = inspect.signature(fn)
   except (TypeError, ValueError):
-    return
+    return True
   try:
-    sig.bind(*range(n))
+    sig.bind(*range(n), **{k: 0 for k in kw_names})
   except TypeError:
-    raise TypeError(f"{what} cannot take {n} positional arguments ({expected}); "
-                    f"its signature is {sig}") from None
+    return False
+  return True
 
 
-def _check_kernel_arity(kernel, n_pos: int, kw_names, name: str, ref_names):
+def _signature(fn) -> str:
   try:
-    sig = inspect.signature(kernel)
+    return str(inspect.signature(fn))
   except (TypeError, ValueError):
-    return
-  try:
-    sig.bind(*range(n_pos), **{k: 0 for k in kw_names})
-  except TypeError:
-    raise TypeError(
-        f"pallas_call {name}: the kernel {name}{sig} cannot take {n_pos} Ref arguments"
-        + (f" and keyword Refs {list(kw_names)}" if kw_names else "")
-        + f" (the Refs are {', '.join(ref_names)}); give the kernel one parameter per input, "
-        "output and scratch buffer") from None
+    return "(...)"
 
 
 # --- building the GridMapping ------------------------------------------------------------
@@ -155,10 +149,13 @@ def _block_mapping(spec: pc.BlockSpec | None, aval, origin: str, grid, index_ava
   if index_map is None:
     index_map = lambda *_: (0,) * nd
   else:
-    _check_arity(index_map, len(index_avals), f"pallas_call {name}: the index_map of {origin}",
-                 f"one per grid axis of grid {grid}" + (
-                     f" plus {len(index_avals) - len(grid)} scalar-prefetch operands"
-                     if len(index_avals) > len(grid) else ""))
+    if not _binds(index_map, len(index_avals)):
+      extra = len(index_avals) - len(grid)
+      raise TypeError(
+          f"pallas_call {name}: the index_map of {origin} cannot take {len(index_avals)} positional "
+          f"arguments (one per grid axis of grid {grid}"
+          + (f" plus {extra} scalar-prefetch operands" if extra else "")
+          + f"); its signature is {_signature(index_map)}")
 
   def flat_index_map(*args):
     out = index_map(*args)
@@ -272,7 +269,12 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
   n_pos = len(jax.tree.unflatten(kernel_args.positional, [0] * kernel_args.positional.num_leaves))
   kw_names = () if kernel_args.keyword is None else tuple(
       jax.tree.unflatten(kernel_args.keyword, [0] * kernel_args.keyword.num_leaves))
-  _check_kernel_arity(kernel, n_pos, kw_names, name, ref_names)
+  if not _binds(kernel, n_pos, kw_names):
+    raise TypeError(
+        f"pallas_call {name}: the kernel {name}{_signature(kernel)} cannot take {n_pos} Ref arguments"
+        + (f" and keyword Refs {list(kw_names)}" if kw_names else "")
+        + f" (the Refs are {', '.join(ref_names)}); give the kernel one parameter per input, "
+        "output and scratch buffer")
   requested: list[Any] = []
 
   def run(global_refs, *args):
