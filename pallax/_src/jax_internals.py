@@ -3,6 +3,8 @@
 Everything pallax needs from JAX's internals is re-exported here under a
 stable name, so that a JAX upgrade touches one file.
 """
+import os
+
 from jax._src import api_util
 from jax._src import core
 from jax._src import dispatch
@@ -74,6 +76,15 @@ def ref_aval(shape, dtype, memory_space=None):
   return AbstractRef(ShapedArray(tuple(shape), dtype))
 
 
+_PALLAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def is_library_file(f: str) -> bool:
+  """Frames of JAX, jaxlib, pallax itself or generated code: not the user's source line."""
+  return (f.startswith(_PALLAX_DIR) or f.startswith("<") or f"{os.sep}jax{os.sep}" in f
+          or f"{os.sep}jaxlib{os.sep}" in f)
+
+
 def user_frame(source_info):
   """'file:line (function)' of the first frame outside jax and pallax, or None."""
   tb = getattr(source_info, "traceback", None)
@@ -81,7 +92,7 @@ def user_frame(source_info):
     return None
   for frame in tb.frames:
     f = frame.file_name
-    if "/jax/" in f or "/pallax/" in f or "/jaxlib/" in f or f.startswith("<"):
+    if is_library_file(f):
       continue
     return f"{f}:{frame.line_num} ({frame.function_name})"
   return None

@@ -28,7 +28,7 @@ def _user_frame_of(exc: BaseException) -> str | None:
   tb, frame = exc.__traceback__, None
   while tb is not None:
     f = tb.tb_frame.f_code.co_filename
-    if not any(s in f for s in ("/jax/", "/jaxlib/", "/pallax/")) and not f.startswith("<"):
+    if not ji.is_library_file(f):
       frame = f"{f}:{tb.tb_lineno} ({tb.tb_frame.f_code.co_name})"
     tb = tb.tb_next
   return frame
