@@ -151,13 +151,13 @@ masked_load_p = ji.Primitive("masked_load")
 masked_swap_p = ji.Primitive("masked_swap")
 
 
-def _masked_load_abstract_eval(ref_aval, *args, tree, has_mask, has_other):
+def _masked_load_abstract_eval(ref_aval, *args, tree, has_mask, has_other, cache=None, evict=None):
   transforms = ji.tree_util.tree_unflatten(tree, args[:tree.num_leaves])
   shape = _view_shape(ref_aval, transforms)
   return ji.ShapedArray(shape, ref_aval.dtype), {ji.ReadEffect(0)}
 
 
-def _masked_swap_abstract_eval(ref_aval, val_aval, *args, tree, has_mask):
+def _masked_swap_abstract_eval(ref_aval, val_aval, *args, tree, has_mask, evict=None):
   transforms = ji.tree_util.tree_unflatten(tree, args[:tree.num_leaves])
   shape = _view_shape(ref_aval, transforms)
   if tuple(val_aval.shape) != shape:
@@ -188,7 +188,7 @@ def _in_range(coords, shape):
   return ok
 
 
-def _masked_load_discharge(ctx, x, *args, tree, has_mask, has_other):
+def _masked_load_discharge(ctx, x, *args, tree, has_mask, has_other, cache=None, evict=None):
   n = tree.num_leaves
   transforms = ji.tree_util.tree_unflatten(tree, args[:n])
   rest = list(args[n:])
@@ -202,7 +202,7 @@ def _masked_load_discharge(ctx, x, *args, tree, has_mask, has_other):
   return (None,) * (1 + len(args)), jnp.where(keep, y, fill)
 
 
-def _masked_swap_discharge(ctx, x, val, *args, tree, has_mask):
+def _masked_swap_discharge(ctx, x, val, *args, tree, has_mask, evict=None):
   n = tree.num_leaves
   transforms = ji.tree_util.tree_unflatten(tree, args[:n])
   mask = args[n] if has_mask else None
@@ -230,35 +230,50 @@ def _flat_access(ref, idx):
   return base, flat, tree
 
 
+_EVICTION_POLICIES = (None, "", "evict_first", "evict_last")
+_CACHE_MODIFIERS = (None, "", ".ca", ".cg", ".cv")
+
+
+def _check_hint(name, value, allowed):
+  if value not in allowed:
+    raise ValueError(f"{name}={value!r} is not one of {[a for a in allowed if a]}")
+  return value or None
+
+
 def load(x_ref_or_view, idx=(), *, mask=None, other=None, cache_modifier=None,
          eviction_policy=None, volatile=False) -> jax.Array:
   """Reads ``x_ref[idx]``; with ``mask``, lanes where it is False read ``other``
-  and may index past the Ref (as in Triton)."""
-  del cache_modifier, eviction_policy, volatile
-  if mask is None and other is None:
+  and may index past the Ref (as in Triton). The cache hints go to the GPU's load
+  instruction; the interpreter ignores them."""
+  del volatile
+  cache = _check_hint("cache_modifier", cache_modifier, _CACHE_MODIFIERS)
+  evict = _check_hint("eviction_policy", eviction_policy, _EVICTION_POLICIES)
+  if mask is None and other is None and cache is None and evict is None:
     return x_ref_or_view[idx]
   base, flat, tree = _flat_access(x_ref_or_view, idx)
   extra = [m for m in (mask, other) if m is not None]
   extra = [jnp.asarray(e) for e in extra]
   return masked_load_p.bind(base, *flat, *extra, tree=tree, has_mask=mask is not None,
-                            has_other=other is not None)
+                            has_other=other is not None, cache=cache, evict=evict)
 
 
 def swap(x_ref_or_view, idx, val, *, mask=None, eviction_policy=None) -> jax.Array:
   """Writes ``val`` at ``idx`` (only where ``mask`` is True) and returns the old values."""
-  del eviction_policy
-  if mask is None:
+  evict = _check_hint("eviction_policy", eviction_policy, _EVICTION_POLICIES)
+  if mask is None and evict is None:
     old = x_ref_or_view[idx]
     x_ref_or_view[idx] = val
     return old
   base, flat, tree = _flat_access(x_ref_or_view, idx)
   val = jnp.asarray(val)
-  return masked_swap_p.bind(base, val, *flat, jnp.asarray(mask), tree=tree, has_mask=True)
+  extra = [] if mask is None else [jnp.asarray(mask)]
+  return masked_swap_p.bind(base, val, *flat, *extra, tree=tree, has_mask=mask is not None,
+                            evict=evict)
 
 
 def store(x_ref_or_view, idx, val, *, mask=None, eviction_policy=None) -> None:
   """Writes ``val`` at ``idx``; with ``mask``, only where it is True."""
-  if mask is None:
+  if mask is None and eviction_policy is None:
     x_ref_or_view[idx] = val
   else:
     swap(x_ref_or_view, idx, val, mask=mask, eviction_policy=eviction_policy)

@@ -54,12 +54,12 @@ def _mul(a, b):
 
 @triton.jit
 def _max(a, b):
-    return tl.maximum(a, b)
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
 def _min(a, b):
-    return tl.minimum(a, b)
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
 '''
 
 
@@ -107,6 +107,7 @@ class Codegen:
     self.max_numel = 1
     self.has_checks = False
     self.read_back: set[str] = set()   # pointers of Refs that the kernel both writes and reads
+    self.streamed: set[str] = set()    # pointers of Refs whose data is accessed once (_streamed_operands)
     self.enclosing_frame = None   # the user's line of the equation whose sub-jaxpr is lowered
     self.hidden: list = []        # (pointer name, shape, dtype, zeroed) of hidden buffers
     self.lane = "0"               # this program's index among the concurrent programs
@@ -267,19 +268,22 @@ class Codegen:
       conds.append(user_mask.expr if re.fullmatch(r"\w+", user_mask.expr) else f"({user_mask.expr})")
     return offs, (" & ".join(conds) if conds else None), shape
 
-  def load(self, ref: RefVal, user_mask=None, other=None, hint="") -> Val:
+  def load(self, ref: RefVal, user_mask=None, other=None, hint="", cache=None, evict=None) -> Val:
     offs, mask, shape = self.address(ref, user_mask)
     hint = hint or ref.ptr.removesuffix("_ref").removesuffix("_ptr") or "x"
     args = f"{ref.ptr} + {offs}" if offs != "0" else ref.ptr
     if mask is not None:
       o = other.expr if other is not None else ("0" if ref.dtype != jnp.bool_ else "False")
       args += f", mask={mask}, other={o}"
+    if evict is None and ref.ptr in self.streamed:
+      evict = "evict_first"
+    args += _hints(cache_modifier=cache, eviction_policy=evict)
     self.max_numel = max(self.max_numel, math.prod(pow2(s) for s in shape))
     if ref.dtype == jnp.bool_:
       return self.bind(f"tl.load({args}) != 0", shape, ref.dtype, hint)
     return self.bind(f"tl.load({args})", shape, ref.dtype, hint)
 
-  def store(self, ref: RefVal, val: Val, user_mask=None):
+  def store(self, ref: RefVal, val: Val, user_mask=None, evict=None):
     offs, mask, shape = self.address(ref, user_mask)
     if tuple(shape) != tuple(val.shape):
       raise Unsupported(f"store of shape {val.shape} into a Ref view of shape {shape}")
@@ -287,7 +291,10 @@ class Codegen:
     if ref.dtype == jnp.bool_:
       v = f"{self.tensor(val)}.to(tl.int8)"
     args = f"{ref.ptr} + {offs}" if offs != "0" else ref.ptr
-    self.emit(f"tl.store({args}, {v}" + (f", mask={mask})" if mask else ")"))
+    if evict is None and ref.ptr in self.streamed:
+      evict = "evict_first"
+    self.emit(f"tl.store({args}, {v}" + (f", mask={mask}" if mask else "")
+              + _hints(eviction_policy=evict) + ")")
     if ref.ptr in self.read_back:
       # The kernel reads this Ref again later, possibly through other threads: make the
       # stores visible to the whole program first.
@@ -406,20 +413,25 @@ def _addupdate(cg, eqn, *invals):
   return []
 
 
+def _hints(**hints) -> str:
+  """Cache hints as keyword arguments of tl.load / tl.store (none: empty)."""
+  return "".join(f", {k}={v!r}" for k, v in hints.items() if v)
+
+
 def _masked_load(cg, eqn, *invals):
   view, rest = _access(cg, eqn, invals)
   mask = rest.pop(0) if eqn.params["has_mask"] else None
   other = rest.pop(0) if eqn.params["has_other"] else None
-  return cg.load(view, mask, other)
+  return cg.load(view, mask, other, cache=eqn.params.get("cache"), evict=eqn.params.get("evict"))
 
 
 def _masked_swap(cg, eqn, *invals):
   view, rest = _access(cg, eqn, invals)
-  mask = rest[0]
+  mask = rest[0] if eqn.params["has_mask"] else None
   old = None
   if cg.is_used(eqn.outvars[0]):
     old = cg.load(view, mask, hint="old")
-  cg.store(view, invals[1], mask)
+  cg.store(view, invals[1], mask, evict=eqn.params.get("evict"))
   return old if old is not None else invals[1]
 
 
@@ -663,6 +675,8 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
       k = invars.index(eff.input) - rank
       if 0 <= k < len(refs):
         cg.read_back.add(refs[k].ptr)
+  if STREAM_HINTS and tables is not None:
+    cg.streamed = {refs[nidx + k].ptr for k in _streamed_operands(gm, jaxpr, tables)}
   cg.lower_jaxpr(jaxpr, jaxpr.consts, ids + refs)
 
   if cg.max_numel > MAX_VALUE_ELEMENTS:
@@ -678,6 +692,35 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
   hidden = tuple((shape, dtype, zeroed) for _, shape, dtype, zeroed in cg.hidden)
   return KernelSource(name, source, signature, (launch, 1, 1), warps, stages, cg.has_checks, chosen,
                       hidden)
+
+
+STREAM_HINTS = ("load",)   # experiment: which accesses of streamed operands get evict_first
+
+
+def _streamed_operands(gm, jaxpr, tables) -> list[int]:
+  """Block operands (inputs and outputs) whose every block one program touches, with a single
+  top-level access in the kernel: their lines are not needed again, so the cache may evict
+  them first and keep L2 for data that is reused."""
+  rank, nidx = len(gm.grid), gm.num_index_operands
+  invars = list(jaxpr.invars)
+  uses = {}   # Ref -> the primitives of the top-level equations that take it
+  for e in jaxpr.eqns:
+    for v in e.invars:
+      if isinstance(v, ji.Var):
+        uses.setdefault(v, []).append(e.primitive)
+  access = {True: (ji.get_p, prims.masked_load_p), False: (ji.swap_p, prims.masked_swap_p)}
+  out = []
+  for k, table in enumerate(tables):
+    ref = invars[rank + nidx + k]
+    is_input = k < gm.num_inputs
+    if ("load" if is_input else "store") not in STREAM_HINTS:
+      continue
+    if len(uses.get(ref, ())) != 1 or uses[ref][0] not in access[is_input]:
+      continue
+    blocks = table.reshape(-1, table.shape[-1])
+    if len(np.unique(blocks, axis=0)) == len(blocks):
+      out.append(k)
+  return out
 
 
 def _program_ids(cg, gm, jaxpr, par, seq, whole):

@@ -278,8 +278,9 @@ def _neutral(kind: str, dtype) -> str:
 
 
 _REDUCE = {lax.reduce_sum_p: ("sum", "tl.sum({x}, axis={a})"),
-           lax.reduce_max_p: ("max", "tl.max({x}, axis={a})"),
-           lax.reduce_min_p: ("min", "tl.min({x}, axis={a})"),
+           # NaN wins, as in lax.max (tl.max would skip it)
+           lax.reduce_max_p: ("max", "tl.reduce({x}, {a}, _max)"),
+           lax.reduce_min_p: ("min", "tl.reduce({x}, {a}, _min)"),
            lax.reduce_and_p: ("and", "tl.reduce({x}, {a}, _and)"),
            lax.reduce_or_p: ("or", "tl.reduce({x}, {a}, _or)"),
            lax.reduce_prod_p: ("prod", "tl.reduce({x}, {a}, _mul)"),
