@@ -17,9 +17,12 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 tests
 
-# On the GPU machine (nothing installs there): python3 already has jax, triton, torch.
+# On the GPU machine (nothing installs there): python3 already has jax, triton, torch. The whole
+# suite: kernels run on the Triton backend (tests marked `interpreter` in the interpreter), plus
+# the `gpu` tests comparing Triton with the interpreter kernel by kernel.
 gpu-test:
-	PYTHONPATH=$(CURDIR) python3 -m pytest -q -m gpu tests -p no:cacheprovider
+	XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$(CURDIR) python3 -m pytest -q -m "gpu or not gpu" \
+	  -n 8 tests -p no:cacheprovider
 
 bench-interpret: $(VENV)/.installed
 	$(PY) benchmarks/interpret_vs_pallas.py

@@ -1,4 +1,99 @@
+"""Runs the suite against every backend the machine has.
+
+- On a CPU (CI), kernels run in the interpreter, and every kernel a test runs is also lowered to
+  PTX for sm_80 and sm_90 through the Triton backend: a kernel that runs here but does not lower
+  fails its test (set PALLAX_TEST_LOWER=0 to skip this).
+- On a GPU (``make gpu-test``), kernels run on the Triton backend by default, so the same tests
+  check Triton's results against their NumPy references.
+- Tests marked ``interpreter`` are about the interpreter's own behaviour (its checks, poison
+  values, race detection, semaphores) or use features the Triton backend does not support; they
+  always run in the interpreter.
+"""
 import os
 import sys
+import traceback
+
+import jax
+import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+LOWER_FOR = (80, 90)
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "interpreter: about the interpreter's own behaviour, or uses what the Triton "
+      "backend does not support; runs in the interpreter on every machine")
+
+
+def _on_gpu() -> bool:
+  return jax.devices()[0].platform == "gpu"
+
+
+_lowered: dict = {}   # Params -> None, or why it did not lower
+
+
+def _lower(params) -> str | None:
+  """Why ``params``' kernel does not lower to PTX for each of LOWER_FOR (None: it does)."""
+  from pallax._src.triton import codegen
+  from pallax._src.triton.compile import compile_kernel
+  try:
+    return _lowered[params]
+  except (KeyError, TypeError):
+    pass
+  why = None
+  for cc in LOWER_FOR:
+    try:
+      compile_kernel(codegen.generate(params, cc), cc, params.name)
+    except NotImplementedError as e:
+      if "compute capability" not in str(e):   # fp8 on sm_80 is refused by design
+        why = f"sm_{cc}: {type(e).__name__}: {e}"
+        break
+    except Exception as e:  # noqa: BLE001
+      where = traceback.extract_tb(e.__traceback__)[-1]
+      why = f"sm_{cc}: {type(e).__name__}: {e} (raised at {where.filename}:{where.lineno})"
+      break
+  try:
+    _lowered[params] = why
+  except TypeError:
+    pass
+  return why
+
+
+@pytest.fixture(autouse=True)
+def _backends(request, monkeypatch):
+  from pallax._src import pallas_call
+  from pallax._src.interpret import interpreter
+  interpreter_only = request.node.get_closest_marker("interpreter") is not None
+  gpu = _on_gpu()
+  failures = []
+  if gpu and interpreter_only:
+    monkeypatch.setattr(pallas_call, "_use_interpreter", lambda params, platform: True)
+  elif not gpu and not interpreter_only and os.environ.get("PALLAX_TEST_LOWER", "1") != "0":
+    def lowering_too(run):
+      def wrapped(*args, params, **kw):
+        why = _lower(params)
+        out = run(*args, params=params, **kw)   # a kernel the interpreter refuses may fail both
+        if why:
+          failures.append(f"pallas_call {params.name} does not lower to Triton: {why}")
+        return out
+      return wrapped
+    monkeypatch.setattr(interpreter, "run", lowering_too(interpreter.run))
+    monkeypatch.setattr(interpreter, "run_eager", lowering_too(interpreter.run_eager))
+  yield
+  if gpu:
+    _exit_if_context_is_lost(request.node.nodeid)
+  assert not failures, "\n".join(dict.fromkeys(failures))
+
+
+def _exit_if_context_is_lost(test: str):
+  """A device-side assert (a failed check on the GPU) leaves the process's CUDA context unusable:
+  every later test would fail too. End this pytest-xdist worker instead; xdist reports the test
+  as crashed and starts a fresh worker."""
+  try:
+    jax.block_until_ready(jax.numpy.ones(2) + 1)
+  except Exception as e:  # noqa: BLE001
+    print(f"\n{test}: the CUDA context is lost ({str(e).splitlines()[0][:200]}); ending this "
+          "worker", file=sys.stderr, flush=True)
+    os._exit(3)

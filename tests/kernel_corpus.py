@@ -549,6 +549,68 @@ def _(interpret):
       interpret=interpret)(x))
 
 
+# --- value slicing, reversal, concatenation, dynamic slices (through scratch on the GPU) -----------
+
+def _movement_kernel(x_ref, o_ref):
+  w = x_ref[...]                                     # (7, 40): not powers of two
+  i = pl.program_id(0)
+  a = w[1:6, 3:35:2] + w[::-1, :][1:6, 8:24]         # slices with a stride, a reversal
+  b = jnp.concatenate([w[:2, :16], w[4:7, 16:32]], axis=0)
+  c = lax.dynamic_slice(w, (i, 2 * i), (5, 16))
+  d = lax.dynamic_update_slice(jnp.zeros((5, 16), w.dtype), w[:2, :4] * 10, (i + 1, 3))
+  o_ref[...] = jnp.stack([a, b, c, d])
+
+
+@case("value_slice_rev_concat_dynamic", normal((7, 40)), tol=0)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _movement_kernel, out_shape=S((3, 4, 5, 16), jnp.float32), grid=(3,),
+      out_specs=pl.BlockSpec((None, 4, 5, 16), lambda i: (i, 0, 0, 0)),
+      interpret=interpret)(x))
+
+
+# --- scalar prefetch: index maps that read run-time values ----------------------------------------
+
+def _prefetch_kernel(order_ref, x_ref, o_ref):
+  o_ref[...] = x_ref[...] * 2 + order_ref[pl.program_id(0)].astype(jnp.float32)
+
+
+@case("scalar_prefetch_gathers_blocks",
+      lambda k: (jax.random.permutation(k, 6).astype(jnp.int32),
+                 jax.random.normal(k, (6 * 8, 24), jnp.float32)), tol=0)
+def _(interpret):
+  gs = pl.PrefetchScalarGridSpec(
+      num_scalar_prefetch=1, grid=(6,),
+      in_specs=[pl.BlockSpec((8, 24), lambda i, order: (order[i], 0))],
+      out_specs=pl.BlockSpec((8, 24), lambda i, order: (i, 0)))
+  return jax.jit(lambda order, x: pl.pallas_call(
+      _prefetch_kernel, out_shape=S((48, 24), jnp.float32), grid_spec=gs,
+      interpret=interpret)(order, x))
+
+
+# --- gathers through views indexed by several arrays; NaN in reductions ---------------------------
+
+def _gather2d_kernel(x_ref, rows_ref, o_ref):
+  rows = rows_ref[...]
+  cols = jnp.arange(24) * 2 % 30
+  g = plgpu.load(x_ref.at[rows[:, None], cols[None, :]], mask=rows[:, None] < 20, other=-1.0)
+  o_ref[...] = g
+  o_ref[0, :] = jnp.max(x_ref[...], axis=0)[:24] + jnp.min(x_ref[...], axis=0)[:24]
+
+
+def _gather2d_args(k):
+  x = jax.random.normal(k, (20, 30), jnp.float32)
+  x = x.at[3, 5].set(jnp.nan)                     # max and min must give NaN in column 5
+  rows = jax.random.randint(jax.random.fold_in(k, 1), (12,), 0, 24).astype(jnp.int32)
+  return x, rows
+
+
+@case("gather_rows_and_cols_nan_reductions", _gather2d_args, tol=0)
+def _(interpret):
+  return jax.jit(lambda x, rows: pl.pallas_call(
+      _gather2d_kernel, out_shape=S((12, 24), jnp.float32), interpret=interpret)(x, rows))
+
+
 # --- debugging on the device ----------------------------------------------------------------------
 
 def _debug_kernel(x_ref, o_ref):

@@ -524,12 +524,15 @@ def test_interpret_flag_forms_agree():
   spec = pl.BlockSpec((4,), lambda i: (i,))
   outs = [pl.pallas_call(affine_kernel, out_shape=sds(x), grid=(3,), in_specs=[spec],
                          out_specs=spec, interpret=interp)(x)
-          for interp in (False, True, pl.InterpretParams(),
-                         pl.InterpretParams(check_bounds=False),
+          for interp in (True, pl.InterpretParams(), pl.InterpretParams(check_bounds=False),
                          pl.InterpretParams(detect_races=True, parallel=False))]
   for o in outs:
     np.testing.assert_array_equal(o, outs[0])
   np.testing.assert_allclose(outs[0], affine(x), rtol=1e-6)
+  # interpret=False: the default backend (Triton on a GPU, which may fuse x * a + b into an fma)
+  default = pl.pallas_call(affine_kernel, out_shape=sds(x), grid=(3,), in_specs=[spec],
+                           out_specs=spec, interpret=False)(x)
+  np.testing.assert_allclose(default, outs[0], rtol=1e-6)
 
 
 def test_kernel_with_functools_partial_and_scalar_closure():
@@ -676,6 +679,7 @@ def test_python_slices_and_integer_indexing():
 
 # --- empty / empty_like / broadcast_to -----------------------------------------------------------
 
+@pytest.mark.interpreter   # .at[].set is a scatter, which the Triton backend lacks
 def test_empty_and_empty_like():
   e = pl.empty((3, 4), jnp.bfloat16)
   assert e.shape == (3, 4) and e.dtype == jnp.bfloat16
@@ -1053,6 +1057,7 @@ def test_run_scoped_in_grid_under_jit():
 
 # --- semaphores -------------------------------------------------------------------------------
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("sem_type", [pl.SemaphoreType.REGULAR(()), pl.MemorySpace.SEMAPHORE(())],
                          ids=["SemaphoreType.REGULAR", "MemorySpace.SEMAPHORE"])
 def test_semaphore_signal_read_wait(sem_type):
@@ -1072,6 +1077,7 @@ def test_semaphore_signal_read_wait(sem_type):
   np.testing.assert_array_equal(out, x * 1000 + 0 * 100 + 3 * 10 + 1)
 
 
+@pytest.mark.interpreter
 def test_semaphore_array_and_wait_without_decrement():
   for st in (pl.SemaphoreType.REGULAR(()), pl.SemaphoreType.BARRIER(()),
              pl.MemorySpace.SEMAPHORE(())):
@@ -1092,6 +1098,7 @@ def test_semaphore_array_and_wait_without_decrement():
   np.testing.assert_array_equal(out, x + np.array([0, 5, 2]))
 
 
+@pytest.mark.interpreter
 def test_semaphore_wait_that_can_never_succeed_is_reported():
   x = Rand()((2,), np.int32)
 
@@ -1125,6 +1132,7 @@ def test_get_global_shared_across_programs():
   np.testing.assert_array_equal(call(x * 2), (x * 2).sum(0))
 
 
+@pytest.mark.interpreter
 def test_get_global_semaphore_counts_programs():
   def kernel(o_ref):
     sem = pl.get_global(pl.SemaphoreType.REGULAR(()))
@@ -1142,6 +1150,7 @@ def _checked_kernel(x_ref, o_ref):
   o_ref[...] = x_ref[...] * 2
 
 
+@pytest.mark.interpreter
 def test_debug_check_raises_only_when_enabled():
   x = Rand()((8,))
   x[3] = -abs(x[3]) - 1    # at least one non-positive element
@@ -1159,6 +1168,7 @@ def test_debug_check_raises_only_when_enabled():
   np.testing.assert_allclose(pl.pallas_call(_checked_kernel, out_shape=sds(x))(x), x * 2)
 
 
+@pytest.mark.interpreter
 def test_debug_check_enabled_first_call():
   def pos_kernel(x_ref, o_ref):
     pl.debug_check(jnp.all(x_ref[...] > 0), "x has a non-positive entry")
@@ -1171,6 +1181,7 @@ def test_debug_check_enabled_first_call():
   np.testing.assert_allclose(pl.pallas_call(pos_kernel, out_shape=sds(x))(x), x + 1)
 
 
+@pytest.mark.interpreter
 def test_debug_check_under_jit_raises_at_run_time():
   def neg_kernel(x_ref, o_ref):
     pl.debug_check(jnp.all(x_ref[...] < 0), "inputs must be negative")
@@ -1184,6 +1195,7 @@ def test_debug_check_under_jit_raises_at_run_time():
     np.testing.assert_allclose(f(-x), -x * 3)
 
 
+@pytest.mark.interpreter
 def test_debug_check_in_one_program_of_grid():
   def grid_checked(x_ref, o_ref):
     pl.debug_check(jnp.all(x_ref[...] > 0), "block has a non-positive entry")
@@ -1202,6 +1214,7 @@ def test_debug_check_in_one_program_of_grid():
   np.testing.assert_allclose(out, x * 2)
 
 
+@pytest.mark.interpreter
 def test_enable_debug_checks_as_decorator():
   def dec_kernel(x_ref, o_ref):
     pl.debug_check(jnp.all(x_ref[...] > 0), "must be positive (decorator)")
@@ -1220,6 +1233,7 @@ def test_enable_debug_checks_as_decorator():
   assert issubclass(pl.KernelCheckError, Exception)
 
 
+@pytest.mark.interpreter
 def test_debug_print(capfd):
   x = Rand()((8,))
 
@@ -1244,6 +1258,7 @@ def test_debug_print(capfd):
   np.testing.assert_allclose(got[1], float(x[4]), rtol=1e-6)
 
 
+@pytest.mark.interpreter
 def test_debug_print_under_jit(capfd):
   x = Rand()((3,), np.int32)
 
@@ -1513,6 +1528,7 @@ def _make_gm(debug=False):
       jax.tree.structure(0), debug)
 
 
+@pytest.mark.interpreter   # a semaphore scratch operand
 def test_grid_mapping_attributes():
   gm = _make_gm()
   assert isinstance(gm, pl.GridMapping)

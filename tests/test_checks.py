@@ -12,6 +12,8 @@ import pytest
 
 import pallax as pl
 
+pytestmark = pytest.mark.interpreter
+
 S = jax.ShapeDtypeStruct
 SEQUENTIAL = pl.InterpretParams(parallel=False)
 PARALLEL = pl.InterpretParams(parallel=True)

@@ -2,9 +2,12 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 
 import pallax as pl
+
+pytestmark = pytest.mark.interpreter
 
 
 def _scratch_reads_before_write(x_ref, o_ref, s_ref):

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -374,6 +375,7 @@ def test_program_order(data, lay, seed):
       assert_matches(out, e, defined, I32, f"{mode} {name} {what}")
 
 
+@pytest.mark.interpreter
 @SETTINGS
 @given(data=st.data(), lay=layouts(), dtype=st.sampled_from([F32, BF16]),
        seed=st.integers(0, 2**32 - 1))

@@ -52,3 +52,18 @@ def test_jax_gpu_ops_on_triton_match_interpreter(case):
   got = np.asarray(jax.block_until_ready(build(m, False)(*args)))
   want = np.asarray(build(m, True)(*args))
   assert _rel_err(got, want) <= 2e-3, (name, _rel_err(got, want))
+
+
+def test_failing_debug_check_stops_the_program_with_its_message():
+  """A failed check is a device assert: it ends the process's CUDA context, so it runs in a
+  process of its own."""
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  script = os.path.join(root, "benchmarks", "gpu_failing_check.py")
+  env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  r = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, timeout=300)
+  out = r.stdout + r.stderr
+  assert "x must be negative" in out, out[-2000:]
+  assert "RESULT: no error raised" not in out, out[-2000:]

@@ -41,6 +41,7 @@ ds = indexing.ds
 get_p = state_primitives.get_p
 swap_p = state_primitives.swap_p
 addupdate_p = state_primitives.addupdate_p
+broadcast_to_p = state_primitives.broadcast_to_p   # JAX Pallas's equal-rank broadcast
 discharge_state = state_discharge.discharge_state
 register_discharge_rule = state_discharge.register_discharge_rule
 

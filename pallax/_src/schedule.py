@@ -27,14 +27,16 @@ class Schedule:
   reason: str                   # why the schedule is what it is (for debug=True)
 
 
-def block_index_tables(gm) -> list[np.ndarray] | None:
+def _reads_prefetch(bm) -> bool:
+  return any(isinstance(e, ji.effects.JaxprInputEffect) for e in bm.index_map_jaxpr.effects)
+
+
+def block_index_tables(gm, partial: bool = False) -> list[np.ndarray | None] | None:
   """Block indices of every operand at every grid point, shape (*grid, ndim); None if
-  an index map depends on run-time values (scalar-prefetch operands)."""
-  for bm in gm.block_mappings:
-    jx = bm.index_map_jaxpr
-    reads_index = any(isinstance(e, ji.effects.JaxprInputEffect) for e in jx.effects)
-    if reads_index:
-      return None
+  an index map depends on run-time values (scalar-prefetch operands), or with ``partial``
+  None for just those operands."""
+  if not partial and any(_reads_prefetch(bm) for bm in gm.block_mappings):
+    return None
   points = np.stack(np.meshgrid(*[np.arange(g, dtype=np.int32) for g in gm.grid], indexing="ij"),
                     axis=-1).reshape(-1, len(gm.grid)) if gm.grid else np.zeros((1, 0), np.int32)
   dummies = [jnp.zeros(a.shape, a.dtype) for a in gm.index_map_avals[len(gm.grid):]]
@@ -42,6 +44,9 @@ def block_index_tables(gm) -> list[np.ndarray] | None:
   tables = []
   with jax.ensure_compile_time_eval():
     for bm in gm.block_mappings:
+      if _reads_prefetch(bm):
+        tables.append(None)
+        continue
       jx = bm.index_map_jaxpr
       def at(p, jx=jx):
         outs = ji.eval_jaxpr(jx, jx.consts, *[p[i] for i in range(rank)], *dummies)
@@ -100,6 +105,8 @@ def choose(gm, tables, outputs=None) -> Schedule:
 def check_block_ranges(gm, tables, name: str) -> None:
   """Index maps must return blocks inside the array (a clear error, not a clamp)."""
   for bm, table in zip(gm.block_mappings, tables):
+    if table is None:
+      continue
     for d, (bd, size) in enumerate(zip(bm.block_shape, bm.array_aval.shape)):
       col = table[..., d]
       if isinstance(bd, pc.Element):

@@ -25,6 +25,7 @@ from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
 from pallax._src import schedule as sched
+from pallax._src.triton import movement  # noqa: F401  (registers its rules)
 from pallax._src.triton import rules
 from pallax._src.triton import tiling
 from pallax._src.triton.values import SIGNATURE, RefDim, RefVal, Val, pow2, tl_dtype
@@ -107,7 +108,6 @@ class Codegen:
     self.max_numel = 1
     self.has_checks = False
     self.read_back: set[str] = set()   # pointers of Refs that the kernel both writes and reads
-    self.streamed: set[str] = set()    # pointers of Refs whose data is accessed once (_streamed_operands)
     self.enclosing_frame = None   # the user's line of the equation whose sub-jaxpr is lowered
     self.hidden: list = []        # (pointer name, shape, dtype, zeroed) of hidden buffers
     self.lane = "0"               # this program's index among the concurrent programs
@@ -199,6 +199,7 @@ class Codegen:
         raise Unsupported(f"Ref transform {type(t).__name__}")
       kept = [i for i, d in enumerate(ref.dims) if d.kept]
       dims = list(ref.dims)
+      gather = self._gather_axes(t)
       for k, idx in zip(kept, t.indices):
         d = dims[k]
         if d.index is not None:   # only the whole of an array-indexed dimension can be taken
@@ -209,6 +210,11 @@ class Codegen:
             sum(not isinstance(i, ji.Slice) for i in t.indices) == 1:
           # One array of indices (a gather): the dimension stays where it is (NumPy's rule).
           dims[k] = dataclasses.replace(d, size=idx.shape[0], index=idx.expr, exact=False)
+          continue
+        if gather is not None and id(idx) in gather:
+          m = gather[id(idx)]
+          dims[k] = dataclasses.replace(d, size=idx.shape[m], index=idx.expr, exact=False,
+                                        index_rank=len(idx.shape), index_axis=m)
           continue
         if isinstance(idx, ji.Slice):
           start = self._int_expr(idx.start)
@@ -230,6 +236,28 @@ class Codegen:
       ref = dataclasses.replace(ref, dims=dims)
     return ref
 
+  def spill(self, v: Val | None, aval=None) -> RefVal:
+    """A scratch buffer private to this program, of ``v``'s shape (or ``aval``'s), holding
+    ``v``: for data movement Triton cannot do in registers (movement.py)."""
+    aval = aval if v is None else ji.ShapedArray(v.shape, v.dtype)
+    buf = scratch_ref(self, aval, "buf")
+    if v is not None:
+      self.store(buf, v)
+    return buf
+
+  @staticmethod
+  def _gather_axes(t) -> dict | None:
+    """For a view indexed by several arrays side by side (``ref.at[rows, cols]``, broadcast by
+    JAX to one shape whose rank is their number): {id(index Val): its axis in that shape}."""
+    pos = [k for k, i in enumerate(t.indices) if not isinstance(i, ji.Slice)]
+    arrays = [t.indices[k] for k in pos]
+    shape = tuple(t.int_indexer_shape)
+    if len(arrays) < 2 or pos != list(range(pos[0], pos[0] + len(pos))) or len(shape) != len(arrays):
+      return None
+    if any(not isinstance(a, Val) or tuple(a.shape) != shape for a in arrays):
+      return None
+    return {id(a): m for m, a in enumerate(arrays)}
+
   def _int_expr(self, x) -> str:
     if isinstance(x, Val):
       return x.expr
@@ -246,7 +274,10 @@ class Codegen:
     for d in ref.dims:
       if d.kept:
         lane = f"tl.arange(0, {padded[j]}){rules._expand(j, len(padded))}"
-        local = lane if d.index is None else f"({d.index}){rules._expand(j, len(padded))}"
+        # an index tensor spans the result axes of all the arrays indexing the view with it
+        first = j - d.index_axis
+        local = lane if d.index is None else \
+            f"({d.index}){rules._expand(range(first, first + d.index_rank), len(padded))}"
         coord = _add(d.start, _mul(local, d.step))
         if d.size != padded[j]:
           conds.append(f"({lane} < {d.size})")
@@ -275,8 +306,6 @@ class Codegen:
     if mask is not None:
       o = other.expr if other is not None else ("0" if ref.dtype != jnp.bool_ else "False")
       args += f", mask={mask}, other={o}"
-    if evict is None and ref.ptr in self.streamed:
-      evict = "evict_first"
     args += _hints(cache_modifier=cache, eviction_policy=evict)
     self.max_numel = max(self.max_numel, math.prod(pow2(s) for s in shape))
     if ref.dtype == jnp.bool_:
@@ -291,8 +320,6 @@ class Codegen:
     if ref.dtype == jnp.bool_:
       v = f"{self.tensor(val)}.to(tl.int8)"
     args = f"{ref.ptr} + {offs}" if offs != "0" else ref.ptr
-    if evict is None and ref.ptr in self.streamed:
-      evict = "evict_first"
     self.emit(f"tl.store({args}, {v}" + (f", mask={mask}" if mask else "")
               + _hints(eviction_policy=evict) + ")")
     if ref.ptr in self.read_back:
@@ -627,11 +654,15 @@ LOWERINGS = _NameTable(LOWERINGS)
 
 # --- the kernel -----------------------------------------------------------------------------
 
-def gpu_schedule(gm, jaxpr, tables) -> sched.Schedule:
+def gpu_schedule(params, tables) -> sched.Schedule:
+  gm, jaxpr = params.grid_mapping, params.jaxpr
   """Loops inside a program only along axes that revisit blocks the kernel reads back."""
   rank = len(gm.grid)
   invars = list(jaxpr.invars)
   base = rank + gm.num_index_operands + gm.num_inputs
+  # Outputs the kernel never reads back may be revisited by parallel programs: that is how
+  # Triton-style kernels (whole-array Refs, each program storing its own slice) work, and
+  # the GPU then gives the interpreter's answer when the programs write disjoint elements.
   read_outs = [k for k in range(gm.num_outputs)
                if any(isinstance(e, (ji.ReadEffect, ji.AccumEffect)) and e.input is invars[base + k]
                       for e in jaxpr.effects)]
@@ -639,21 +670,26 @@ def gpu_schedule(gm, jaxpr, tables) -> sched.Schedule:
     # Scratch carries values along the axes that revisit output blocks (the interpreter's
     # sequential axes), whether or not the kernel reads the outputs back.
     read_outs = list(range(gm.num_outputs))
-  if tables is None:
-    raise Unsupported("index maps that read scalar-prefetch operands")
+  every = tuple(range(rank))
+  if params.globals_avals:
+    return sched.Schedule((), every, "pl.get_global buffers are shared by all programs")
+  if any(tables[gm.num_inputs + k] is None for k in read_outs):
+    return sched.Schedule((), every, "an output read back has an index map that reads "
+                          "scalar-prefetch operands")
   return sched.choose(gm, tables, outputs=read_outs)
 
 
 def generate(params, compute_capability: int = 90) -> KernelSource:
   gm, jaxpr = params.grid_mapping, params.jaxpr
   name = _ident(params.name)
+  if not name.strip("_"):
+    name = "kernel"   # PTX has no identifier "_" (a body named `def _():`)
   if any(gm.scratch_zeroed):
     raise Unsupported(f"pallas_call {params.name}: semaphores are not supported by the Triton "
                       "backend; run it with interpret=True")
-  tables = sched.block_index_tables(gm)
-  if tables is not None:
-    sched.check_block_ranges(gm, tables, params.name)
-  schedule = gpu_schedule(gm, jaxpr, tables)
+  tables = sched.block_index_tables(gm, partial=True)
+  sched.check_block_ranges(gm, tables, params.name)
+  schedule = gpu_schedule(params, tables)
   cg = Codegen(params.name, compute_capability)
   rank, nidx, nin = len(gm.grid), gm.num_index_operands, gm.num_inputs
   names = list(params.arg_names) or [f"ref{i}" for i in range(nidx + nin + gm.num_outputs)]
@@ -675,8 +711,6 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
       k = invars.index(eff.input) - rank
       if 0 <= k < len(refs):
         cg.read_back.add(refs[k].ptr)
-  if STREAM_HINTS and tables is not None:
-    cg.streamed = {refs[nidx + k].ptr for k in _streamed_operands(gm, jaxpr, tables)}
   cg.lower_jaxpr(jaxpr, jaxpr.consts, ids + refs)
 
   if cg.max_numel > MAX_VALUE_ELEMENTS:
@@ -692,35 +726,6 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
   hidden = tuple((shape, dtype, zeroed) for _, shape, dtype, zeroed in cg.hidden)
   return KernelSource(name, source, signature, (launch, 1, 1), warps, stages, cg.has_checks, chosen,
                       hidden)
-
-
-STREAM_HINTS = ("load",)   # experiment: which accesses of streamed operands get evict_first
-
-
-def _streamed_operands(gm, jaxpr, tables) -> list[int]:
-  """Block operands (inputs and outputs) whose every block one program touches, with a single
-  top-level access in the kernel: their lines are not needed again, so the cache may evict
-  them first and keep L2 for data that is reused."""
-  rank, nidx = len(gm.grid), gm.num_index_operands
-  invars = list(jaxpr.invars)
-  uses = {}   # Ref -> the primitives of the top-level equations that take it
-  for e in jaxpr.eqns:
-    for v in e.invars:
-      if isinstance(v, ji.Var):
-        uses.setdefault(v, []).append(e.primitive)
-  access = {True: (ji.get_p, prims.masked_load_p), False: (ji.swap_p, prims.masked_swap_p)}
-  out = []
-  for k, table in enumerate(tables):
-    ref = invars[rank + nidx + k]
-    is_input = k < gm.num_inputs
-    if ("load" if is_input else "store") not in STREAM_HINTS:
-      continue
-    if len(uses.get(ref, ())) != 1 or uses[ref][0] not in access[is_input]:
-      continue
-    blocks = table.reshape(-1, table.shape[-1])
-    if len(np.unique(blocks, axis=0)) == len(blocks):
-      out.append(k)
-  return out
 
 
 def _program_ids(cg, gm, jaxpr, par, seq, whole):

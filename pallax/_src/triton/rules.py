@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from pallax._src import jax_internals as ji
 from pallax._src.triton.values import Val, tl_dtype
 
 RULES: dict = {}
@@ -94,6 +95,7 @@ def _not(cg, eqn, x):
 # Float math: Triton's own op where it has one, libdevice otherwise; f16/bf16 go through f32.
 _MATH = {
     lax.exp_p: "tl.exp({0})", lax.exp2_p: "tl.exp2({0})", lax.log_p: "tl.log({0})",
+    lax.log2_p: "tl.log2({0})",
     lax.sin_p: "tl.sin({0})", lax.cos_p: "tl.cos({0})", lax.sqrt_p: "tl.sqrt_rn({0})",
     lax.rsqrt_p: "tl.rsqrt({0})", lax.erf_p: "tl.erf({0})", lax.floor_p: "tl.floor({0})",
     lax.ceil_p: "tl.ceil({0})", lax.logistic_p: "tl.sigmoid({0})",
@@ -229,6 +231,18 @@ def _broadcast_in_dim(cg, eqn, x, *dyn):
   if tuple(x.padded) != tuple(target[d] for d in dims) or len(dims) != len(target):
     expr = f"tl.broadcast_to({expr}, {list(target)})"
   return _out(cg, expr, eqn, "bcast")
+
+
+@rule(ji.broadcast_to_p)
+def _broadcast_to(cg, eqn, x):
+  aval = eqn.outvars[0].aval
+  target = Val("", aval.shape, aval.dtype).padded
+  if x.shape == ():
+    return _out(cg, f"tl.full({list(target)}, {cg.scalar(x)}, {tl_dtype(x.dtype)})", eqn, "bcast")
+  if len(x.shape) != len(target):
+    x = Val(f"{cg.tensor(x)}{_expand(range(len(target) - len(x.shape), len(target)), len(target))}",
+            (1,) * (len(target) - len(x.shape)) + tuple(x.shape), x.dtype)
+  return _out(cg, f"tl.broadcast_to({cg.tensor(x)}, {list(target)})", eqn, "bcast")
 
 
 def _reshape(cg, eqn, x):

@@ -42,7 +42,7 @@ def _single_use(jaxpr):
   for v in jaxpr.outvars:
     if isinstance(v, ji.Var):
       uses[v] = uses.get(v, 0) + 2
-  return lambda v: uses.get(v, 0) == 1
+  return lambda v: isinstance(v, ji.Var) and uses.get(v, 0) == 1   # literals are unhashable
 
 
 def _tile(n: int, options) -> int | None:

@@ -60,7 +60,9 @@ class RefDim:
   step: int = 1
   kept: bool = True   # a dimension of the view (False: squeezed or integer-indexed)
   exact: bool = True  # every local coordinate < size lies inside the array
-  index: str | None = None  # a 1-D tensor of offsets: global = start + step * index[local]
+  index: str | None = None  # a tensor of offsets: global = start + step * index[local]
+  index_rank: int = 1       # the index tensor's rank (> 1 when several arrays index the view)
+  index_axis: int = 0       # this dimension's axis in the index tensor
 
 
 @dataclasses.dataclass
