@@ -10,6 +10,7 @@ from jax_gpu_ops import cases, load
 CASES = cases()
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c[0])
 def test_interpreter_runs_jax_gpu_op(case):
   name, module, build, args, ref = case
@@ -29,6 +30,7 @@ def test_jax_gpu_op_lowers_to_ptx(case):
   assert arts and all(".entry" in a.ptx for a in arts)
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("case", [c for c in CASES if c[0] != "softmax"], ids=lambda c: c[0])
 def test_gradients_through_jax_gpu_op_backward_kernels(case):
   """Their custom_vjp backward passes are Pallas kernels too."""

@@ -125,7 +125,9 @@ def test_matmul_k_accumulation(interpret, k_axis):
       def _():
         o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
 
-      o_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+      # HIGHEST: on a GPU a default-precision float32 dot may round its inputs to tf32
+      o_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32,
+                            precision=jax.lax.Precision.HIGHEST)
 
     if k_axis == 2:
       grid = (M // bm, N // bn, K // bk)

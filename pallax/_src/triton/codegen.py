@@ -655,17 +655,18 @@ LOWERINGS = _NameTable(LOWERINGS)
 # --- the kernel -----------------------------------------------------------------------------
 
 def gpu_schedule(params, tables) -> sched.Schedule:
+  """Loops inside a program along the axes that revisit output blocks the kernel reads back or
+  writes at fixed indices; parallel programs along all others."""
   gm, jaxpr = params.grid_mapping, params.jaxpr
-  """Loops inside a program only along axes that revisit blocks the kernel reads back."""
   rank = len(gm.grid)
   invars = list(jaxpr.invars)
   base = rank + gm.num_index_operands + gm.num_inputs
-  # Outputs the kernel never reads back may be revisited by parallel programs: that is how
-  # Triton-style kernels (whole-array Refs, each program storing its own slice) work, and
-  # the GPU then gives the interpreter's answer when the programs write disjoint elements.
+  # An output that is neither read back nor written at fixed indices may be revisited by
+  # parallel programs: Triton-style kernels (whole-array Refs, each program storing its own
+  # slice through program_id-dependent indices or masks) work that way.
   read_outs = [k for k in range(gm.num_outputs)
                if any(isinstance(e, (ji.ReadEffect, ji.AccumEffect)) and e.input is invars[base + k]
-                      for e in jaxpr.effects)]
+                      for e in jaxpr.effects) or _fixed_store(jaxpr, invars[base + k])]
   if gm.scratch_avals:
     # Scratch carries values along the axes that revisit output blocks (the interpreter's
     # sequential axes), whether or not the kernel reads the outputs back.
@@ -677,6 +678,36 @@ def gpu_schedule(params, tables) -> sched.Schedule:
     return sched.Schedule((), every, "an output read back has an index map that reads "
                           "scalar-prefetch operands")
   return sched.choose(gm, tables, outputs=read_outs)
+
+
+def _sub_jaxprs(eqn):
+  for v in eqn.params.values():
+    for j in (v if isinstance(v, (tuple, list)) else (v,)):
+      j = getattr(j, "jaxpr", j)
+      if isinstance(j, ji.Jaxpr):
+        yield j
+
+
+def _fixed_store(jaxpr, ref) -> bool:
+  """Whether the kernel stores to ``ref`` at indices that are all constants, with no mask: every
+  program running that store writes the same elements, so the last one must win."""
+  for e in jaxpr.eqns:
+    if e.primitive in (ji.swap_p, prims.masked_swap_p) and e.invars[0] is ref:
+      leaves = e.invars[2:2 + e.params["tree"].num_leaves]
+      if not e.params.get("has_mask") and all(isinstance(v, ji.Literal) for v in leaves):
+        return True
+      continue
+    if not any(v is ref for v in e.invars):
+      continue
+    for sub in _sub_jaxprs(e):
+      # Operands line up with a sub-jaxpr's last parameters (cond, loops, calls) or its first
+      # (run_scoped, whose extra parameters are the scratch Refs).
+      n, m = len(e.invars), len(sub.invars)
+      inner = sub.invars[m - n:] if m <= n else sub.invars[:n]
+      outer = e.invars[n - m:] if m <= n else e.invars
+      if any(o is ref and _fixed_store(sub, i) for o, i in zip(outer, inner)):
+        return True
+  return False
 
 
 def generate(params, compute_capability: int = 90) -> KernelSource:
