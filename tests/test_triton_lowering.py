@@ -80,3 +80,25 @@ def test_old_gpu_gets_a_clear_message():
   case = by_name("notebook_add_vectors")
   with pytest.raises(RuntimeError, match="compute capability 8.0.*interpret=True"):
     plgpu.lower(case.build(False), *_specs(case), compute_capability=75)
+
+
+def test_cache_hints_reach_triton_and_the_interpreter_ignores_them():
+  import numpy as np
+  import pallax as pl
+
+  def kernel(x_ref, o_ref):
+    x = plgpu.load(x_ref, cache_modifier=".cg")
+    y = plgpu.load(x_ref, eviction_policy="evict_last")
+    pl.store(o_ref, (), x + y, eviction_policy="evict_first")
+
+  f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((100,), jnp.float32))(x)
+  [a] = plgpu.lower(f, jax.ShapeDtypeStruct((100,), jnp.float32), compute_capability=90)
+  assert "cache_modifier='.cg'" in a.source and "eviction_policy='evict_last'" in a.source
+  assert "eviction_policy='evict_first'" in a.source
+  x = jax.random.normal(jax.random.key(5), (100,))
+  np.testing.assert_array_equal(f(x), np.asarray(x) * 2)
+  for hints in ({"eviction_policy": "first"}, {"cache_modifier": ".cg", "eviction_policy": "evict_last"}):
+    with pytest.raises(ValueError, match="eviction_policy"):
+      plgpu.lower(lambda x: pl.pallas_call(
+          lambda x_ref, o_ref: o_ref.__setitem__(..., plgpu.load(x_ref, **hints)),
+          out_shape=jax.ShapeDtypeStruct((100,), jnp.float32))(x), x)

@@ -248,6 +248,9 @@ def load(x_ref_or_view, idx=(), *, mask=None, other=None, cache_modifier=None,
   del volatile
   cache = _check_hint("cache_modifier", cache_modifier, _CACHE_MODIFIERS)
   evict = _check_hint("eviction_policy", eviction_policy, _EVICTION_POLICIES)
+  if cache and evict:
+    raise ValueError(f"PTX cannot combine cache_modifier={cache!r} with eviction_policy="
+                     f"{evict!r} in one load; pass one of them")
   if mask is None and other is None and cache is None and evict is None:
     return x_ref_or_view[idx]
   base, flat, tree = _flat_access(x_ref_or_view, idx)
