@@ -611,6 +611,25 @@ def _(interpret):
       _gather2d_kernel, out_shape=S((12, 24), jnp.float32), interpret=interpret)(x, rows))
 
 
+# --- exp on the GPU: ex2.approx.ftz (denormal results flush to 0) --------------------------------
+
+def _exp_kernel(x_ref, o_ref):
+  x = x_ref[...]
+  s = jnp.exp(x_ref[0] * 0.01) + jnp.exp2(jnp.float32(0.5))    # scalars
+  o_ref[...] = jnp.exp(x) * s + jnp.exp2(x.astype(jnp.bfloat16)).astype(jnp.float32)
+
+
+def _exp_args(k):
+  x = jnp.clip(jax.random.normal(k, (300,), jnp.float32) * 20, -110, 80)
+  return (x.at[2].set(-jnp.inf).at[3].set(-100.0),)              # exp: 0 and a denormal
+
+
+@case("exp_exp2_edges", _exp_args, tol=1e-5)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _exp_kernel, out_shape=S((300,), jnp.float32), interpret=interpret)(x))
+
+
 # --- debugging on the device ----------------------------------------------------------------------
 
 def _debug_kernel(x_ref, o_ref):

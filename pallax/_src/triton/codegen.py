@@ -54,6 +54,14 @@ def _mul(a, b):
 
 
 @triton.jit
+def _exp2(x):
+    # The GPU's ex2 without the fix-up for denormal results (which are flushed to 0): 7% faster
+    # flash attention on an H100. Its accuracy is otherwise that of tl.exp2.
+    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
 def _max(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 

@@ -94,7 +94,7 @@ def _not(cg, eqn, x):
 
 # Float math: Triton's own op where it has one, libdevice otherwise; f16/bf16 go through f32.
 _MATH = {
-    lax.exp_p: "tl.exp({0})", lax.exp2_p: "tl.exp2({0})", lax.log_p: "tl.log({0})",
+    lax.exp_p: "_exp2({0} * 1.4426950408889634)", lax.exp2_p: "_exp2({0})", lax.log_p: "tl.log({0})",
     lax.log2_p: "tl.log2({0})",
     lax.sin_p: "tl.sin({0})", lax.cos_p: "tl.cos({0})", lax.sqrt_p: "tl.sqrt_rn({0})",
     lax.rsqrt_p: "tl.rsqrt({0})", lax.erf_p: "tl.erf({0})", lax.floor_p: "tl.floor({0})",
@@ -112,6 +112,13 @@ _MATH = {
 }
 for _p, _tmpl in _MATH.items():
   RULES[_p] = (lambda t: lambda cg, eqn, *xs: _out(cg, cg.f32_math(t, *xs), eqn))(_tmpl)
+
+
+@rule(lax.exp_p, lax.exp2_p)
+def _exp(cg, eqn, x):
+  if jnp.dtype(x.dtype) == jnp.float64:   # _exp2 is float32 only
+    return _out(cg, f"tl.{eqn.primitive.name}({x.expr})", eqn)
+  return _out(cg, cg.f32_math(_MATH[eqn.primitive], x), eqn)
 
 
 @rule(lax.round_p)
