@@ -611,6 +611,25 @@ def _(interpret):
       _gather2d_kernel, out_shape=S((12, 24), jnp.float32), interpret=interpret)(x, rows))
 
 
+# --- x.at[...].set / .add on values: one window written through scratch --------------------------
+
+def _scatter_kernel(x_ref, o_ref):
+  x = x_ref[...]                                       # (6, 20)
+  i = pl.program_id(0)
+  y = x.at[:, :4].set(x[:, 16:] * 2)                   # static window
+  y = y.at[i + 1].add(x[0])                            # dynamic row, inserted dimension
+  y = y.at[i + 4, 3:7].set(-1.0)                       # runs past the end for i = 2: dropped
+  y = y.at[i + 4, 10].set(7.0, mode="clip")            # clamped to the last row
+  o_ref[...] = y
+
+
+@case("value_scatter_set_add_windows", normal((6, 20)), tol=0)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _scatter_kernel, out_shape=S((3, 6, 20), jnp.float32), grid=(3,),
+      out_specs=pl.BlockSpec((None, 6, 20), lambda i: (i, 0, 0)), interpret=interpret)(x))
+
+
 # --- exp on the GPU: ex2.approx.ftz (denormal results flush to 0) --------------------------------
 
 def _exp_kernel(x_ref, o_ref):

@@ -679,7 +679,6 @@ def test_python_slices_and_integer_indexing():
 
 # --- empty / empty_like / broadcast_to -----------------------------------------------------------
 
-@pytest.mark.interpreter   # .at[].set is a scatter, which the Triton backend lacks
 def test_empty_and_empty_like():
   e = pl.empty((3, 4), jnp.bfloat16)
   assert e.shape == (3, 4) and e.dtype == jnp.bfloat16

@@ -13,7 +13,7 @@ import dataclasses
 from jax import lax
 
 from pallax._src.triton.rules import rule
-from pallax._src.triton.values import RefVal
+from pallax._src.triton.values import RefVal, Val
 
 
 def _view(buf: RefVal, dims: dict) -> RefVal:
@@ -97,3 +97,48 @@ def _stack(cg, eqn, *xs):
     view.dims[1 + axis] = dataclasses.replace(view.dims[1 + axis], kept=False)
     cg.store(view, x)
   return _read(cg, buf, eqn, "stacked")
+
+
+def _element(cg, vec, j: int) -> str:
+  """Element ``j`` of a small 1-D tensor, as a scalar expression."""
+  if vec.shape == (1,) and j == 0:
+    return cg.bind(f"tl.sum({vec.expr}, axis=0)", (), vec.dtype, "start").expr
+  n = 1 << max(0, (vec.shape[0] - 1).bit_length())
+  return cg.bind(f"tl.sum(tl.where(tl.arange(0, {n}) == {j}, {vec.expr}, 0), axis=0)", (),
+                 vec.dtype, "start").expr
+
+
+@rule(lax.scatter_p, lax.scatter_add_p)
+def _scatter(cg, eqn, x, indices, update):
+  """One window written (``x.at[i, :4].set(v)``) or added: a store into a view of ``x``.
+  Like lax's FILL_OR_DROP, a window that does not fit inside ``x`` is dropped whole."""
+  dn = eqn.params["dimension_numbers"]
+  if len(indices.shape) != 1 or dn.operand_batching_dims:
+    raise NotImplementedError("scatter of several windows (index arrays); the Triton backend "
+                              "writes one window, as x.at[i, j:k].set(v) does")
+  mode = str(eqn.params.get("mode"))
+  buf = cg.spill(x)
+  starts = {d: _element(cg, indices, j) for j, d in enumerate(dn.scatter_dims_to_operand_dims)}
+  window = iter(update.shape[a] for a in dn.update_window_dims)
+  dims, fits = {}, []
+  for d in range(len(x.shape)):
+    size = 1 if d in dn.inserted_window_dims else next(window)
+    start = starts.get(d, "0")
+    if start != "0" and "CLIP" in mode:
+      start = _clamped(cg, Val(start, (), indices.dtype), size, x.shape[d])
+    elif start != "0" and "FILL_OR_DROP" in mode:
+      fits.append(f"({start} >= 0) & ({start} <= {x.shape[d] - size})")
+    dims[d] = (start, size, 1)
+  view = _view(buf, dims)
+  for d in dn.inserted_window_dims:
+    view.dims[1 + d] = dataclasses.replace(view.dims[1 + d], kept=False)
+  mask = None
+  if fits:
+    cond = cg.bind(" & ".join(fits), (), "bool", "fits")
+    mask = cg.bind(f"tl.full({[1 << max(0, (n - 1).bit_length()) for n in update.shape]}, "
+                   f"{cond.expr}, tl.int1)", update.shape, "bool", "fits")
+  if eqn.primitive is lax.scatter_add_p:
+    update = cg.bind(f"{cg.load(view, mask, hint='cur').expr} + {update.expr}", update.shape,
+                     update.dtype, "upd")
+  cg.store(view, update, mask)
+  return _read(cg, buf, eqn, "scattered")
