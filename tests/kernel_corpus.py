@@ -630,6 +630,29 @@ def _(interpret):
       out_specs=pl.BlockSpec((None, 6, 20), lambda i: (i, 0, 0)), interpret=interpret)(x))
 
 
+# --- lax.scan over arrays (xs in, ys out), forwards and in reverse ---------------------------------
+
+def _scan_kernel(x_ref, w_ref, o_ref, s_ref):
+  def step(h, xw):
+    x, w = xw
+    h = jnp.tanh(h * w + x)
+    return h, (h * 2, jnp.sum(h))
+  h0 = jnp.zeros((16,), jnp.float32)
+  h, (ys, sums) = lax.scan(step, h0, (x_ref[...], w_ref[...]))
+  _, rs = lax.scan(lambda c, x: (c + x, c), jnp.float32(0), x_ref[:, 0], reverse=True)
+  # carries that trade places each step: assigned all at once in the generated loop
+  a, b = lax.fori_loop(0, 5, lambda i, c: (c[1], c[0] * 2), (x_ref[0], w_ref[0]))
+  o_ref[...] = ys + h + a - b
+  s_ref[...] = sums + rs
+
+
+@case("scan_over_arrays", normals(((12, 16), jnp.float32), ((12, 16), jnp.float32)), tol=1e-5)
+def _(interpret):
+  return jax.jit(lambda x, w: pl.pallas_call(
+      _scan_kernel, out_shape=(S((12, 16), jnp.float32), S((12,), jnp.float32)),
+      interpret=interpret)(x, w))
+
+
 # --- exp on the GPU: ex2.approx.ftz (denormal results flush to 0) --------------------------------
 
 def _exp_kernel(x_ref, o_ref):

@@ -25,7 +25,7 @@ from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
 from pallax._src import schedule as sched
-from pallax._src.triton import movement  # noqa: F401  (registers its rules)
+from pallax._src.triton import movement   # its rules register themselves
 from pallax._src.triton import rules
 from pallax._src.triton import tiling
 from pallax._src.triton.values import SIGNATURE, RefDim, RefVal, Val, pow2, tl_dtype
@@ -391,9 +391,10 @@ class Codegen:
     return self.bind(self.tensor(v) if v.shape == () else v.expr, v.shape, v.dtype, hint, copy=True)
 
   def assign(self, targets: list[Val], values: list[Val]):
-    for t, v in zip(targets, values):
-      if t.expr != v.expr:
-        self.emit(f"{t.expr} = {self.tensor(v) if v.shape == () else v.expr}")
+    pairs = [(t.expr, self.tensor(v) if v.shape == () else v.expr)
+             for t, v in zip(targets, values) if t.expr != v.expr]
+    if pairs:   # all at once: a value may read a target assigned before it (a, b = b, a)
+      self.emit(", ".join(t for t, _ in pairs) + " = " + ", ".join(v for _, v in pairs))
 
 
 def _add(a: str, b: str) -> str:
@@ -489,8 +490,8 @@ def _scan(cg, eqn, *invals):
   consts_spec, carry_spec, xs_spec = p["ft_in"].unpack()
   nc, ncarry, length = len(consts_spec), len(carry_spec), p["length"]
   body = p["jaxpr"]
-  if len(xs_spec) or len(invals) != nc + ncarry or len(body.outvars) != ncarry:
-    raise Unsupported("lax.scan over arrays (xs/ys); use lax.fori_loop")
+  if len(xs_spec) or len(body.outvars) != ncarry:
+    return _scan_arrays(cg, eqn, invals, nc, ncarry)
   consts, init = invals[:nc], invals[nc:]
   if ncarry and _fori_index(body, nc) and not p["reverse"]:
     # A fori_loop: a Triton for loop (static bounds when the start is a constant, which
@@ -513,6 +514,30 @@ def _scan(cg, eqn, *invals):
   cg.assign(carry, new)
   cg.depth -= 1
   return carry
+
+
+def _scan_arrays(cg, eqn, invals, nc: int, ncarry: int):
+  """lax.scan over arrays: the xs and ys live in scratch buffers private to the program; step k
+  reads row k of each x and writes row k of each y."""
+  p, body = eqn.params, eqn.params["jaxpr"]
+  consts, init, xs = invals[:nc], invals[nc:nc + ncarry], invals[nc + ncarry:]
+  x_bufs = [cg.spill(x) for x in xs]
+  y_bufs = [cg.spill(None, v.aval) for v in eqn.outvars[ncarry:]]
+  carry = [cg.materialize(v, "carry") for v in init]
+  k = cg.fresh("k")
+  cg.emit(f"for {k} in range({p['length']}):")
+  cg.depth += 1
+  step = cg.bind(f"{p['length'] - 1} - {k}", (), jnp.int32, "step").expr if p["reverse"] else k
+  x_k = [cg.load(movement.row(b, step), hint="x_k") for b in x_bufs]
+  new = cg.lower_jaxpr(body, body.consts, [*consts, *carry, *x_k])
+  for b, y in zip(y_bufs, new[ncarry:]):   # before the carries change: a y may be one of them
+    cg.store(movement.row(b, step), y)
+  cg.assign(carry, new[:ncarry])
+  cg.depth -= 1
+  ys = [cg.load(b, hint="ys") for b in y_bufs]
+  if y_bufs:
+    cg.emit("tl.debug_barrier()")
+  return [*carry, *ys]
 
 
 def _while(cg, eqn, *invals):

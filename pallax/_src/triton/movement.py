@@ -26,6 +26,13 @@ def _view(buf: RefVal, dims: dict) -> RefVal:
   return dataclasses.replace(buf, dims=new)
 
 
+def row(buf: RefVal, index: str) -> RefVal:
+  """The view of element ``index`` along the first axis of a spilled value (a scan's step)."""
+  view = _view(buf, {0: (index, 1, 1)})
+  view.dims[1] = dataclasses.replace(view.dims[1], kept=False)
+  return view
+
+
 def _read(cg, buf: RefVal, eqn, hint: str):
   out = cg.load(buf, hint=hint)
   cg.emit("tl.debug_barrier()")
