@@ -67,3 +67,15 @@ def test_failing_debug_check_stops_the_program_with_its_message():
   out = r.stdout + r.stderr
   assert "x must be negative" in out, out[-2000:]
   assert "RESULT: no error raised" not in out, out[-2000:]
+
+
+def test_int64_uint64_float64_kernels_with_x64():
+  """With jax_enable_x64 (a process of its own: the flag is global)."""
+  import os
+  import subprocess
+  import sys
+  here = os.path.dirname(os.path.abspath(__file__))
+  env = dict(os.environ, PYTHONPATH=os.path.dirname(here) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  r = subprocess.run([sys.executable, os.path.join(here, "gpu_scripts", "x64_kernels.py")],
+                     capture_output=True, text=True, env=env, timeout=300)
+  assert "RESULT: x64 kernels agree" in r.stdout, (r.stdout + r.stderr)[-3000:]

@@ -102,3 +102,16 @@ def test_cache_hints_reach_triton_and_the_interpreter_ignores_them():
       plgpu.lower(lambda x: pl.pallas_call(
           lambda x_ref, o_ref: o_ref.__setitem__(..., plgpu.load(x_ref, **hints)),
           out_shape=jax.ShapeDtypeStruct((100,), jnp.float32))(x), x)
+
+
+def test_x64_kernels_lower():
+  """int64/uint64/float64 with jax_enable_x64 (a process of its own: the flag is global)."""
+  import os
+  import subprocess
+  import sys
+  here = os.path.dirname(os.path.abspath(__file__))
+  env = dict(os.environ, PYTHONPATH=os.path.dirname(here) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+             JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, os.path.join(here, "gpu_scripts", "x64_kernels.py")],
+                     capture_output=True, text=True, env=env, timeout=300)
+  assert "lowered: ['kernel']" in r.stdout, (r.stdout + r.stderr)[-3000:]

@@ -110,8 +110,20 @@ _MATH = {
     lax.atan2_p: "libdevice.atan2({0}, {1})", lax.pow_p: "libdevice.pow({0}, {1})",
     lax.nextafter_p: "libdevice.nextafter({0}, {1})",
 }
+# float64 where Triton's own op takes float32 only
+_MATH_F64 = {lax.sqrt_p: "libdevice.sqrt({0})", lax.rsqrt_p: "libdevice.rsqrt({0})"}
+
+
+def _math_rule(p, tmpl):
+  def lower(cg, eqn, *xs):
+    if jnp.dtype(xs[0].dtype) == jnp.float64 and p in _MATH_F64:
+      return _out(cg, _MATH_F64[p].format(*[x.expr for x in xs]), eqn)
+    return _out(cg, cg.f32_math(tmpl, *xs), eqn)
+  return lower
+
+
 for _p, _tmpl in _MATH.items():
-  RULES[_p] = (lambda t: lambda cg, eqn, *xs: _out(cg, cg.f32_math(t, *xs), eqn))(_tmpl)
+  RULES[_p] = _math_rule(_p, _tmpl)
 
 
 @rule(lax.exp_p, lax.exp2_p)
