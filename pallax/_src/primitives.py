@@ -1,7 +1,6 @@
 """The functions kernels call: program ids, Ref access with masks, dot, control flow, scratch."""
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
