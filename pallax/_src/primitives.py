@@ -275,8 +275,8 @@ def swap(x_ref_or_view, idx, val, *, mask=None, eviction_policy=None) -> jax.Arr
 
 def store(x_ref_or_view, idx, val, *, mask=None, eviction_policy=None) -> None:
   """Writes ``val`` at ``idx``; with ``mask``, only where it is True."""
-  if mask is None and eviction_policy is None:
-    x_ref_or_view[idx] = val
+  if mask is None and not _check_hint("eviction_policy", eviction_policy, _EVICTION_POLICIES):
+    x_ref_or_view[idx] = val     # a plain store: swap would read the old values too
   else:
     swap(x_ref_or_view, idx, val, mask=mask, eviction_policy=eviction_policy)
 

@@ -125,15 +125,17 @@ def check_block_ranges(gm, tables, name: str) -> None:
             "fix the index_map or the grid")
 
 
-def _sub_jaxprs(params):
+def sub_jaxprs(params):
+  """The jaxprs in an equation's params (closed ones unwrapped: cond branches, loop bodies)."""
   for v in params.values():
-    for j in (v if isinstance(v, tuple) else (v,)):
+    for j in (v if isinstance(v, (tuple, list)) else (v,)):
+      j = getattr(j, "jaxpr", j)
       if isinstance(j, ji.Jaxpr):
         yield j
 
 
 def _has_loop(jaxpr) -> bool:
-  return any(e.primitive.name == "while" or any(_has_loop(j) for j in _sub_jaxprs(e.params))
+  return any(e.primitive.name == "while" or any(_has_loop(j) for j in sub_jaxprs(e.params))
              for e in jaxpr.eqns)
 
 
@@ -147,7 +149,7 @@ def loop_count_axes(jaxpr, rank: int) -> set[int]:
   found: set[int] = set()
   for eqn in jaxpr.eqns:
     d = set().union(*[deps.get(v, set()) for v in eqn.invars if isinstance(v, ji.Var)])
-    if eqn.primitive.name == "while" or any(_has_loop(j) for j in _sub_jaxprs(eqn.params)):
+    if eqn.primitive.name == "while" or any(_has_loop(j) for j in sub_jaxprs(eqn.params)):
       found |= d
     for v in eqn.outvars:
       deps[v] = d

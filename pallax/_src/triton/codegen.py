@@ -713,14 +713,6 @@ def gpu_schedule(params, tables) -> sched.Schedule:
   return sched.choose(gm, tables, outputs=read_outs)
 
 
-def _sub_jaxprs(eqn):
-  for v in eqn.params.values():
-    for j in (v if isinstance(v, (tuple, list)) else (v,)):
-      j = getattr(j, "jaxpr", j)
-      if isinstance(j, ji.Jaxpr):
-        yield j
-
-
 def _fixed_store(jaxpr, ref) -> bool:
   """Whether the kernel stores to ``ref`` at indices that are all constants, with no mask: every
   program running that store writes the same elements, so the last one must win."""
@@ -732,7 +724,7 @@ def _fixed_store(jaxpr, ref) -> bool:
       continue
     if not any(v is ref for v in e.invars):
       continue
-    for sub in _sub_jaxprs(e):
+    for sub in sched.sub_jaxprs(e.params):
       # Operands line up with a sub-jaxpr's last parameters (cond, loops, calls) or its first
       # (run_scoped, whose extra parameters are the scratch Refs).
       n, m = len(e.invars), len(sub.invars)

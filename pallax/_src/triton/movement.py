@@ -16,21 +16,19 @@ from pallax._src.triton.rules import rule
 from pallax._src.triton.values import RefVal, Val
 
 
-def _view(buf: RefVal, dims: dict) -> RefVal:
+def _view(buf: RefVal, dims: dict, drop=()) -> RefVal:
   """``buf`` with its value dimensions (after the program-lane dimension) replaced by ``dims``:
-  {axis: (start expression, size, step)}."""
+  {axis: (start expression, size, step)}; the axes in ``drop`` are indexed away."""
   new = list(buf.dims)
   for axis, (start, size, step) in dims.items():
-    d = new[1 + axis]
-    new[1 + axis] = dataclasses.replace(d, start=start, size=size, step=step)
+    new[1 + axis] = dataclasses.replace(new[1 + axis], start=start, size=size, step=step,
+                                        kept=axis not in drop)
   return dataclasses.replace(buf, dims=new)
 
 
 def row(buf: RefVal, index: str) -> RefVal:
   """The view of element ``index`` along the first axis of a spilled value (a scan's step)."""
-  view = _view(buf, {0: (index, 1, 1)})
-  view.dims[1] = dataclasses.replace(view.dims[1], kept=False)
-  return view
+  return _view(buf, {0: (index, 1, 1)}, drop=(0,))
 
 
 def _read(cg, buf: RefVal, eqn, hint: str):
@@ -100,9 +98,7 @@ def _stack(cg, eqn, *xs):
   axis = eqn.params["axis"]
   buf = cg.spill(None, eqn.outvars[0].aval)
   for k, x in enumerate(xs):
-    view = _view(buf, {axis: (str(k), 1, 1)})
-    view.dims[1 + axis] = dataclasses.replace(view.dims[1 + axis], kept=False)
-    cg.store(view, x)
+    cg.store(_view(buf, {axis: (str(k), 1, 1)}, drop=(axis,)), x)
   return _read(cg, buf, eqn, "stacked")
 
 
@@ -136,9 +132,7 @@ def _scatter(cg, eqn, x, indices, update):
     elif start != "0" and "FILL_OR_DROP" in mode:
       fits.append(f"({start} >= 0) & ({start} <= {x.shape[d] - size})")
     dims[d] = (start, size, 1)
-  view = _view(buf, dims)
-  for d in dn.inserted_window_dims:
-    view.dims[1 + d] = dataclasses.replace(view.dims[1 + d], kept=False)
+  view = _view(buf, dims, drop=dn.inserted_window_dims)
   mask = None
   if fits:
     cond = cg.bind(" & ".join(fits), (), "bool", "fits")

@@ -110,8 +110,9 @@ _MATH = {
     lax.atan2_p: "libdevice.atan2({0}, {1})", lax.pow_p: "libdevice.pow({0}, {1})",
     lax.nextafter_p: "libdevice.nextafter({0}, {1})",
 }
-# float64 where Triton's own op takes float32 only
-_MATH_F64 = {lax.sqrt_p: "libdevice.sqrt({0})", lax.rsqrt_p: "libdevice.rsqrt({0})"}
+# float64 where the op above takes float32 only
+_MATH_F64 = {lax.sqrt_p: "libdevice.sqrt({0})", lax.rsqrt_p: "libdevice.rsqrt({0})",
+             lax.exp_p: "tl.exp({0})", lax.exp2_p: "tl.exp2({0})"}
 
 
 def _math_rule(p, tmpl):
@@ -124,13 +125,6 @@ def _math_rule(p, tmpl):
 
 for _p, _tmpl in _MATH.items():
   RULES[_p] = _math_rule(_p, _tmpl)
-
-
-@rule(lax.exp_p, lax.exp2_p)
-def _exp(cg, eqn, x):
-  if jnp.dtype(x.dtype) == jnp.float64:   # _exp2 is float32 only
-    return _out(cg, f"tl.{eqn.primitive.name}({x.expr})", eqn)
-  return _out(cg, cg.f32_math(_MATH[eqn.primitive], x), eqn)
 
 
 @rule(lax.round_p)
