@@ -3,14 +3,14 @@
 Run on the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/triton_vs_pallas.py``.
 Each kernel is written once as a function of the Pallas module ``P`` and its Triton
 compiler-params class ``TP``; XLA (cuBLAS/cuDNN) is the ceiling. Time per call: the median
-over repeats of (wall time of ``n`` back-to-back calls) / n, after a warm-up; inputs are fresh
-random data; every result is checked against a float32 reference first.
+over repeats of (wall time of ``n`` back-to-back calls) / n, after a warm-up, and the GPU's own
+time per call from a profiler trace; inputs are fresh random data; every result is checked
+against a float32 reference first.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import math
 import os
 import sys
@@ -175,6 +175,39 @@ def time_calls(fns: dict, args, n=10, rounds=15):
           for k, v in samples.items()}
 
 
+def device_times(fns: dict, args, n=10, rounds=7):
+  """Median GPU time per call of each function, from a profiler trace: the summed durations of
+  the device operations (kernels, copies) that a batch of ``n`` calls ran, over ``n``. Unlike
+  the wall clock, this leaves out the host's dispatch and the wait for the result."""
+  import glob
+  import gzip
+  import json
+  import tempfile
+  d = tempfile.mkdtemp(prefix="pallax_trace_")
+  spans = {k: [] for k in fns}
+  with jax.profiler.trace(d, create_perfetto_trace=True):
+    for r in range(rounds):
+      for k, f in fns.items():
+        with jax.profiler.TraceAnnotation(f"batch {k} {r}"):
+          out = None
+          for _ in range(n):
+            out = f(*args)
+          jax.block_until_ready(out)
+  (path,) = glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)
+  events = json.load(gzip.open(path))
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  device_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+                 and "GPU" in str(e.get("args", {}).get("name", ""))}
+  device = [e for e in events if e.get("ph") == "X" and e.get("pid") in device_pids]
+  for e in events:
+    if e.get("ph") == "X" and e.get("name", "").startswith("batch "):
+      _, k, _ = e["name"].split(" ")
+      t0, t1 = e["ts"], e["ts"] + e["dur"]
+      busy = sum(x["dur"] for x in device if t0 <= x["ts"] < t1)
+      spans[k].append(busy * 1e-6 / n)
+  return {k: float(np.median(v)) if v and min(v) > 0 else float("nan") for k, v in spans.items()}
+
+
 def rel_err(a, b):
   a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
   b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
@@ -223,10 +256,12 @@ def main():
         res[impl] = (float("nan"), float("nan"), False, f"{type(e).__name__}: {str(e).splitlines()[0][:150]}")
     for impl, (med, lo, hi) in time_calls(ok_fns, args, rounds=opts.rounds).items():
       res[impl] = (med, res[impl][1], res[impl][2], f"(p10 {lo * 1e3:.3f}, p90 {hi * 1e3:.3f})")
-    rows.append((name, flops, nbytes, res))
+    dev_t = device_times(ok_fns, args)
+    rows.append((name, flops, nbytes, res, dev_t))
     line = [f"{name:34}"]
     for impl, (med, err, ok, msg) in res.items():
-      line.append(f"{impl}: {med * 1e3:8.3f} ms err {err:.1e}{'' if ok else ' (WRONG/FAILED)'} {msg}")
+      line.append(f"{impl}: {med * 1e3:8.3f} ms (device {dev_t.get(impl, float('nan')) * 1e3:.3f}) "
+                  f"err {err:.1e}{'' if ok else ' (WRONG/FAILED)'} {msg}")
     print(" | ".join(line), flush=True)
 
   n = 1024 if small else 8192
@@ -270,13 +305,15 @@ def main():
          "xla": lambda a, b: jnp.dot(a, b)}, (x, y), ref, 5e-3)
 
   # the table
-  lines = [f"# pallax (Triton) vs JAX Pallas (Triton) vs XLA", "",
+  lines = ["# pallax (Triton) vs JAX Pallas (Triton) vs XLA", "",
            f"device: {dev.device_kind}; date: {datetime.date.today()}; jax {jax.__version__}; "
            "time per call = median over 15 interleaved rounds of (10 back-to-back calls) / 10, "
-           "wall clock to block_until_ready; p10-p90 of the rounds in the log", "",
-           "| kernel | pallax ms | JAX Pallas ms | XLA ms | pallax / JAX Pallas speed | pallax rate | JAX Pallas rate | XLA rate |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-  for name, fl, nb, res in rows:
+           "wall clock to block_until_ready; p10-p90 of the rounds in the log. Device time per call: "
+           "GPU operations' summed durations from a profiler trace (7 interleaved rounds of 10 calls), "
+           "which leaves out host dispatch", "",
+           "| kernel | pallax ms | JAX Pallas ms | XLA ms | pallax / JAX Pallas speed | device time: pallax / JAX Pallas ms | device speed | pallax rate | JAX Pallas rate | XLA rate |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for name, fl, nb, res, dev_t in rows:
     def rate(impl):
       med, err, ok, msg = res.get(impl, (float("nan"),) * 2 + (False, ""))
       if not ok:
@@ -288,9 +325,13 @@ def main():
         return f"{med * 1e3:.3f}"
       return f"wrong (err {err:.1e})" if msg.startswith("(p10") or not msg else "failed: " + msg
     pm, jm = res["pallax"][0], res["jax_pallas"][0]
-    ratio = f"{jm / pm:.2f}x" if res["pallax"][2] and res["jax_pallas"][2] else "n/a"
-    lines.append(f"| {name} | {ms('pallax')} | {ms('jax_pallas')} | {ms('xla')} | {ratio} | {rate('pallax')} | "
-                 f"{rate('jax_pallas')} | {rate('xla')} |")
+    both = res["pallax"][2] and res["jax_pallas"][2]
+    ratio = f"{jm / pm:.2f}x" if both else "n/a"
+    pd, jd = dev_t.get("pallax", float("nan")), dev_t.get("jax_pallas", float("nan"))
+    dev = f"{pd * 1e3:.3f} / {jd * 1e3:.3f}" if both else "n/a"
+    dev_ratio = f"{jd / pd:.3f}x" if both else "n/a"
+    lines.append(f"| {name} | {ms('pallax')} | {ms('jax_pallas')} | {ms('xla')} | {ratio} | {dev} | {dev_ratio} | "
+                 f"{rate('pallax')} | {rate('jax_pallas')} | {rate('xla')} |")
   text = "\n".join(lines) + "\n"
   print(text)
   if opts.out:

@@ -611,6 +611,35 @@ def _(interpret):
       _gather2d_kernel, out_shape=S((12, 24), jnp.float32), interpret=interpret)(x, rows))
 
 
+# --- argmax / argmin: NaN wins (the first one), ties go to the first index -----------------------
+
+def _arg_nan_args(k):
+  x = jnp.round(jax.random.normal(k, (12, 50), jnp.float32) * 2) / 2   # many ties
+  x = x.at[0, 7].set(jnp.nan).at[0, 30].set(jnp.nan)   # first NaN: 7
+  x = x.at[1].set(jnp.nan)                             # all NaN: 0
+  x = x.at[2].set(-jnp.inf)                            # all -inf: 0
+  x = x.at[3, 3].set(jnp.inf).at[3, 40].set(jnp.nan)   # NaN beats +inf
+  x = x.at[4, 49].set(jnp.nan)                         # NaN in the last column, next to the padding
+  x = x.at[5, 10].set(-jnp.inf).at[5, 20].set(jnp.inf)
+  return (x,)
+
+
+def _arg_nan_kernel(x_ref, r_ref, c_ref):
+  x = x_ref[...]
+  r_ref[0] = jnp.argmax(x, axis=1).astype(jnp.int32)
+  r_ref[1] = jnp.argmin(x, axis=1).astype(jnp.int32)
+  r_ref[2] = jnp.argmax(x.astype(jnp.bfloat16), axis=1).astype(jnp.int32)
+  c_ref[0] = jnp.argmax(x, axis=0).astype(jnp.int32)
+  c_ref[1] = jnp.argmin(x, axis=0).astype(jnp.int32)
+
+
+@case("argmax_argmin_nan_ties", _arg_nan_args, tol=0)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _arg_nan_kernel, out_shape=(S((3, 12), jnp.int32), S((2, 50), jnp.int32)),
+      interpret=interpret)(x))
+
+
 # --- x.at[...].set / .add on values: one window written through scratch --------------------------
 
 def _scatter_kernel(x_ref, o_ref):

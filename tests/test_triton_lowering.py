@@ -1,6 +1,7 @@
 """CI (no GPU): every kernel of the corpus lowers to PTX for sm_80 and sm_90."""
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import pallax.triton as plgpu
@@ -115,3 +116,30 @@ def test_x64_kernels_lower():
   r = subprocess.run([sys.executable, os.path.join(here, "gpu_scripts", "x64_kernels.py")],
                      capture_output=True, text=True, env=env, timeout=300)
   assert "lowered: ['kernel']" in r.stdout, (r.stdout + r.stderr)[-3000:]
+
+
+def test_argmax_argmin_pick_the_first_nan_as_lax_does():
+  """The interpreter (the reference for the Triton backend) gives lax's answer on NaN, ties and
+  infinities; the Triton code reduces (value, index) pairs so that NaN is not skipped."""
+  case = by_name("argmax_argmin_nan_ties")
+  (x,) = case.args(jax.random.key(5))
+  rows, cols = case.build(True)(x)
+  xn = np.asarray(x)
+
+  def first(mask):   # index of the first True along axis -1, or -1
+    return np.where(mask.any(-1), mask.argmax(-1), -1)
+
+  def expect_arg(v, axis, kind):
+    v = np.moveaxis(v, axis, -1)
+    nan = first(np.isnan(v))
+    plain = (np.nanargmax if kind == "max" else np.nanargmin)(np.where(np.isnan(v).all(-1, keepdims=True), 0, v), -1)
+    return np.where(nan >= 0, nan, plain)
+
+  np.testing.assert_array_equal(rows[0], expect_arg(xn, 1, "max"))
+  np.testing.assert_array_equal(rows[1], expect_arg(xn, 1, "min"))
+  np.testing.assert_array_equal(rows[2], expect_arg(np.asarray(x.astype(jnp.bfloat16), np.float32), 1, "max"))
+  np.testing.assert_array_equal(cols[0], expect_arg(xn, 0, "max"))
+  np.testing.assert_array_equal(cols[1], expect_arg(xn, 0, "min"))
+  assert list(rows[0][:5]) == [7, 0, 0, 40, 49]
+  a = plgpu.lower(case.build(False), x, compute_capability=90)[0]
+  assert "_argmax" in a.source and "tl.argmax(" not in a.source

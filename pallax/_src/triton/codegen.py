@@ -69,6 +69,26 @@ def _max(a, b):
 @triton.jit
 def _min(a, b):
     return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _argmax(a, i, b, j):
+    # The first NaN wins, else the first largest value, as in lax.argmax (tl.argmax skips NaN)
+    a_nan = a != a
+    b_nan = b != b
+    first = i < j
+    take_a = (a_nan & (~b_nan | first)) | (~a_nan & ~b_nan & ((a > b) | ((a == b) & first)))
+    return tl.where(take_a, a, b), tl.where(take_a, i, j)
+
+
+@triton.jit
+def _argmin(a, i, b, j):
+    # As _argmax, for the smallest value
+    a_nan = a != a
+    b_nan = b != b
+    first = i < j
+    take_a = (a_nan & (~b_nan | first)) | (~a_nan & ~b_nan & ((a < b) | ((a == b) & first)))
+    return tl.where(take_a, a, b), tl.where(take_a, i, j)
 '''
 
 

@@ -341,8 +341,14 @@ def _argmax(cg, eqn, x):
   (axis,) = eqn.params["axes"]
   kind = "max" if eqn.primitive is lax.argmax_p else "min"
   cur = cg.mask_padding(x, [axis], _neutral(kind, x.dtype))
-  fn = "tl.argmax" if kind == "max" else "tl.argmin"
-  expr = f"{fn}({cur}, axis={axis}, tie_break_left=True)"
+  if _is_float(x.dtype):   # NaN-aware: reduce (value, index) pairs
+    padded = x.padded
+    idx = f"tl.arange(0, {padded[axis]})"
+    if len(padded) > 1:
+      idx = f"tl.broadcast_to({idx}{_expand(axis, len(padded))}, {list(padded)})"
+    expr = f"tl.reduce(({cur}, {idx}), {axis}, _arg{kind})[1]"
+  else:
+    expr = f"tl.arg{kind}({cur}, axis={axis}, tie_break_left=True)"
   out = eqn.outvars[0].aval
   if jnp.dtype(out.dtype) != jnp.int32:
     expr = f"({expr}).to({tl_dtype(out.dtype)})"
