@@ -17,12 +17,9 @@ import triton_vs_pallas as tvp  # noqa: E402
 def main():
   import pallax
   import pallax.triton as plt_
-  from jax.experimental import pallas as jpl
   from jax.experimental.pallas import triton as jplt
 
-  JP = type("JP", (), {"BlockSpec": staticmethod(jpl.BlockSpec)})
-  JP.pallas_call = staticmethod(lambda *a, compiler_params=None, **kw: jpl.pallas_call(
-      *a, compiler_params=compiler_params or jplt.CompilerParams(), **kw))
+  JP = tvp.jax_pallas()
   keys = jax.random.split(jax.random.key(7), 3)
   x = jax.random.normal(keys[0], (16384, 8192), jnp.float32)
   w, b = (jax.random.normal(k, (1, 8192), jnp.float32) for k in keys[1:])

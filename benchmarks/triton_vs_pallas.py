@@ -175,6 +175,19 @@ def time_calls(fns: dict, args, n=10, rounds=15):
           for k, v in samples.items()}
 
 
+def jax_pallas():
+  """JAX Pallas on its Triton backend, as a module-like namespace for the kernels above."""
+  from jax.experimental import pallas as jpl
+  from jax.experimental.pallas import triton as jplt
+  JP = type("JP", (), {})
+  for n in ("BlockSpec", "ds", "program_id"):
+    setattr(JP, n, staticmethod(getattr(jpl, n)))
+  # JAX 0.11 picks the Triton backend from Triton compiler params.
+  JP.pallas_call = staticmethod(lambda *a, compiler_params=None, **kw: jpl.pallas_call(
+      *a, compiler_params=compiler_params or jplt.CompilerParams(), **kw))
+  return JP
+
+
 def device_times(fns: dict, args, n=10, rounds=7):
   """Median GPU time per call of each function, from a profiler trace: the summed durations of
   the device operations (kernels, copies) that a batch of ``n`` calls ran, over ``n``. Unlike
@@ -225,15 +238,9 @@ def main():
 
   import pallax
   import pallax.triton as plt_
-  from jax.experimental import pallas as jpl
   from jax.experimental.pallas import triton as jplt
 
-  JP = type("JP", (), {})  # JAX Pallas, Triton backend
-  for n in ("BlockSpec", "ds", "program_id"):
-    setattr(JP, n, staticmethod(getattr(jpl, n)))
-  # JAX 0.11 picks the Triton backend from Triton compiler params.
-  JP.pallas_call = staticmethod(lambda *a, compiler_params=None, **kw: jpl.pallas_call(
-      *a, compiler_params=compiler_params or jplt.CompilerParams(), **kw))
+  JP = jax_pallas()
 
   small = opts.small
   key = iter(jax.random.split(jax.random.key(int(time.time())), 64))
