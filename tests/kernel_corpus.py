@@ -642,6 +642,53 @@ def _(interpret):
       interpret=interpret)(x))
 
 
+def _clamp_args(k):
+  x, lo = (jax.random.normal(kk, (8, 40), jnp.float32) for kk in jax.random.split(k))
+  return x.at[1, 3].set(jnp.nan).at[7, 39].set(jnp.nan), (lo - 1).at[2, 5].set(jnp.nan)
+
+
+def _clamp_kernel(x_ref, lo_ref, o_ref, i_ref):
+  x = x_ref[...]
+  o_ref[0] = lax.clamp(-0.5, x, 0.5)                   # NaN in x stays NaN
+  o_ref[1] = lax.clamp(lo_ref[...], x, lo_ref[...] + 1.0)   # NaN in a bound gives NaN
+  i_ref[...] = lax.clamp(-3, (jnp.nan_to_num(x) * 4).astype(jnp.int32), 2)
+
+
+@case("clamp_nan_and_ints", _clamp_args, tol=0)
+def _(interpret):
+  return jax.jit(lambda x, lo: pl.pallas_call(
+      _clamp_kernel, out_shape=(S((2, 8, 40), jnp.float32), S((8, 40), jnp.int32)),
+      interpret=interpret)(x, lo))
+
+
+def _div_edges_args(k):
+  k1, k2, k3 = jax.random.split(k, 3)
+  x = jax.random.randint(k1, (6, 30), -60, 60, jnp.int32).at[0, :4].set(np.iinfo(np.int32).min)
+  y = jax.random.randint(k2, (6, 30), -4, 5, jnp.int32).at[0, :3].set(jnp.array([-1, 0, 3]))
+  f = jax.random.normal(k3, (6, 30), jnp.float32).at[1, :3].set(jnp.array([jnp.nan, -0.0, 0.0]))
+  return x, y.at[1, 5].set(0), f
+
+
+def _div_edges_kernel(x_ref, y_ref, f_ref, i_ref, u_ref, b_ref, s_ref):
+  x, y = x_ref[...], y_ref[...]
+  i_ref[0] = lax.div(x, y)            # x // 0 = -1, MIN // -1 = MIN
+  i_ref[1] = lax.rem(x, y)            # x % 0 = x, MIN % -1 = 0
+  i_ref[2] = x // 3 + x % -4          # literal divisors (jnp: floor division)
+  xu, yu = x.astype(jnp.uint32), jnp.abs(y).astype(jnp.uint32)
+  u_ref[0] = lax.div(xu, yu)          # x // 0 = all ones
+  u_ref[1] = lax.rem(xu, yu)
+  b_ref[...] = lax.div(x.astype(jnp.int8), y.astype(jnp.int8))
+  s_ref[...] = jnp.sign(f_ref[...])   # NaN, -0.0 and 0.0 are their own sign
+
+
+@case("int_div_rem_by_zero_and_sign", _div_edges_args, tol=0)
+def _(interpret):
+  return jax.jit(lambda x, y, f: pl.pallas_call(
+      _div_edges_kernel, out_shape=(S((3, 6, 30), jnp.int32), S((2, 6, 30), jnp.uint32),
+                                    S((6, 30), jnp.int8), S((6, 30), jnp.float32)),
+      interpret=interpret)(x, y, f))
+
+
 # --- x.at[...].set / .add on values: one window written through scratch --------------------------
 
 def _scatter_kernel(x_ref, o_ref):

@@ -143,3 +143,31 @@ def test_argmax_argmin_pick_the_first_nan_as_lax_does():
   assert list(rows[0][:5]) == [7, 0, 0, 40, 49]
   a = plgpu.lower(case.build(False), x, compute_capability=90)[0]
   assert "_argmax" in a.source and "tl.argmax(" not in a.source
+
+
+def test_clamp_keeps_nan_as_lax_does():
+  case = by_name("clamp_nan_and_ints")
+  x, lo = case.args(jax.random.key(2))
+  f, i = case.build(True)(x, lo)
+  xn, lon = np.asarray(x), np.asarray(lo)
+  np.testing.assert_array_equal(f[0], np.minimum(np.maximum(xn, -0.5), 0.5))   # NumPy's also keep NaN
+  np.testing.assert_array_equal(f[1], np.minimum(np.maximum(xn, lon), lon + 1))
+  assert np.isnan(f[0][1, 3]) and np.isnan(f[1][2, 5])
+  np.testing.assert_array_equal(i, np.clip((np.nan_to_num(xn) * 4).astype(np.int32), -3, 2))
+  src = plgpu.lower(case.build(False), x, lo, compute_capability=90)[0].source
+  assert src.count("propagate_nan=tl.PropagateNan.ALL") >= 4
+
+
+def test_integer_division_by_zero_and_sign_follow_lax():
+  case = by_name("int_div_rem_by_zero_and_sign")
+  x, y, f = case.args(jax.random.key(4))
+  got = case.build(True)(x, y, f)
+  xn, yn = np.asarray(x), np.asarray(y)
+  assert got[0][0][0, 0] == np.iinfo(np.int32).min and got[0][0][0, 1] == -1   # MIN // -1, MIN // 0
+  assert got[0][1][0, 0] == 0 and got[0][1][0, 1] == xn[0, 1]                  # MIN % -1, x % 0
+  assert np.asarray(got[1][0])[np.abs(yn) == 0].tolist() == [2**32 - 1] * int((yn == 0).sum())
+  np.testing.assert_array_equal(got[0][2], xn // 3 + xn % -4)   # jnp // and % floor, as NumPy
+  s = np.asarray(got[3])
+  assert np.isnan(s[1, 0]) and np.signbit(s[1, 1]) and s[1, 2] == 0 and not np.signbit(s[1, 2])
+  src = plgpu.lower(case.build(False), x, y, f, compute_capability=90)[0].source
+  assert "x_ref" in src and "== -1" in src

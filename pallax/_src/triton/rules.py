@@ -50,18 +50,36 @@ for _p, _op in _BINARY_OPS.items():
   RULES[_p] = (lambda op: lambda cg, eqn, x, y: _out(cg, f"{x.expr} {op} {y.expr}", eqn))(_op)
 
 
+def _int_div_rem(cg, x, y, op: str) -> str:
+  """Integer x // y or x % y (Triton's truncate, like lax's). Where C leaves the answer undefined,
+  lax defines it, and so do we: x // 0 = -1 (all ones), x % 0 = x, MIN // -1 = MIN, MIN % -1 = 0."""
+  try:
+    if int(y.expr) not in (0, -1):
+      return f"{x.expr} {op} {y.expr}"    # a literal divisor needs no guard
+  except ValueError:
+    pass
+  dtype, d = jnp.dtype(x.dtype), tl_dtype(x.dtype)
+  xt, yt = cg.tensor(x), cg.tensor(y)
+  signed = jnp.issubdtype(dtype, jnp.signedinteger)
+  bad = f"({yt} == 0) | (({xt} == {jnp.iinfo(dtype).min}) & ({yt} == -1))" if signed else f"{yt} == 0"
+  quotient = f"{xt} {op} tl.where({bad}, 1, {yt}).to({d})"
+  if op == "%":
+    return f"tl.where({yt} == 0, {xt}, {quotient})"
+  return f"tl.where({yt} == 0, tl.full([], {-1 if signed else jnp.iinfo(dtype).max}, {d}), {quotient})"
+
+
 @rule(lax.div_p)
 def _div(cg, eqn, x, y):
   if _is_float(x.dtype):
     return _out(cg, f"{x.expr} / {y.expr}", eqn)
-  return _out(cg, f"{x.expr} // {y.expr}", eqn)   # Triton's integer // truncates, like lax.div
+  return _out(cg, _int_div_rem(cg, x, y, "//"), eqn)
 
 
 @rule(lax.rem_p)
 def _rem(cg, eqn, x, y):
   if _is_float(x.dtype):
     return _out(cg, cg.f32_math("libdevice.fmod({0}, {1})", x, y), eqn)
-  return _out(cg, f"{x.expr} % {y.expr}", eqn)
+  return _out(cg, _int_div_rem(cg, x, y, "%"), eqn)
 
 
 @rule(lax.max_p, lax.min_p)
@@ -142,7 +160,10 @@ def _abs(cg, eqn, x):
 @rule(lax.sign_p)
 def _sign(cg, eqn, x):
   d, t = tl_dtype(x.dtype), cg.tensor(x)
-  return _out(cg, f"(({t} > 0).to({d}) - ({t} < 0).to({d}))", eqn)
+  expr = f"(({t} > 0).to({d}) - ({t} < 0).to({d}))"
+  if _is_float(x.dtype):   # NaN, -0.0 and 0.0 are their own sign, as in lax
+    expr = f"tl.where(({t} == 0) | ({t} != {t}), {t}, {expr})"
+  return _out(cg, expr, eqn)
 
 
 @rule(lax.is_finite_p)
@@ -189,7 +210,8 @@ def _select_n(cg, eqn, pred, *cases):
 
 @rule(lax.clamp_p)
 def _clamp(cg, eqn, lo, x, hi):
-  return _out(cg, f"tl.minimum(tl.maximum({x.expr}, {lo.expr}), {hi.expr})", eqn)
+  nan = ", propagate_nan=tl.PropagateNan.ALL" if _is_float(x.dtype) else ""   # NaN stays NaN, as in lax
+  return _out(cg, f"tl.minimum(tl.maximum({x.expr}, {lo.expr}{nan}), {hi.expr}{nan})", eqn)
 
 
 @rule(lax.convert_element_type_p)
