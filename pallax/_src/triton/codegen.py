@@ -73,7 +73,7 @@ def _min(a, b):
 
 @triton.jit
 def _argmax(a, i, b, j):
-    # The first NaN wins, else the first largest value, as in lax.argmax (tl.argmax skips NaN)
+    # NaN wins (the first one), else the first largest value: lax.argmax's rule (tl.argmax skips NaN)
     a_nan = a != a
     b_nan = b != b
     first = i < j
