@@ -26,6 +26,12 @@ VARIANTS = {  # name -> (source edits, extra triton options; "_smem": launch wit
   "nodebug": ([], {"_strip": True}),
   "smem50k": ([], {"_smem": 50 * 1024}),   # 4 CTAs/SM, as JAX Pallas's kernel gets (56 registers)
   "smem70k": ([], {"_smem": 70 * 1024}),   # 3 CTAs/SM
+  # cache hints: the output is written once and not read back here, the input read once
+  "st_cs": ([(", v3)", ", v3, cache_modifier='.cs')")], {}),
+  "st_evf": ([(", v3)", ", v3, eviction_policy='evict_first')")], {}),
+  "ld_cg": ([("[None, :])\n", "[None, :], cache_modifier='.cg')\n")], {}),
+  "ldst_cs": ([("[None, :])\n", "[None, :], cache_modifier='.cs')\n"),
+               (", v3)", ", v3, cache_modifier='.cs')")], {}),
 }
 current = {}
 orig_compile = pc._compile

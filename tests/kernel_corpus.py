@@ -689,6 +689,34 @@ def _(interpret):
       interpret=interpret)(x, y, f))
 
 
+def _shift_args(k):
+  k1, k2 = jax.random.split(k)
+  x = jax.random.randint(k1, (5, 36), -2**31, 2**31 - 1, jnp.int32).at[0, :2].set(jnp.array([-7, 7]))
+  s = jax.random.randint(k2, (5, 36), -3, 41, jnp.int32)
+  return x, s.at[0, :6].set(jnp.array([0, 31, 32, 33, -1, 40]))
+
+
+def _shift_kernel(x_ref, s_ref, i_ref, u_ref, b_ref):
+  x, s = x_ref[...], s_ref[...]
+  i_ref[0] = lax.shift_left(x, s)                   # s >= 32 or s < 0: 0
+  i_ref[1] = lax.shift_right_logical(x, s)          # likewise
+  i_ref[2] = lax.shift_right_arithmetic(x, s)       # the sign
+  i_ref[3] = (x << 3) + (x >> 35)                   # literal amounts, in range and not
+  xu, su = x.astype(jnp.uint32), s.astype(jnp.uint32)
+  u_ref[0] = lax.shift_right_arithmetic(xu, su)     # shifts in the top bit, as lax does
+  u_ref[1] = lax.shift_left(xu, su) ^ lax.shift_right_logical(xu, su)
+  b_ref[...] = lax.shift_right_arithmetic(x.astype(jnp.int8), (s // 4).astype(jnp.int8)) + \
+      lax.shift_left(x.astype(jnp.int8), (s // 4).astype(jnp.int8))
+
+
+@case("int_shifts_out_of_range", _shift_args, tol=0)
+def _(interpret):
+  return jax.jit(lambda x, s: pl.pallas_call(
+      _shift_kernel, out_shape=(S((4, 5, 36), jnp.int32), S((2, 5, 36), jnp.uint32),
+                                S((5, 36), jnp.int8)),
+      interpret=interpret)(x, s))
+
+
 # --- x.at[...].set / .add on values: one window written through scratch --------------------------
 
 def _scatter_kernel(x_ref, o_ref):

@@ -173,3 +173,40 @@ def test_integer_division_by_zero_and_sign_follow_lax():
   assert np.isnan(s[1, 0]) and np.signbit(s[1, 1]) and s[1, 2] == 0 and not np.signbit(s[1, 2])
   src = plgpu.lower(case.build(False), x, y, f, compute_capability=90)[0].source
   assert "x // 3\n" in src and "(y == 0) | ((x == -2147483648) & (y == -1))" in src   # guarded only when needed
+
+
+def _np_shift(x, s, kind):
+  """lax's shift semantics, in NumPy: amounts outside [0, bits) give 0 (the sign for arithmetic)."""
+  bits = x.dtype.itemsize * 8
+  ok = (s >= 0) & (s < bits)
+  sc = np.where(ok, s, 0).astype(x.dtype)
+  signed = x.view(np.dtype(f"i{x.dtype.itemsize}"))
+  unsigned = x.view(np.dtype(f"u{x.dtype.itemsize}"))
+  if kind == "left":
+    return np.where(ok, x << sc, 0).astype(x.dtype)
+  if kind == "logical":
+    return np.where(ok, unsigned >> sc.view(unsigned.dtype), 0).view(x.dtype)
+  return np.where(ok, signed >> sc.view(signed.dtype), signed >> (bits - 1)).view(x.dtype)
+
+
+def test_shifts_out_of_range_follow_lax():
+  case = by_name("int_shifts_out_of_range")
+  x, s = case.args(jax.random.key(5))
+  got = case.build(True)(x, s)
+  xn, sn = np.asarray(x), np.asarray(s)
+  for out, kind in zip(got[0][:3], ("left", "logical", "arith")):
+    np.testing.assert_array_equal(out, _np_shift(xn, sn, kind))
+  np.testing.assert_array_equal(got[0][3], (xn << 3) + (xn >> 31))
+  xu = xn.view(np.uint32)
+  np.testing.assert_array_equal(got[1][0], _np_shift(xu, sn, "arith"))
+  np.testing.assert_array_equal(got[1][1], _np_shift(xu, sn, "left") ^ _np_shift(xu, sn, "logical"))
+  x8, s8 = xn.astype(np.int8), (sn // 4).astype(np.int8)
+  np.testing.assert_array_equal(got[2], (_np_shift(x8, s8, "arith") + _np_shift(x8, s8, "left")))
+  i = np.asarray(got[0])
+  assert i[2][0, 0] == -7 and i[0][0, 2] == 0 and i[2][0, 4] == (-1 if xn[0, 4] < 0 else 0)   # by 0, 32, -1
+  src = plgpu.lower(case.build(False), x, s, compute_capability=90)[0].source
+  body = src[src.rindex("@triton.jit"):]
+  assert "= x << 3\n" in body and "= x >> 31\n" in body          # literals: unguarded, or folded
+  assert body.count("< 32,") == 4 and body.count("< 8,") == 1     # shl and shr_logical, guarded
+  assert "x >> tl.minimum(s.to(tl.uint32, bitcast=True), 31).to(tl.int32)\n" in body   # arithmetic
+  assert ".to(tl.int32, bitcast=True) >> tl.minimum(" in body     # on an unsigned value: signed

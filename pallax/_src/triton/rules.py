@@ -38,7 +38,7 @@ def _low_float(dtype) -> bool:
 
 _BINARY_OPS = {lax.add_p: "+", lax.sub_p: "-", lax.mul_p: "*", lax.and_p: "&", lax.or_p: "|",
                lax.xor_p: "^", lax.eq_p: "==", lax.ne_p: "!=", lax.lt_p: "<", lax.le_p: "<=",
-               lax.gt_p: ">", lax.ge_p: ">=", lax.shift_left_p: "<<"}
+               lax.gt_p: ">", lax.ge_p: ">="}
 
 
 def _out(cg, expr, eqn, hint="v"):
@@ -89,15 +89,54 @@ def _max_min(cg, eqn, x, y):
   return _out(cg, f"{fn}({x.expr}, {y.expr}{nan})", eqn)
 
 
+def _shift(cg, eqn, x, y, op: str, signed: bool | None = None):
+  """lax's shifts, which define what C leaves undefined: a shift by the bit width or more (or by
+  a negative amount) gives 0, or the sign for an arithmetic right shift; an arithmetic right
+  shift of an unsigned value still shifts in its top bit. ``signed`` is the integer kind the
+  shift needs (None: either). Literal amounts in range are unguarded."""
+  dtype = jnp.dtype(x.dtype)
+  bits = dtype.itemsize * 8
+  xt, work = cg.tensor(x), tl_dtype(dtype)
+  if signed is not None and signed != jnp.issubdtype(dtype, jnp.signedinteger):
+    work = f"tl.{'' if signed else 'u'}int{bits}"
+    xt = f"{xt}.to({work}, bitcast=True)"
+  try:
+    literal = int(y.expr)
+  except ValueError:
+    literal = None
+  if literal is not None and 0 <= literal < bits:
+    expr = f"{xt} {op} {literal}"
+  elif literal is not None:                        # out of range: the sign, or 0
+    expr = f"{xt} >> {bits - 1}" if signed else f"tl.zeros_like({xt})"
+  else:
+    yt = cg.tensor(y)
+    if jnp.issubdtype(y.dtype, jnp.signedinteger):
+      yt = f"{yt}.to(tl.uint{bits}, bitcast=True)"   # a negative amount is out of range too
+    amount = f"tl.minimum({yt}, {bits - 1})"
+    if not work.startswith("tl.uint"):
+      amount += f".to({work})"                       # else Triton would shift unsigned
+    if signed:                                       # shifting by bits - 1 leaves the sign
+      expr = f"{xt} {op} {amount}"
+    else:
+      expr = f"tl.where({yt} < {bits}, {xt} {op} {amount}, 0)"
+  if xt != cg.tensor(x):
+    expr = f"({expr}).to({tl_dtype(dtype)}, bitcast=True)"
+  return _out(cg, expr, eqn)
+
+
+@rule(lax.shift_left_p)
+def _shl(cg, eqn, x, y):
+  return _shift(cg, eqn, x, y, "<<")
+
+
 @rule(lax.shift_right_logical_p)
 def _shr_logical(cg, eqn, x, y):
-  unsigned = {1: "tl.uint8", 2: "tl.uint16", 4: "tl.uint32", 8: "tl.uint64"}[jnp.dtype(x.dtype).itemsize]
-  return _out(cg, f"({x.expr}.to({unsigned}, bitcast=True) >> {y.expr}).to({tl_dtype(x.dtype)}, bitcast=True)", eqn)
+  return _shift(cg, eqn, x, y, ">>", signed=False)
 
 
 @rule(lax.shift_right_arithmetic_p)
 def _shr_arith(cg, eqn, x, y):
-  return _out(cg, f"{x.expr} >> {y.expr}", eqn)
+  return _shift(cg, eqn, x, y, ">>", signed=True)
 
 
 @rule(lax.neg_p)
