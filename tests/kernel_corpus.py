@@ -30,9 +30,9 @@ class Case:
 CASES: list[Case] = []
 
 
-def case(name, args, tol=1e-6):
+def case(name, args, tol=1e-6, min_cc=80):
   def register(build):
-    CASES.append(Case(name, build, args, tol))
+    CASES.append(Case(name, build, args, tol, min_cc))
     return build
   return register
 
@@ -715,6 +715,35 @@ def _(interpret):
       _shift_kernel, out_shape=(S((4, 5, 36), jnp.int32), S((2, 5, 36), jnp.uint32),
                                 S((5, 36), jnp.int8)),
       interpret=interpret)(x, s))
+
+
+_CAST_EDGES = [np.nan, np.inf, -np.inf, 1e9, -1e9, 300.0, -300.0, 255.5, -128.9, 127.5, -0.7, 440.0, 448.0,
+               456.0, 464.0, 465.0, -470.0, 57344.0, 60000.0, 61439.0, 61440.0, -65000.0, 2.0**-10]
+
+
+def _cast_edges_args(k):
+  x = jax.random.normal(k, (4, 40), jnp.float32) * 200
+  return (x.at[0, :len(_CAST_EDGES)].set(jnp.array(_CAST_EDGES, jnp.float32)),)
+
+
+def _cast_edges_kernel(x_ref, i8_ref, u8_ref, e4_ref, e5_ref, h_ref):
+  x = x_ref[...]
+  xs = (x, x.astype(jnp.bfloat16), x.astype(jnp.float16))
+  for i, v in enumerate(xs):                     # lax saturates, NaN -> 0
+    i8_ref[i], u8_ref[i] = v.astype(jnp.int8), v.astype(jnp.uint8)
+  for i, v in enumerate(xs + ((x * 3).astype(jnp.int32),)):   # overflow -> NaN / inf
+    e4_ref[i], e5_ref[i] = v.astype(jnp.float8_e4m3fn), v.astype(jnp.float8_e5m2)
+  h_ref[0] = x.astype(jnp.float8_e5m2).astype(jnp.int8)        # from fp8: through f32
+  h_ref[1] = x.astype(jnp.float8_e4m3fn).astype(jnp.float8_e5m2).astype(jnp.int8)
+
+
+@case("cast_saturation_and_fp8_overflow", _cast_edges_args, tol=0, min_cc=89)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _cast_edges_kernel, out_shape=(S((3, 4, 40), jnp.int8), S((3, 4, 40), jnp.uint8),
+                                     S((4, 4, 40), jnp.float8_e4m3fn), S((4, 4, 40), jnp.float8_e5m2),
+                                     S((2, 4, 40), jnp.int8)),
+      interpret=interpret)(x))
 
 
 # --- x.at[...].set / .add on values: one window written through scratch --------------------------

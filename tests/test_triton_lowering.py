@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import pallax.triton as plgpu
+import kernel_corpus as kc
 from kernel_corpus import CASES, by_name, matmul_inner_loop
 
 
@@ -210,3 +211,45 @@ def test_shifts_out_of_range_follow_lax():
   assert body.count("< 32,") == 4 and body.count("< 8,") == 1     # shl and shr_logical, guarded
   assert "x >> tl.minimum(s.to(tl.uint32, bitcast=True), 31).to(tl.int32)\n" in body   # arithmetic
   assert ".to(tl.int32, bitcast=True) >> tl.minimum(" in body     # on an unsigned value: signed
+
+
+def test_casts_saturate_and_fp8_overflows_as_lax():
+  case = by_name("cast_saturation_and_fp8_overflow")
+  (x,) = case.args(jax.random.key(6))
+  i8, u8, e4, e5, via = (np.asarray(o) for o in case.build(True)(x))
+  edges = np.array(kc._CAST_EDGES, np.float32)
+  n = len(edges)
+  sat = lambda lo, hi: np.where(np.isnan(edges), 0, np.trunc(np.clip(np.nan_to_num(edges), lo, hi)))
+  np.testing.assert_array_equal(i8[0, 0, :n], sat(-128, 127))
+  np.testing.assert_array_equal(u8[0, 0, :n], sat(0, 255))
+  e4_0, e5_0 = e4[0, 0, :n].astype(np.float32), e5[0, 0, :n].astype(np.float32)
+  assert np.isnan(e4_0[edges.tolist().index(465.0)]) and e4_0[edges.tolist().index(464.0)] == 448
+  assert np.isnan(e4_0[1]) and np.isnan(e4_0[3])                  # e4m3fn has no inf: NaN
+  assert e5_0[edges.tolist().index(61439.0)] == 57344 and np.isposinf(e5_0[edges.tolist().index(61440.0)])
+  assert np.isneginf(e5_0[edges.tolist().index(-65000.0)])
+  for cc, rtz in ((89, 6), (90, 0)):   # before Hopper: f32 -> fp8 rounds to odd in f16 first
+    src = plgpu.lower(case.build(False), x, compute_capability=cc)[0].source
+    body = src[src.rindex("@triton.jit"):]
+    assert body.count('fp_downcast_rounding="rtz"') == rtz, cc
+    assert body.count("<= 464.0") == 5 and body.count(">= 61440.0") == 6
+    assert body.count("tl.minimum(tl.maximum(") == 8
+
+
+def test_rounding_to_odd_in_f16_then_to_fp8_rounds_f32_once():
+  # The sm_80/89 conversion above, in NumPy: truncate f32 to f16, set the last bit when inexact,
+  # round to fp8. It must give what one rounding of the f32 value gives (ml_dtypes).
+  rng = np.random.default_rng(0)
+  for dt in (jnp.float8_e4m3fn, jnp.float8_e5m2):
+    grid = np.array(np.arange(256, dtype=np.uint8).view(dt), np.float32)
+    grid = grid[np.isfinite(grid)]
+    mids = (np.sort(grid)[1:] + np.sort(grid)[:-1]) / 2
+    x = np.concatenate([mids, np.nextafter(mids, np.inf), np.nextafter(mids, -np.inf),
+                        mids * (1 + 2.0**-12), mids * (1 - 2.0**-12),
+                        rng.standard_normal(20000).astype(np.float32) * 100]).astype(np.float32)
+    x = x[np.abs(x) < 400]                                   # overflow is handled separately
+    h = x.astype(np.float16)
+    h = np.where(np.abs(h.astype(np.float32)) > np.abs(x), np.nextafter(h, np.float16(0)), h)   # rtz
+    odd = (h.view(np.int16) | (h.astype(np.float32) != x).astype(np.int16)).view(np.float16)
+    np.testing.assert_array_equal(np.asarray(odd.astype(dt), np.float32), np.asarray(x.astype(dt), np.float32))
+    plain = h.astype(dt)                                     # without the odd bit: it goes wrong
+    assert (np.asarray(plain, np.float32) != np.asarray(x.astype(dt), np.float32)).any()

@@ -263,7 +263,41 @@ def _convert(cg, eqn, x):
   if jnp.dtype(new).itemsize == 1 and _is_float(new) and cg.compute_capability < 89:
     raise NotImplementedError(f"conversion to {jnp.dtype(new).name} needs compute capability 8.9 "
                               f"or newer (this target is sm_{cg.compute_capability})")
-  return _out(cg, f"{cg.tensor(x)}.to({tl_dtype(new)})", eqn)
+  src, new = jnp.dtype(x.dtype), jnp.dtype(new)
+  if _is_float(new) and new.itemsize == 1:
+    return _out(cg, _to_fp8(cg, x, new), eqn)
+  xt = cg.tensor(x)
+  if _is_float(src) and new.itemsize == 1:
+    # The GPU converts to 16 bits and truncates (300.0 -> 44); lax saturates and maps NaN to 0.
+    if src.itemsize == 1:
+      xt = cg.bind(f"{xt}.to(tl.float32)", x.shape, jnp.float32, "f").expr
+    lo, hi = jnp.iinfo(new).min, jnp.iinfo(new).max
+    xt = f"tl.where({xt} == {xt}, tl.minimum(tl.maximum({xt}, {lo}.0), {hi}.0), 0)"
+  return _out(cg, f"{xt}.to({tl_dtype(new)})", eqn)
+
+
+def _to_fp8(cg, x: Val, new) -> str:
+  """Triton's fp8 conversions saturate (500.0 -> 448); lax's overflow as the format does:
+  to NaN for e4m3fn (no infinities; above 464 rounds past the largest value, 448), to +-inf for
+  e5m2 (from 61440, half way between its largest value, 57344, and 2**16)."""
+  e4m3 = new == jnp.dtype(jnp.float8_e4m3fn)
+  d = "tl.float8e4nv" if e4m3 else "tl.float8e5"
+  v = x
+  if not _is_float(x.dtype) or jnp.dtype(x.dtype).itemsize == 1:
+    v = cg.bind(f"{cg.tensor(x)}.to(tl.float32)", x.shape, jnp.float32, "f")
+  if e4m3:
+    v = cg.bind(f"tl.where(tl.abs({v.expr}) <= 464.0, {cg.tensor(v)}, NAN)", x.shape, v.dtype, "f")
+  if cg.compute_capability < 90 and v.dtype == jnp.float32 and jnp.dtype(x.dtype).itemsize > 1:
+    # Before Hopper, Triton converts f32 to f16 rounding towards zero, then to fp8: rounded
+    # twice, a value just past half way between two fp8 values can go the wrong way. Rounding
+    # to odd in f16 (setting the last bit when the first step was inexact) keeps it right.
+    h = cg.bind(f'{v.expr}.to(tl.float16, fp_downcast_rounding="rtz")', x.shape, jnp.float16, "h")
+    v = cg.bind(f"({h.expr}.to(tl.int16, bitcast=True) | ({h.expr}.to(tl.float32) != {v.expr})"
+                f".to(tl.int16)).to(tl.float16, bitcast=True)", x.shape, jnp.float16, "h")
+  if e4m3:
+    return f"{v.expr}.to({d})"
+  inf = f"tl.where({v.expr} > 0, 0x7C, 0xFC).to(tl.uint8).to({d}, bitcast=True)"
+  return f"tl.where(tl.abs({v.expr}) >= 61440.0, {inf}, {v.expr}.to({d}))"
 
 
 @rule(lax.bitcast_convert_type_p)
