@@ -190,7 +190,7 @@ class Codegen:
 
   def tensor(self, v: Val) -> str:
     """An expression that is a Triton tensor (Python literals are wrapped)."""
-    if re.fullmatch(r"-?[\d.e+-]+|True|False", v.expr):
+    if re.fullmatch(r"-?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?|True|False", v.expr):   # not a name like e4
       return f"tl.full([], {v.expr}, {tl_dtype(v.dtype)})"
     return v.expr if re.fullmatch(r"\w+", v.expr) else f"({v.expr})"
 
@@ -332,7 +332,8 @@ class Codegen:
     hint = hint or ref.ptr.removesuffix("_ref").removesuffix("_ptr") or "x"
     args = f"{ref.ptr} + {offs}" if offs != "0" else ref.ptr
     if mask is not None:
-      o = other.expr if other is not None else ("0" if ref.dtype != jnp.bool_ else "False")
+      o = other.expr if other is not None else (
+          "False" if ref.dtype == jnp.bool_ else "0.0" if jnp.issubdtype(ref.dtype, jnp.floating) else "0")
       args += f", mask={mask}, other={o}"
     args += _hints(cache_modifier=cache, eviction_policy=evict)
     self.max_numel = max(self.max_numel, math.prod(pow2(s) for s in shape))
