@@ -749,6 +749,25 @@ def _(interpret):
       interpret=interpret)(*a))
 
 
+_BIT_DTYPES = (jnp.int8, jnp.uint8, jnp.int16, jnp.uint16, jnp.int32, jnp.uint32)
+
+
+def _bit_args(k):
+  x = jax.random.randint(k, (3, 33), -2**31, 2**31 - 1, jnp.int32).at[0, :4].set(jnp.array([0, -1, 1, -2**31]))
+  return tuple(x.astype(d) for d in _BIT_DTYPES)
+
+
+def _bit_kernel(*refs):
+  for x_ref, p_ref, c_ref in zip(refs[:6], refs[6:12], refs[12:]):
+    p_ref[...], c_ref[...] = lax.population_count(x_ref[...]), lax.clz(x_ref[...])
+
+
+@case("popcount_clz_narrow_and_unsigned", _bit_args, tol=0)
+def _(interpret):
+  outs = [S((3, 33), d) for d in _BIT_DTYPES] * 2
+  return jax.jit(lambda *a: pl.pallas_call(_bit_kernel, out_shape=outs, interpret=interpret)(*a))
+
+
 # --- x.at[...].set / .add on values: one window written through scratch --------------------------
 
 def _scatter_kernel(x_ref, o_ref):

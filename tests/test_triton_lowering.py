@@ -253,3 +253,18 @@ def test_rounding_to_odd_in_f16_then_to_fp8_rounds_f32_once():
     np.testing.assert_array_equal(np.asarray(odd.astype(dt), np.float32), np.asarray(x.astype(dt), np.float32))
     plain = h.astype(dt)                                     # without the odd bit: it goes wrong
     assert (np.asarray(plain, np.float32) != np.asarray(x.astype(dt), np.float32)).any()
+
+
+def test_popcount_and_clz_count_the_dtype_bits():
+  case = by_name("popcount_clz_narrow_and_unsigned")
+  args = case.args(jax.random.key(7))
+  got = [np.asarray(o) for o in case.build(True)(*args)]
+  for x, pop, clz in zip(args, got[:6], got[6:]):
+    u = np.asarray(x).view(np.dtype(f"u{x.dtype.itemsize}")).astype(np.uint64)
+    bits = x.dtype.itemsize * 8
+    np.testing.assert_array_equal(pop, np.bitwise_count(u).astype(x.dtype))
+    length = np.array([int(v).bit_length() for v in u.ravel()]).reshape(u.shape)
+    np.testing.assert_array_equal(clz, (bits - length).astype(x.dtype))
+  src = plgpu.lower(case.build(False), *args, compute_capability=90)[0].source
+  body = src[src.rindex("@triton.jit"):]
+  assert body.count("libdevice.popc(") == 6 and body.count(" - 24)") == 2 and body.count(" - 16)") == 2

@@ -224,14 +224,21 @@ def _integer_pow(cg, eqn, x):
   return _out(cg, f"1.0 / ({acc})" if y < 0 else acc, eqn)
 
 
-@rule(lax.population_count_p)
-def _popc(cg, eqn, x):
-  return _out(cg, f"libdevice.popc({x.expr})", eqn)
-
-
-@rule(lax.clz_p)
-def _clz(cg, eqn, x):
-  return _out(cg, f"libdevice.clz({x.expr})", eqn)
+@rule(lax.population_count_p, lax.clz_p)
+def _bit_count(cg, eqn, x):
+  # libdevice counts 32 or 64 bits of a signed int: narrower values are zero-extended first
+  dtype = jnp.dtype(x.dtype)
+  bits, xt = dtype.itemsize * 8, cg.tensor(x)
+  signed = jnp.issubdtype(dtype, jnp.signedinteger)
+  if bits < 32:
+    xt = f"{xt}.to(tl.uint{bits}, bitcast=True).to(tl.int32)" if signed else f"{xt}.to(tl.int32)"
+  elif not signed:
+    xt = f"{xt}.to(tl.int{bits}, bitcast=True)"
+  fn = "popc" if eqn.primitive is lax.population_count_p else "clz"
+  expr = f"libdevice.{fn}({xt})"
+  if fn == "clz" and bits < 32:
+    expr = f"({expr} - {32 - bits})"
+  return _out(cg, expr if dtype == jnp.int32 else f"{expr}.to({tl_dtype(dtype)})", eqn)
 
 
 @rule(lax.select_n_p)
