@@ -10,7 +10,6 @@ it patches pallax internals.
 """
 import dataclasses, os, sys, time, zlib
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import numpy as np
 import jax, jax.numpy as jnp
 import triton_vs_pallas as tvp
 import pallax, pallax.triton as plt_
