@@ -768,6 +768,120 @@ def _(interpret):
   return jax.jit(lambda *a: pl.pallas_call(_bit_kernel, out_shape=outs, interpret=interpret)(*a))
 
 
+def _bitred_args(k):
+  k1, k2 = jax.random.split(k)
+  x = jax.random.randint(k1, (5, 7), -2**31, 2**31 - 1, jnp.int32).at[0].set(7)
+  small = jax.random.randint(k2, (5, 7), -3, 9, jnp.int32).at[1].set(100)
+  return x, small
+
+
+def _bitred_kernel(x_ref, s_ref, xor_ref, and_ref, b_ref, n_ref, c_ref, f_ref):
+  x, s = x_ref[...], s_ref[...]
+  xor_ref[0] = lax.reduce_xor(x, (1,))                      # axis of 7: padded to 8
+  xor_ref[1] = lax.reduce_xor(x.astype(jnp.uint32), (1,)).astype(jnp.int32)
+  and_ref[0] = lax.reduce_and(x | 0x0F0F, (1,))
+  and_ref[1] = lax.reduce_and(x.astype(jnp.uint16), (1,)).astype(jnp.int32)
+  b_ref[0] = lax.reduce_xor(x > 0, (1,))
+  b_ref[1] = lax.reduce_and(x != 3, (1,))
+  s8 = s.astype(jnp.int8)                                    # 7 x 100 wraps in int8
+  n_ref[0] = jnp.sum(s8, axis=1, dtype=jnp.int8).astype(jnp.int32)
+  n_ref[1] = jnp.sum(s.astype(jnp.uint8), axis=1, dtype=jnp.uint8).astype(jnp.int32)
+  c_ref[...] = jnp.cumsum(s8, axis=1, dtype=jnp.int8).astype(jnp.int32)
+  sb = s.astype(jnp.bfloat16)                                # small sums: exact in bf16
+  f_ref[0] = jnp.cumsum(sb, axis=1, dtype=jnp.bfloat16) * 1.01   # stored as bf16: XLA may keep
+  # excess precision in bf16 arithmetic that is converted to f32 straight away
+  sp = jnp.where(s > 4, 2.0, jnp.where(s > 1, 0.5, -1.0)).astype(jnp.bfloat16)   # exact products
+  f_ref[1] = lax.cumprod(sp, axis=1) * 1.01
+
+
+@case("bitwise_reductions_padded_and_narrow_sums", _bitred_args, tol=0)
+def _(interpret):
+  return jax.jit(lambda x, s: pl.pallas_call(
+      _bitred_kernel, out_shape=(S((2, 5), jnp.int32), S((2, 5), jnp.int32), S((2, 5), jnp.bool_),
+                                 S((2, 5), jnp.int32), S((5, 7), jnp.int32), S((2, 5, 7), jnp.bfloat16)),
+      interpret=interpret)(x, s))
+
+
+def _float_edges_args(k):
+  k1, k2 = jax.random.split(k)
+  x = jax.random.normal(k1, (4, 24), jnp.float32).at[0, :6].set(jnp.array([0.0, -0.0, jnp.inf, -jnp.inf, jnp.nan, 1.0]))
+  y = jax.random.normal(k2, (4, 24), jnp.float32).at[0, :8].set(jnp.array([1.0, -1.0, 0.0, 2.0, 1.0, jnp.nan, 3.0, -0.0]))
+  return x, y
+
+
+def _float_edges_kernel(x_ref, y_ref, o_ref, h_ref, b_ref, fin_ref):
+  x, y = x_ref[...], y_ref[...]
+  o_ref[0] = 1.0 / -x                                        # -(+0.0) is -0.0: -inf here
+  q = jnp.round(x * 4), 1 + jnp.abs(jnp.round(y * 4)) % 13   # small integers: no quotient near a tie
+  for n, (d, ref) in enumerate(((jnp.float16, h_ref), (jnp.bfloat16, b_ref))):
+    xd, yd = x.astype(d), y.astype(d)
+    ref[0] = q[0].astype(d) / q[1].astype(d)                 # a 16-bit result, not f32
+    ref[1] = lax.nextafter(xd, yd)                           # one step in f16/bf16
+    fin_ref[1 + n] = lax.is_finite(xd)
+  o_ref[1] = lax.nextafter(x, y)
+  fin_ref[0] = lax.is_finite(x)
+  o_ref[2] = x + lax.div(jnp.int32(-7), jnp.int32(2)) + lax.rem(jnp.int32(-7), jnp.int32(2)) + \
+      jnp.where(lax.add(jnp.int32(2**31 - 1), jnp.int32(1)) > 0, 100.0, 0.0)   # folded as lax does
+
+
+@case("float_edges_neg_zero_nextafter_is_finite", _float_edges_args, tol=0)
+def _(interpret):
+  return jax.jit(lambda x, y: pl.pallas_call(
+      _float_edges_kernel, out_shape=(S((3, 4, 24), jnp.float32), S((2, 4, 24), jnp.float16),
+                                      S((2, 4, 24), jnp.bfloat16), S((3, 4, 24), jnp.bool_)),
+      interpret=interpret)(x, y))
+
+
+def _narrow_index_args(k):
+  x = jax.random.normal(k, (8, 100), jnp.float32)
+  return x, jnp.array([5, 2], jnp.int8), jnp.array([7, 0, 5, 3], jnp.uint8)
+
+
+def _narrow_index_kernel(x_ref, i_ref, rows_ref, o_ref, g_ref):
+  o_ref[...] = x_ref[i_ref[0], :] + x_ref[i_ref[1] + 1, :]  # 5 * 100 overflows int8
+  g_ref[...] = x_ref[rows_ref[...], :]                       # a gather with uint8 rows
+
+
+@case("narrow_int_indices", _narrow_index_args, tol=0)
+def _(interpret):
+  return jax.jit(lambda x, i, r: pl.pallas_call(
+      _narrow_index_kernel, out_shape=(S((100,), jnp.float32), S((4, 100), jnp.float32)),
+      interpret=interpret)(x, i, r))
+
+
+def _fp8_math_args(k):
+  k1, k2 = jax.random.split(k)
+  a, b = (jax.random.normal(kk, (3, 24), jnp.float32) * 40 for kk in (k1, k2))
+  a = a.at[0, :4].set(jnp.array([300.0, -300.0, 0.0, 1.0]))
+  b = b.at[0, :4].set(jnp.array([300.0, -300.0, -0.0, 1.0]))
+  return tuple(v.astype(d) for d in (jnp.float8_e4m3fn, jnp.float8_e5m2) for v in (a, b))
+
+
+def _fp8_math_kernel(a4_ref, b4_ref, a5_ref, b5_ref, o4_ref, o5_ref, c_ref):
+  for n, (a, b, o) in enumerate(((a4_ref[...], b4_ref[...], o4_ref), (a5_ref[...], b5_ref[...], o5_ref))):
+    o[0], o[1], o[2] = a + b, a * b, a - b                   # 300 + 300 overflows e4m3fn: NaN
+    o[3], o[4] = jnp.maximum(a, b), -a
+    c_ref[n] = a < b
+
+
+@case("fp8_arithmetic_through_f32", _fp8_math_args, tol=0, min_cc=89)
+def _(interpret):
+  return jax.jit(lambda *a: pl.pallas_call(
+      _fp8_math_kernel, out_shape=(S((5, 3, 24), jnp.float8_e4m3fn), S((5, 3, 24), jnp.float8_e5m2),
+                                   S((2, 3, 24), jnp.bool_)), interpret=interpret)(*a))
+
+
+def _int_pow_kernel(x_ref, o_ref):
+  x = x_ref[...]
+  o_ref[0], o_ref[1], o_ref[2] = x ** 5, x ** 7, lax.integer_pow(x, 12)   # lax's order of products
+
+
+@case("integer_pow_in_lax_order", normal((4, 30)), tol=0)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _int_pow_kernel, out_shape=S((3, 4, 30), jnp.float32), interpret=interpret)(x * 1.7))
+
+
 # --- x.at[...].set / .add on values: one window written through scratch --------------------------
 
 def _scatter_kernel(x_ref, o_ref):

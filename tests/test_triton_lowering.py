@@ -268,3 +268,97 @@ def test_popcount_and_clz_count_the_dtype_bits():
   src = plgpu.lower(case.build(False), *args, compute_capability=90)[0].source
   body = src[src.rindex("@triton.jit"):]
   assert body.count("libdevice.popc(") == 6 and body.count(" - 24)") == 2 and body.count(" - 16)") == 2
+
+
+def test_bitwise_reductions_and_narrow_sums_follow_numpy():
+  case = by_name("bitwise_reductions_padded_and_narrow_sums")
+  x, s = case.args(jax.random.key(8))
+  xor, and_, b, n, c, f = (np.asarray(o) for o in case.build(True)(x, s))
+  xn, sn = np.asarray(x), np.asarray(s)
+  np.testing.assert_array_equal(xor[0], np.bitwise_xor.reduce(xn, axis=1))
+  np.testing.assert_array_equal(xor[1], np.bitwise_xor.reduce(xn.view(np.uint32), axis=1).view(np.int32))
+  np.testing.assert_array_equal(and_[0], np.bitwise_and.reduce(xn | 0x0F0F, axis=1))
+  np.testing.assert_array_equal(and_[1], np.bitwise_and.reduce(xn.astype(np.uint16), axis=1))
+  np.testing.assert_array_equal(b[0], np.logical_xor.reduce(xn > 0, axis=1))
+  np.testing.assert_array_equal(b[1], np.logical_and.reduce(xn != 3, axis=1))
+  s8 = sn.astype(np.int8)
+  np.testing.assert_array_equal(n[0], s8.sum(axis=1, dtype=np.int8))          # wraps: 7 x 100
+  np.testing.assert_array_equal(n[1], sn.astype(np.uint8).sum(axis=1, dtype=np.uint8))
+  np.testing.assert_array_equal(c, np.cumsum(s8, axis=1, dtype=np.int8))
+  bf = jnp.bfloat16
+  np.testing.assert_array_equal(f[0], np.cumsum(sn, axis=1).astype(bf) * bf(1.01))
+  sp = np.where(sn > 4, 2.0, np.where(sn > 1, 0.5, -1.0))
+  np.testing.assert_array_equal(f[1], np.cumprod(sp, axis=1).astype(bf) * bf(1.01))
+  src = plgpu.lower(case.build(False), x, s, compute_capability=90)[0].source
+  body = src[src.rindex("@triton.jit"):]
+  assert body.count("< 7), v3, -1)") == 1 and body.count(", 65535), 1, _and)") == 1   # and: all ones
+  assert body.count("tl.xor_sum(") == 3 and body.count(", 0), axis=1)") == 5           # xor, sum: 0
+  assert body.count("axis=1).to(tl.int8)\n") == 1 and body.count("reverse=False).to(tl.int8)\n") == 1
+  assert body.count("reverse=False).to(tl.bfloat16)") == 2
+
+
+def test_float_edges_follow_numpy():
+  case = by_name("float_edges_neg_zero_nextafter_is_finite")
+  x, y = case.args(jax.random.key(9))
+  o, h, b, fin = (np.asarray(v) for v in case.build(True)(x, y))
+  xn, yn = np.asarray(x), np.asarray(y)
+  with np.errstate(all="ignore"):
+    np.testing.assert_array_equal(o[0], 1.0 / -xn)
+    assert np.isneginf(o[0][0, 0]) and np.isposinf(o[0][0, 1])
+    qx, qy = np.round(xn * 4), 1 + np.abs(np.round(yn * 4)) % 13
+    f32 = lambda a: np.asarray(a, np.float32)   # NaN == NaN for bf16 too
+    for n, (d, got) in enumerate(((np.float16, h), (jnp.bfloat16, b))):
+      np.testing.assert_array_equal(f32(got[0]), f32(qx.astype(d) / qy.astype(d)))
+      np.testing.assert_array_equal(f32(got[1]), f32(np.nextafter(xn.astype(d), yn.astype(d))))
+      np.testing.assert_array_equal(fin[1 + n], np.isfinite(xn.astype(d)))
+    np.testing.assert_array_equal(o[1], np.nextafter(xn, yn))
+    np.testing.assert_array_equal(fin[0], np.isfinite(xn))
+    np.testing.assert_array_equal(o[2], xn - 4)       # -7 // 2 = -3, -7 % 2 = -1, INT_MAX + 1 < 0
+  src = plgpu.lower(case.build(False), x, y, compute_capability=90)[0].source
+  body = src[src.rindex("@triton.jit"):]
+  assert "= x * -1.0\n" in body and "+ -3.0\n" in body and "libdevice.isfinite" not in body
+  assert body.count("to(tl.int16, bitcast=True) + tl.where(") == 2       # nextafter on the bits
+
+
+def test_narrow_int_indices_are_widened():
+  case = by_name("narrow_int_indices")
+  x, i, r = case.args(jax.random.key(10))
+  o, g = case.build(True)(x, i, r)
+  xn = np.asarray(x)
+  np.testing.assert_array_equal(o, xn[5] + xn[3])
+  np.testing.assert_array_equal(g, xn[[7, 0, 5, 3]])
+  src = plgpu.lower(case.build(False), x, i, r, compute_capability=90)[0].source
+  body = src[src.rindex("@triton.jit"):]
+  assert "i.to(tl.int32) * 100" in body and "(rows.to(tl.int32))[:, None] * 100" in body
+
+
+def test_fp8_arithmetic_goes_through_f32_as_ml_dtypes():
+  case = by_name("fp8_arithmetic_through_f32")
+  args = case.args(jax.random.key(11))
+  o4, o5, c = case.build(True)(*args)
+  f32 = lambda a: np.asarray(a, np.float32)
+  for (a, b), o in zip((args[:2], args[2:]), (o4, o5)):
+    a, b = np.asarray(a), np.asarray(b)   # ml_dtypes: computed in f32, rounded once
+    for got, want in zip(np.asarray(o), (a + b, a * b, a - b, np.maximum(a, b), -a)):
+      np.testing.assert_array_equal(f32(got), f32(want))
+  assert np.isnan(f32(o4)[0, 0, 0]) and f32(o5)[0, 0, 0] == 640   # 300 + 300: e4m3fn overflows
+  assert f32(o4)[4, 0, 2] == 0 and np.signbit(f32(o4)[4, 0, 2])  # -(0.0) is -0.0
+  np.testing.assert_array_equal(c[0], f32(args[0]) < f32(args[1]))
+  for cc in (89, 90):
+    src = plgpu.lower(case.build(False), *args, compute_capability=cc)[0].source
+    assert src.count("bitcast=True) ^ 0x80)") == 2
+
+
+def test_integer_pow_multiplies_in_lax_order():
+  case = by_name("integer_pow_in_lax_order")
+  (x,) = case.args(jax.random.key(12))
+  got = np.asarray(case.build(True)(x))
+  xn = np.asarray(x, np.float32) * np.float32(1.7)
+  x2 = xn * xn
+  x4 = x2 * x2
+  np.testing.assert_array_equal(got[0], xn * x4)            # 5 = 1 + 4
+  np.testing.assert_array_equal(got[1], (xn * x2) * x4)     # 7 = 1 + 2 + 4
+  np.testing.assert_array_equal(got[2], x4 * (x4 * x4))     # 12 = 4 + 8
+  src = plgpu.lower(case.build(False), x, compute_capability=90)[0].source
+  body = src[src.rindex("@triton.jit"):]
+  assert "sq = x * x\n" in body and "pw = x * sq2\n" in body and "pw4 = sq6 * sq7\n" in body

@@ -107,6 +107,22 @@ class KernelSource:
   hidden: tuple = ()
 
 
+_LITERALS = {"True": True, "False": False, "INF": math.inf, "-INF": -math.inf, "NAN": math.nan}
+
+
+def _literal(v: Val):
+  """The Python number a scalar literal Val stands for (None if it is not one)."""
+  if v.shape != ():
+    return None
+  if v.expr in _LITERALS:
+    return _LITERALS[v.expr]
+  if re.fullmatch(r"-?\d+", v.expr):
+    return int(v.expr)
+  if re.fullmatch(r"-?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?", v.expr):
+    return float(v.expr)
+  return None
+
+
 class Unsupported(NotImplementedError):
   pass
 
@@ -237,11 +253,11 @@ class Codegen:
         if isinstance(idx, Val) and len(idx.shape) == 1 and len(t.int_indexer_shape) == 1 and \
             sum(not isinstance(i, ji.Slice) for i in t.indices) == 1:
           # One array of indices (a gather): the dimension stays where it is (NumPy's rule).
-          dims[k] = dataclasses.replace(d, size=idx.shape[0], index=idx.expr, exact=False)
+          dims[k] = dataclasses.replace(d, size=idx.shape[0], index=self._index(idx), exact=False)
           continue
         if gather is not None and id(idx) in gather:
           m = gather[id(idx)]
-          dims[k] = dataclasses.replace(d, size=idx.shape[m], index=idx.expr, exact=False,
+          dims[k] = dataclasses.replace(d, size=idx.shape[m], index=self._index(idx), exact=False,
                                         index_rank=len(idx.shape), index_axis=m)
           continue
         if isinstance(idx, ji.Slice):
@@ -251,9 +267,9 @@ class Codegen:
           dims[k] = dataclasses.replace(d, start=_add(d.start, _mul(start, d.step)),
                                         size=int(idx.size), step=d.step * int(idx.stride))
         elif isinstance(idx, Val) and idx.shape == ():
-          expr = idx.expr
-          if re.fullmatch(r"-\d+", expr):     # a static index from the end, as in NumPy
-            expr = str(int(expr) + d.size)
+          expr = self._index(idx)
+          if re.fullmatch(r"-\d+", idx.expr):     # a static index from the end, as in NumPy
+            expr = str(int(idx.expr) + d.size)
           dims[k] = dataclasses.replace(d, start=_add(d.start, _mul(expr, d.step)), size=1,
                                         kept=False)
         elif isinstance(idx, (int, np.integer)):
@@ -286,9 +302,15 @@ class Codegen:
       return None
     return {id(a): m for m, a in enumerate(arrays)}
 
+  def _index(self, idx: Val) -> str:
+    """An index's expression, widened to 32 bits: address arithmetic in int8 would wrap."""
+    if jnp.dtype(idx.dtype).itemsize < 4 and not re.fullmatch(r"-?\d+", idx.expr):
+      return f"{self.tensor(idx)}.to(tl.int32)"
+    return idx.expr
+
   def _int_expr(self, x) -> str:
     if isinstance(x, Val):
-      return x.expr
+      return self._index(x)
     return str(int(x))
 
   def address(self, ref: RefVal, user_mask: Val | None):
@@ -381,6 +403,10 @@ class Codegen:
         tiling.emit(self, tiled[id(eqn)], read, self.tile_ids if spread is not None else None)
         continue
       invals = [read(a) for a in eqn.invars]
+      folded = self.fold_constants(eqn, invals)
+      if folded is not None:
+        env[eqn.outvars[0]] = folded
+        continue
       rule = LOWERINGS.get(eqn.primitive) or rules.RULES.get(eqn.primitive)
       where = ji.user_frame(eqn.source_info) or self.enclosing_frame or "unknown location"
       if rule is None:
@@ -403,6 +429,17 @@ class Codegen:
     result = [read(a) for a in jaxpr.outvars]
     self._used = outer_used
     return result
+
+  def fold_constants(self, eqn, invals) -> Val | None:
+    """A scalar equation of literals, computed here by lax: written out as Python numbers, Triton
+    would fold it by Python's rules (-7 // 2 = -4, 2**31 - 1 + 1 does not wrap)."""
+    if eqn.primitive not in rules.RULES or len(eqn.outvars) != 1 or eqn.outvars[0].aval.shape != () \
+        or not invals or any(_literal(v) is None for v in invals):
+      return None
+    args = [np.asarray(_literal(v), jnp.dtype(v.dtype)) for v in invals]
+    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+      value = eqn.primitive.bind(*args, **eqn.params)
+    return self.const(np.asarray(value), eqn.outvars[0].aval.dtype)
 
   def is_used(self, var) -> bool:
     return var in self._used
@@ -774,6 +811,9 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
   in_avals = [ji.ShapedArray(a.shape, a.dtype) for a in gm.index_map_avals[rank:]] + \
       [bm.array_aval for bm in gm.block_mappings]
   signature = {p: "*" + SIGNATURE[jnp.dtype(a.dtype).name] for p, a in zip(ptrs, in_avals)}
+  if compute_capability < 89 and any(a.dtype == jnp.float8_e4m3fn for a in in_avals):
+    raise Unsupported(f"pallas_call {params.name}: float8_e4m3fn arrays need compute capability "
+                      f"8.9 or newer (this target is sm_{compute_capability})")
 
   par, seq = schedule.parallel, schedule.sequential
   cg.emit(f"# grid {gm.grid}: axes {par} run as parallel programs"

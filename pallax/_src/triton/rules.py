@@ -46,8 +46,32 @@ def _out(cg, expr, eqn, hint="v"):
   return cg.bind(expr, aval.shape, aval.dtype, hint)
 
 
+def _fp8(dtype) -> bool:
+  return _is_float(dtype) and jnp.dtype(dtype).itemsize == 1
+
+
+def _via_f32(cg, eqn, template: str, *xs: Val) -> Val:
+  """An op on fp8 values (Triton has no fp8 arithmetic): computed in f32, where it is exact for
+  +, -, * of two fp8 values, and rounded back as lax converts (_to_fp8)."""
+  args = [cg.bind(f"{cg.tensor(x)}.to(tl.float32)", x.shape, jnp.float32, "f") if _fp8(x.dtype) else x
+          for x in xs]
+  out = eqn.outvars[0].aval
+  res = template.format(*[a.expr for a in args])
+  if not _fp8(out.dtype):
+    return _out(cg, res, eqn)
+  return _out(cg, _to_fp8(cg, cg.bind(res, out.shape, jnp.float32, "f"), out.dtype), eqn)
+
+
+def _binary(op):
+  def lower(cg, eqn, x, y):
+    if _fp8(x.dtype) or _fp8(y.dtype):
+      return _via_f32(cg, eqn, f"{{0}} {op} {{1}}", x, y)
+    return _out(cg, f"{x.expr} {op} {y.expr}", eqn)
+  return lower
+
+
 for _p, _op in _BINARY_OPS.items():
-  RULES[_p] = (lambda op: lambda cg, eqn, x, y: _out(cg, f"{x.expr} {op} {y.expr}", eqn))(_op)
+  RULES[_p] = _binary(_op)
 
 
 def _int_div_rem(cg, x, y, op: str) -> str:
@@ -70,8 +94,10 @@ def _int_div_rem(cg, x, y, op: str) -> str:
 
 @rule(lax.div_p)
 def _div(cg, eqn, x, y):
-  if _is_float(x.dtype):
-    return _out(cg, f"{x.expr} / {y.expr}", eqn)
+  if _fp8(x.dtype):
+    return _via_f32(cg, eqn, "{0} / {1}", x, y)
+  if _is_float(x.dtype):   # f16/bf16 through f32 and back (Triton's / would leave f32)
+    return _out(cg, cg.f32_math("{0} / {1}", x, y), eqn)
   return _out(cg, _int_div_rem(cg, x, y, "//"), eqn)
 
 
@@ -86,6 +112,8 @@ def _rem(cg, eqn, x, y):
 def _max_min(cg, eqn, x, y):
   fn = "tl.maximum" if eqn.primitive is lax.max_p else "tl.minimum"
   nan = ", propagate_nan=tl.PropagateNan.ALL" if _is_float(x.dtype) else ""
+  if _fp8(x.dtype):
+    return _via_f32(cg, eqn, f"{fn}({{0}}, {{1}}{nan})", x, y)
   return _out(cg, f"{fn}({x.expr}, {y.expr}{nan})", eqn)
 
 
@@ -141,6 +169,11 @@ def _shr_arith(cg, eqn, x, y):
 
 @rule(lax.neg_p)
 def _neg(cg, eqn, x):
+  if _fp8(x.dtype):        # flip the sign bit
+    return _out(cg, f"({cg.tensor(x)}.to(tl.uint8, bitcast=True) ^ 0x80).to({tl_dtype(x.dtype)}, "
+                    "bitcast=True)", eqn)
+  if _is_float(x.dtype):   # Triton's -x is 0 - x, which gives +0.0 for +0.0
+    return _out(cg, f"{cg.tensor(x)} * -1.0", eqn)
   return _out(cg, f"-{x.expr}", eqn)
 
 
@@ -165,7 +198,6 @@ _MATH = {
     lax.cbrt_p: "libdevice.cbrt({0})", lax.erf_inv_p: "libdevice.erfinv({0})",
     lax.erfc_p: "libdevice.erfc({0})",
     lax.atan2_p: "libdevice.atan2({0}, {1})", lax.pow_p: "libdevice.pow({0}, {1})",
-    lax.nextafter_p: "libdevice.nextafter({0}, {1})",
 }
 # float64 where the op above takes float32 only
 _MATH_F64 = {lax.sqrt_p: "libdevice.sqrt({0})", lax.rsqrt_p: "libdevice.rsqrt({0})",
@@ -207,7 +239,21 @@ def _sign(cg, eqn, x):
 
 @rule(lax.is_finite_p)
 def _is_finite(cg, eqn, x):
-  return _out(cg, cg.f32_math("libdevice.isfinited({0}) != 0", x, keep_f32=True), eqn)
+  return _out(cg, cg.f32_math("tl.abs({0}) < INF", x, keep_f32=True), eqn)   # False for NaN
+
+
+@rule(lax.nextafter_p)
+def _nextafter(cg, eqn, x, y):
+  dtype = jnp.dtype(x.dtype)
+  if dtype.itemsize >= 4:
+    return _out(cg, f"libdevice.nextafter({x.expr}, {y.expr})", eqn)
+  # 16-bit floats: one step on the bits (through f32 it would round back to x)
+  d, xt, yt = tl_dtype(dtype), cg.tensor(x), cg.tensor(y)
+  step = cg.bind(f"(({xt}.to(tl.int16, bitcast=True) + tl.where(({xt} < {yt}) == ({xt} > 0), 1, -1)"
+                 f".to(tl.int16)).to({d}, bitcast=True))", x.shape, dtype, "step")
+  tiny = f"tl.where({yt} > 0, 1, -32767).to(tl.int16).to({d}, bitcast=True)"   # +-smallest subnormal
+  return _out(cg, f"tl.where(({xt} != {xt}) | ({yt} != {yt}), {xt} + {yt}, tl.where({xt} == {yt}, {yt}, "
+                  f"tl.where({xt} == 0, {tiny}, {step.expr})))", eqn)
 
 
 @rule(lax.square_p)
@@ -220,8 +266,15 @@ def _integer_pow(cg, eqn, x):
   y = eqn.params["y"]
   if y == 0:
     return _out(cg, f"tl.full({list(x.padded)}, 1, {tl_dtype(x.dtype)})", eqn)
-  acc = " * ".join([x.expr] * abs(y))
-  return _out(cg, f"1.0 / ({acc})" if y < 0 else acc, eqn)
+  # lax's order of products (square and multiply), so that floats round the same way
+  acc, base, n = None, x, abs(y)
+  while n:
+    if n & 1:
+      acc = base if acc is None else cg.bind(f"{acc.expr} * {base.expr}", x.shape, x.dtype, "pw")
+    n >>= 1
+    if n:
+      base = cg.bind(f"{base.expr} * {base.expr}", x.shape, x.dtype, "sq")
+  return _out(cg, cg.f32_math("1.0 / {0}", acc) if y < 0 else acc.expr, eqn)
 
 
 @rule(lax.population_count_p, lax.clz_p)
@@ -267,9 +320,6 @@ def _convert(cg, eqn, x):
     return x
   if jnp.dtype(new) == jnp.bool_:
     return _out(cg, f"{x.expr} != 0", eqn)
-  if jnp.dtype(new).itemsize == 1 and _is_float(new) and cg.compute_capability < 89:
-    raise NotImplementedError(f"conversion to {jnp.dtype(new).name} needs compute capability 8.9 "
-                              f"or newer (this target is sm_{cg.compute_capability})")
   src, new = jnp.dtype(x.dtype), jnp.dtype(new)
   if _is_float(new) and new.itemsize == 1:
     return _out(cg, _to_fp8(cg, x, new), eqn)
@@ -287,6 +337,12 @@ def _to_fp8(cg, x: Val, new) -> str:
   """Triton's fp8 conversions saturate (500.0 -> 448); lax's overflow as the format does:
   to NaN for e4m3fn (no infinities; above 464 rounds past the largest value, 448), to +-inf for
   e5m2 (from 61440, half way between its largest value, 57344, and 2**16)."""
+  if cg.compute_capability < 89:
+    raise NotImplementedError(f"conversion to {jnp.dtype(new).name} needs compute capability 8.9 "
+                              f"or newer (this target is sm_{cg.compute_capability})")
+  if jnp.dtype(x.dtype) == jnp.float64:
+    raise NotImplementedError(f"conversion from float64 to {jnp.dtype(new).name} (convert to "
+                              "float32 first)")
   e4m3 = new == jnp.dtype(jnp.float8_e4m3fn)
   d = "tl.float8e4nv" if e4m3 else "tl.float8e5"
   v = x
@@ -309,6 +365,10 @@ def _to_fp8(cg, x: Val, new) -> str:
 
 @rule(lax.bitcast_convert_type_p)
 def _bitcast(cg, eqn, x):
+  new = jnp.dtype(eqn.params["new_dtype"])
+  if new.itemsize != jnp.dtype(x.dtype).itemsize:
+    raise NotImplementedError(f"bitcast_convert_type from {jnp.dtype(x.dtype).name} to {new.name} "
+                              "(types of different sizes)")
   return _out(cg, f"{cg.tensor(x)}.to({tl_dtype(eqn.params['new_dtype'])}, bitcast=True)", eqn)
 
 
@@ -392,10 +452,11 @@ def _transpose(cg, eqn, x):
 
 def _neutral(kind: str, dtype) -> str:
   dtype = jnp.dtype(dtype)
-  if kind in ("sum", "or"):
+  if kind in ("sum", "or", "xor"):
     return "0"
-  if kind == "and":
-    return "1"
+  if kind == "and":   # all bits set
+    return "1" if dtype == jnp.bool_ else "-1" if jnp.issubdtype(dtype, jnp.signedinteger) else \
+        str(int(jnp.iinfo(dtype).max))
   if kind == "prod":
     return "1"
   if _is_float(dtype):
@@ -425,6 +486,8 @@ def _reduce_rule(kind, tmpl):
       if kind in ("and", "or") and x.dtype == jnp.bool_:
         cur = f"({cur}).to(tl.int32)"
       cur = tmpl.format(x=cur, a=a)
+      if kind == "sum" and not _is_float(x.dtype) and jnp.dtype(x.dtype).itemsize < 4:
+        cur = f"{cur}.to({tl_dtype(x.dtype)})"   # tl.sum widens to 32 bits; lax wraps
       del shape[a]
       if kind in ("and", "or") and x.dtype == jnp.bool_:
         cur = f"({cur} != 0)"
@@ -468,6 +531,10 @@ def _cumulative(cg, eqn, x):
     expr = f"tl.cumprod({cur}, axis={axis}, reverse={reverse})"
   else:
     expr = f"tl.associative_scan({cur}, {axis}, _{kind}, reverse={reverse})"
+  dtype = jnp.dtype(x.dtype)
+  if kind in ("sum", "prod") and dtype == jnp.bfloat16 or kind == "sum" and not _is_float(dtype) \
+      and dtype.itemsize < 4:
+    expr = f"{expr}.to({tl_dtype(dtype)})"   # tl.cumsum/cumprod widen these
   return _out(cg, expr, eqn, "cum" + kind)
 
 
@@ -507,7 +574,13 @@ def _dot_general(cg, eqn, a, b):
   m, n = a_val.padded[nb], b_val.padded[nb + 1]
   acc_float = _is_float(out.dtype) or _is_float(a.dtype)
   acc = "tl.float32" if acc_float else "tl.int32"
-  if min(m, n, a_val.padded[nb + 1]) >= 16:
+  big = min(m, n, a_val.padded[nb + 1]) >= 16
+  if big and not acc_float and {jnp.dtype(a.dtype), jnp.dtype(b.dtype)} != {jnp.dtype(jnp.int8)}:
+    raise NotImplementedError(
+        f"an integer matrix product of {jnp.dtype(a.dtype).name} and {jnp.dtype(b.dtype).name} "
+        "blocks: the tensor cores multiply int8 only (convert the operands to int8, or to a float "
+        "type where the products are exact)")
+  if big:
     expr = f"tl.dot({ax}, {bx}{input_precision(eqn, a, b)}, out_dtype={acc})"
   else:   # too small for the tensor cores: multiply and sum
     a3 = f"({ax}).to({acc})[:, :, None]" if nb == 0 else f"({ax}).to({acc})[:, :, :, None]"
