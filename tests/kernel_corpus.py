@@ -809,26 +809,28 @@ def _float_edges_args(k):
   return x, y
 
 
-def _float_edges_kernel(x_ref, y_ref, o_ref, h_ref, b_ref, fin_ref):
+def _float_edges_kernel(x_ref, y_ref, o_ref, h_ref, b_ref, fin_ref, neg_ref, k_ref):
   x, y = x_ref[...], y_ref[...]
-  o_ref[0] = 1.0 / -x                                        # -(+0.0) is -0.0: -inf here
+  neg_ref[...] = lax.bitcast_convert_type(-x, jnp.int32)   # -(+0.0) is -0.0 (the bits show it)
   q = jnp.round(x * 4), 1 + jnp.abs(jnp.round(y * 4)) % 13   # small integers: no quotient near a tie
   for n, (d, ref) in enumerate(((jnp.float16, h_ref), (jnp.bfloat16, b_ref))):
     xd, yd = x.astype(d), y.astype(d)
     ref[0] = q[0].astype(d) / q[1].astype(d)                 # a 16-bit result, not f32
     ref[1] = lax.nextafter(xd, yd)                           # one step in f16/bf16
     fin_ref[1 + n] = lax.is_finite(xd)
-  o_ref[1] = lax.nextafter(x, y)
+  o_ref[...] = lax.nextafter(x, y)
   fin_ref[0] = lax.is_finite(x)
-  o_ref[2] = x + lax.div(jnp.int32(-7), jnp.int32(2)) + lax.rem(jnp.int32(-7), jnp.int32(2)) + \
-      jnp.where(lax.add(jnp.int32(2**31 - 1), jnp.int32(1)) > 0, 100.0, 0.0)   # folded as lax does
+  k_ref[0] = lax.div(jnp.int32(-7), jnp.int32(2))             # folded as lax does, not Python
+  k_ref[1] = lax.rem(jnp.int32(-7), jnp.int32(2))
+  k_ref[2] = jnp.where(lax.add(jnp.int32(2**31 - 1), jnp.int32(1)) > 0, 100, 0)
 
 
 @case("float_edges_neg_zero_nextafter_is_finite", _float_edges_args, tol=0)
 def _(interpret):
   return jax.jit(lambda x, y: pl.pallas_call(
-      _float_edges_kernel, out_shape=(S((3, 4, 24), jnp.float32), S((2, 4, 24), jnp.float16),
-                                      S((2, 4, 24), jnp.bfloat16), S((3, 4, 24), jnp.bool_)),
+      _float_edges_kernel, out_shape=(S((4, 24), jnp.float32), S((2, 4, 24), jnp.float16),
+                                      S((2, 4, 24), jnp.bfloat16), S((3, 4, 24), jnp.bool_),
+                                      S((4, 24), jnp.int32), S((3,), jnp.int32)),
       interpret=interpret)(x, y))
 
 

@@ -300,24 +300,26 @@ def test_bitwise_reductions_and_narrow_sums_follow_numpy():
 def test_float_edges_follow_numpy():
   case = by_name("float_edges_neg_zero_nextafter_is_finite")
   x, y = case.args(jax.random.key(9))
-  o, h, b, fin = (np.asarray(v) for v in case.build(True)(x, y))
+  o, h, b, fin, neg, k = (np.asarray(v) for v in case.build(True)(x, y))
   xn, yn = np.asarray(x), np.asarray(y)
-  with np.errstate(all="ignore"):
-    np.testing.assert_array_equal(o[0], 1.0 / -xn)
-    assert np.isneginf(o[0][0, 0]) and np.isposinf(o[0][0, 1])
-    qx, qy = np.round(xn * 4), 1 + np.abs(np.round(yn * 4)) % 13
-    f32 = lambda a: np.asarray(a, np.float32)   # NaN == NaN for bf16 too
-    for n, (d, got) in enumerate(((np.float16, h), (jnp.bfloat16, b))):
-      np.testing.assert_array_equal(f32(got[0]), f32(qx.astype(d) / qy.astype(d)))
-      np.testing.assert_array_equal(f32(got[1]), f32(np.nextafter(xn.astype(d), yn.astype(d))))
-      np.testing.assert_array_equal(fin[1 + n], np.isfinite(xn.astype(d)))
-    np.testing.assert_array_equal(o[1], np.nextafter(xn, yn))
-    np.testing.assert_array_equal(fin[0], np.isfinite(xn))
-    np.testing.assert_array_equal(o[2], xn - 4)       # -7 // 2 = -3, -7 % 2 = -1, INT_MAX + 1 < 0
+  np.testing.assert_array_equal(neg, (-xn).view(np.int32))
+  assert neg[0, 0] == np.int32(-2**31) and neg[0, 1] == 0       # -(+0.0), -(-0.0)
+  f32 = lambda a: np.asarray(a, np.float32)   # NaN == NaN for bf16 too
+  qx, qy = np.round(xn * 4), 1 + np.abs(np.round(yn * 4)) % 13
+  for n, (d, got) in enumerate(((np.float16, h), (jnp.bfloat16, b))):
+    np.testing.assert_array_equal(f32(got[0]), f32(qx.astype(d) / qy.astype(d)))
+    np.testing.assert_array_equal(f32(got[1]), f32(np.nextafter(xn.astype(d), yn.astype(d))))
+    np.testing.assert_array_equal(fin[1 + n], np.isfinite(xn.astype(d)))
+  np.testing.assert_array_equal(o, np.nextafter(xn, yn))
+  assert o[0, 0] == np.float32(1.4e-45)                          # a subnormal, not flushed
+  np.testing.assert_array_equal(fin[0], np.isfinite(xn))
+  assert list(k) == [-3, -1, 0]                                  # INT_MAX + 1 wraps below 0
   src = plgpu.lower(case.build(False), x, y, compute_capability=90)[0].source
   body = src[src.rindex("@triton.jit"):]
-  assert "= x * -1.0\n" in body and "+ -3.0\n" in body and "libdevice.isfinite" not in body
-  assert body.count("to(tl.int16, bitcast=True) + tl.where(") == 2       # nextafter on the bits
+  assert "= x * -1.0\n" in body and "libdevice.isfinite" not in body and "libdevice.nextafter" not in body
+  assert body.count("bitcast=True) + tl.where(") == 3                    # nextafter on the bits
+  assert "tl.store(k_ref, tl.full([], -3, tl.int32))" in body                # folded by lax
+  assert "tl.store(k_ref + 2, tl.full([], 0, tl.int32))" in body
 
 
 def test_narrow_int_indices_are_widened():

@@ -245,13 +245,16 @@ def _is_finite(cg, eqn, x):
 @rule(lax.nextafter_p)
 def _nextafter(cg, eqn, x, y):
   dtype = jnp.dtype(x.dtype)
-  if dtype.itemsize >= 4:
+  if dtype.itemsize == 8:
     return _out(cg, f"libdevice.nextafter({x.expr}, {y.expr})", eqn)
-  # 16-bit floats: one step on the bits (through f32 it would round back to x)
-  d, xt, yt = tl_dtype(dtype), cg.tensor(x), cg.tensor(y)
-  step = cg.bind(f"(({xt}.to(tl.int16, bitcast=True) + tl.where(({xt} < {yt}) == ({xt} > 0), 1, -1)"
-                 f".to(tl.int16)).to({d}, bitcast=True))", x.shape, dtype, "step")
-  tiny = f"tl.where({yt} > 0, 1, -32767).to(tl.int16).to({d}, bitcast=True)"   # +-smallest subnormal
+  # One step on the bits: through f32, f16/bf16 would round back to x, and libdevice's f32
+  # version flushes subnormals (nextafter(0, 1) would be the smallest normal number).
+  d, i, xt, yt = tl_dtype(dtype), f"tl.int{dtype.itemsize * 8}", cg.tensor(x), cg.tensor(y)
+  shape = eqn.outvars[0].aval.shape
+  step = cg.bind(f"({xt}.to({i}, bitcast=True) + tl.where(({xt} < {yt}) == ({xt} > 0), 1, -1).to({i}))"
+                 f".to({d}, bitcast=True)", shape, dtype, "step")
+  smallest = 1 - 2 ** (dtype.itemsize * 8 - 1)   # the bits of -(smallest subnormal)
+  tiny = f"tl.where({yt} > 0, 1, {smallest}).to({i}).to({d}, bitcast=True)"
   return _out(cg, f"tl.where(({xt} != {xt}) | ({yt} != {yt}), {xt} + {yt}, tl.where({xt} == {yt}, {yt}, "
                   f"tl.where({xt} == 0, {tiny}, {step.expr})))", eqn)
 
