@@ -811,7 +811,8 @@ def _float_edges_args(k):
 
 def _float_edges_kernel(x_ref, y_ref, o_ref, h_ref, b_ref, fin_ref, neg_ref, k_ref):
   x, y = x_ref[...], y_ref[...]
-  neg_ref[...] = lax.bitcast_convert_type(-x, jnp.int32)   # -(+0.0) is -0.0 (the bits show it)
+  # -(+0.0) is -0.0 (the bits show it); a NaN's sign and payload are not defined (XLA: 0x7fffffff)
+  neg_ref[...] = jnp.where(x != x, 0, lax.bitcast_convert_type(-x, jnp.int32))
   q = jnp.round(x * 4), 1 + jnp.abs(jnp.round(y * 4)) % 13   # small integers: no quotient near a tie
   for n, (d, ref) in enumerate(((jnp.float16, h_ref), (jnp.bfloat16, b_ref))):
     xd, yd = x.astype(d), y.astype(d)
