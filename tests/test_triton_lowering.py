@@ -56,6 +56,22 @@ def test_unsupported_primitive_names_itself_and_the_line():
     plgpu.lower(f, jax.ShapeDtypeStruct((16,), jnp.float32))
 
 
+@pytest.mark.parametrize("what, kernel, dtype, shape, cc, message", [
+    ("int32 matmul", lambda x_ref, o_ref: o_ref.__setitem__(..., jnp.dot(x_ref[...], x_ref[...])),
+     jnp.int32, (32, 32), 90, r"integer matrix product of int32 and int32.*int8.*test_triton_lowering"),
+    ("bitcast to a narrower type", lambda x_ref, o_ref: o_ref.__setitem__(
+        ..., jax.lax.bitcast_convert_type(x_ref[...], jnp.int16)[:, 0].astype(jnp.int32)),
+     jnp.int32, (32,), 90, r"bitcast_convert_type from int32 to int16"),
+    ("e4m3fn before sm_89", lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...]),
+     jnp.float8_e4m3fn, (32,), 80, r"float8_e4m3fn arrays need compute capability 8.9"),
+])
+def test_constructs_triton_cannot_express_get_clear_errors(what, kernel, dtype, shape, cc, message):
+  import pallax as pl
+  f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(shape, x.dtype if cc == 80 else jnp.int32))(x)
+  with pytest.raises(NotImplementedError, match=message):
+    plgpu.lower(f, jax.ShapeDtypeStruct(shape, dtype), compute_capability=cc)
+
+
 def test_too_much_shared_memory_says_how_much():
   import pallax as pl
   def kernel(x_ref, y_ref, o_ref):   # f32 operands of 128x512 and 512x128: 512 KiB to stage
