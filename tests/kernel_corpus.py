@@ -396,6 +396,55 @@ def _(interpret):
       interpret=interpret)(x, jnp.zeros((16,), jnp.float32)))
 
 
+def _atomic_dup_args(k):
+  k1, k2, k3, k4 = jax.random.split(k, 4)
+  v = jax.random.randint(k1, (8,), -5, 9, jnp.int32)
+  idx = jnp.array([0, 1, 1, 2, 2, 2, 3, 3], jnp.int32)
+  m = jax.random.bernoulli(k2, 0.6, (8,)).at[:3].set(jnp.array([True, True, False]))
+  o0 = jax.random.randint(k3, (8,), -20, 20, jnp.int32)
+  c0 = jax.random.randint(k4, (8,), 0, 6, jnp.int32).at[0].set(3)
+  return v, idx, m, o0, c0
+
+
+def _atomic_dup_kernel(v_ref, idx_ref, m_ref, _o0, _c0, o_ref, c_ref, r_ref):
+  plgpu.atomic_add(o_ref, (idx_ref[...],), v_ref[...], mask=m_ref[...])   # repeated indices all add
+  plgpu.atomic_max(o_ref, (idx_ref[...] + 4,), v_ref[...])
+  r_ref[...] = plgpu.atomic_cas(c_ref, jnp.full((8,), 3, jnp.int32), jnp.full((8,), 100, jnp.int32))
+
+
+@case("atomics_repeated_indices_mask_and_cas", _atomic_dup_args, tol=0)
+def _(interpret):
+  return jax.jit(lambda *a: pl.pallas_call(
+      _atomic_dup_kernel, out_shape=(S((8,), jnp.int32),) * 3, input_output_aliases={3: 0, 4: 1},
+      interpret=interpret)(*a))
+
+
+def _dot_mix_args(k):
+  k1, k2, k3 = jax.random.split(k, 3)
+  a8 = jax.random.randint(k1, (32, 16), -9, 9, jnp.int8)
+  b8 = jax.random.randint(k2, (16, 32), -9, 9, jnp.int8)
+  x = jax.random.normal(k3, (32, 32), jnp.float32)
+  return a8, b8, x, x.astype(jnp.bfloat16)
+
+
+def _dot_mix_kernel(a_ref, b_ref, x_ref, xb_ref, i_ref, f_ref, m_ref, l_ref):
+  a, b = a_ref[...], b_ref[...]
+  i_ref[...] = jnp.dot(a, b, preferred_element_type=jnp.int32)         # int8, K = 16 < 32
+  f = lax.dot(a, b, preferred_element_type=jnp.float32)                 # int8 into a float result
+  f_ref[...] = lax.bitcast_convert_type(f, jnp.int32)
+  m_ref[...] = jnp.dot(xb_ref[...], x_ref[...], precision="highest")    # bf16 x f32: one type
+  def body(i, acc):                                                     # an int8 loop index
+    return acc + (i + jnp.int8(5)).astype(jnp.int32)
+  l_ref[0] = lax.fori_loop(jnp.int8(120), jnp.int8(127), body, jnp.int32(0))
+
+
+@case("dot_dtype_mixes_small_k_and_int8_loop", _dot_mix_args, tol=1e-6)
+def _(interpret):
+  return jax.jit(lambda *a: pl.pallas_call(
+      _dot_mix_kernel, out_shape=(S((32, 32), jnp.int32), S((32, 32), jnp.int32), S((32, 32), jnp.float32),
+                                  S((1,), jnp.int32)), interpret=interpret)(*a))
+
+
 # --- the benchmark kernels ---------------------------------------------------------------------
 
 def _softmax_kernel(x_ref, o_ref):

@@ -380,3 +380,59 @@ def test_integer_pow_multiplies_in_lax_order():
   src = plgpu.lower(case.build(False), x, compute_capability=90)[0].source
   body = src[src.rindex("@triton.jit"):]
   assert "sq = x * x\n" in body and "pw = x * sq2\n" in body and "pw4 = sq6 * sq7\n" in body
+
+
+def test_atomics_with_repeated_indices_masks_and_cas_follow_numpy():
+  case = by_name("atomics_repeated_indices_mask_and_cas")
+  v, idx, m, o0, c0 = case.args(jax.random.key(13))
+  o, c, r = (np.asarray(a) for a in case.build(True)(v, idx, m, o0, c0))
+  want = np.asarray(o0).copy()
+  np.add.at(want, np.asarray(idx)[np.asarray(m)], np.asarray(v)[np.asarray(m)])
+  np.maximum.at(want, np.asarray(idx) + 4, np.asarray(v))
+  np.testing.assert_array_equal(o, want)
+  c0 = np.asarray(c0)
+  np.testing.assert_array_equal(r, c0)
+  np.testing.assert_array_equal(c, np.where(c0 == 3, 100, c0))
+  src = plgpu.lower(case.build(False), v, idx, m, o0, c0, compute_capability=90)[0].source
+  assert "tl.atomic_cas(c_ref + tl.arange(0, 8), " in src and "tl.atomic_add(" in src
+
+
+def test_atomic_out_of_bounds_is_an_error_in_the_interpreter():
+  import pallax as pl
+  def kernel(i_ref, o_ref):
+    o_ref[...] = jnp.zeros((8,), jnp.int32)
+    plgpu.atomic_add(o_ref, (i_ref[0],), 5)
+  f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8,), jnp.int32), interpret=True)
+  np.testing.assert_array_equal(f(jnp.array([3], jnp.int32)), [0, 0, 0, 5, 0, 0, 0, 0])
+  with pytest.raises(Exception, match="out-of-bounds atomic update of out"):
+    jax.block_until_ready(f(jnp.array([10], jnp.int32)))
+
+
+def test_a_constant_array_in_the_kernel_is_a_clear_error():
+  import pallax as pl
+  table = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + table + np.float32(0.5)   # the scalar is fine, the array is not
+  f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((4,), jnp.float32))(x)
+  with pytest.raises(NotImplementedError, match=r"constant array of shape \(4,\).*as an input"):
+    plgpu.lower(f, jax.ShapeDtypeStruct((4,), jnp.float32))
+  def scalar_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * jnp.float32(3.0) + jnp.array(0.5, jnp.float32)
+  g = lambda x: pl.pallas_call(scalar_kernel, out_shape=jax.ShapeDtypeStruct((4,), jnp.float32))(x)
+  assert plgpu.lower(g, jax.ShapeDtypeStruct((4,), jnp.float32))[0].ptx
+
+
+def test_dot_dtype_mixes_small_k_and_narrow_loop_index():
+  case = by_name("dot_dtype_mixes_small_k_and_int8_loop")
+  a, b, x, xb = case.args(jax.random.key(14))
+  i, f, m, l = (np.asarray(v) for v in case.build(True)(a, b, x, xb))
+  prod = np.asarray(a, np.int32) @ np.asarray(b, np.int32)
+  np.testing.assert_array_equal(i, prod)
+  np.testing.assert_array_equal(f, prod.astype(np.float32).view(np.int32))
+  want = np.asarray(xb, np.float64) @ np.asarray(x, np.float64)
+  assert np.abs(m - want).max() <= 1e-5 * np.abs(want).max()
+  assert l[0] == sum(np.int32(np.int8(np.int8(k) + np.int8(5))) for k in range(120, 127))   # wraps
+  src = plgpu.lower(case.build(False), a, b, x, xb, compute_capability=90)[0].source
+  body = src[src.rindex("@triton.jit"):]
+  assert body.count("tl.dot(") == 1 and 'tl.dot((xb).to(tl.float32), x, input_precision="ieee"' in body
+  assert "for i in range" not in body                                  # int8 index: a carried loop

@@ -7,6 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallax._src import checks
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import pallas_call as pcall
@@ -41,50 +42,67 @@ def store(x_ref_or_view, val, *, mask=None, eviction_policy=None):
 
 # --- atomics -----------------------------------------------------------------------------
 
-atomic_p = ji.Primitive("atomic_rmw")
+atomic_p = ji.Primitive("atomic_rmw")       # (ref, val, *indexer leaves, [mask])
+atomic_cas_p = ji.Primitive("atomic_cas")   # (ref, cmp, val, *indexer leaves)
 
 
-def _atomic_abstract_eval(ref, val, *args, tree, op, has_mask):
-  shape = prims._view_shape(ref, ji.tree_util.tree_unflatten(tree, args[:tree.num_leaves]))
+def _n_values(op):
+  return 2 if op == "cas" else 1
+
+
+def _atomic_abstract_eval(ref, *args, tree, op, has_mask):
+  leaves = args[_n_values(op):][:tree.num_leaves]
+  shape = prims._view_shape(ref, ji.tree_util.tree_unflatten(tree, leaves))
   return ji.ShapedArray(shape, ref.dtype), {ji.WriteEffect(0), ji.ReadEffect(0)}
 
 
-atomic_p.def_effectful_abstract_eval(_atomic_abstract_eval)
-
 _COMBINE = {"add": jnp.add, "max": jnp.maximum, "min": jnp.minimum, "and": jnp.bitwise_and,
-            "or": jnp.bitwise_or, "xor": jnp.bitwise_xor, "xchg": lambda old, v: v}
+            "or": jnp.bitwise_or, "xor": jnp.bitwise_xor, "xchg": lambda old, v: v,
+            "cas": lambda old, cmp, v: jnp.where(old == cmp, v, old)}
 
 
-def _atomic_discharge(ctx, x, val, *args, tree, op, has_mask):
-  n = tree.num_leaves
-  (indexer,) = ji.tree_util.tree_unflatten(tree, args[:n])
+def _atomic_discharge(ctx, x, *args, tree, op, has_mask):
+  """One lane after another, in row-major order: lanes that hit the same element all apply (as
+  on a GPU, where only their order differs), and each returns the value it found."""
+  nv, n = _n_values(op), tree.num_leaves
+  vals, leaves = args[:nv], args[nv:nv + n]
+  mask = args[nv + n] if has_mask else None
+  (indexer,) = ji.tree_util.tree_unflatten(tree, leaves)
   coords = tuple(prims.indexer_coords(indexer))
-  old = x[coords] if coords else x
-  if op == "cas":
-    cmp, val = val
-    new = jnp.where(old == cmp, val, old)
-  else:
-    new = _COMBINE[op](old, val)
-  if has_mask:
-    new = jnp.where(args[n], new, old)
-  new_x = x.at[coords].set(new) if coords else new
-  return (new_x,) + (None,) * (1 + len(args)), old
+  shape = coords[0].shape if coords else x.shape
+  lanes = [c.ravel() for c in coords] if coords else \
+      [c.ravel() for c in jnp.indices(x.shape, sparse=False)]
+  vals = [jnp.broadcast_to(v, shape).ravel() for v in vals]
+  keep = jnp.broadcast_to(mask, shape).ravel() if mask is not None else jnp.ones(lanes[0].shape, bool)
+
+  def step(x, lane):
+    c, v, k = lane
+    old = x[tuple(c)]
+    return x.at[tuple(c)].set(jnp.where(k, _COMBINE[op](old, *v), old)), old
+
+  x, old = jax.lax.scan(step, x, (lanes, vals, keep))
+  return (x,) + (None,) * len(args), old.reshape(shape)
 
 
-ji.register_discharge_rule(atomic_p)(_atomic_discharge)
+for _p in (atomic_p, atomic_cas_p):
+  _p.def_effectful_abstract_eval(_atomic_abstract_eval)
+  ji.register_discharge_rule(_p)(_atomic_discharge)
+checks.ACCESS[atomic_p] = (2, "atomic update of")
+checks.ACCESS[atomic_cas_p] = (3, "atomic update of")
 
 
-def _atomic(op, x_ref_or_view, idx, val, mask=None):
+def _atomic(op, x_ref_or_view, idx, vals, mask=None):
   base, flat, tree = prims._flat_access(x_ref_or_view, idx)
   extra = [jnp.asarray(mask)] if mask is not None else []
-  return atomic_p.bind(base, val, *flat, *extra, tree=tree, op=op, has_mask=mask is not None)
+  p = atomic_cas_p if op == "cas" else atomic_p
+  return p.bind(base, *vals, *flat, *extra, tree=tree, op=op, has_mask=mask is not None)
 
 
 def _atomic_fn(op):
   def fn(x_ref_or_view, idx, val, *, mask=None, sem=None, scope=None):
     """Atomically combines ``val`` into ``x_ref[idx]``; returns the old values."""
     del sem, scope
-    return _atomic(op, x_ref_or_view, idx, jnp.asarray(val), mask)
+    return _atomic(op, x_ref_or_view, idx, [jnp.asarray(val)], mask)
   fn.__name__ = f"atomic_{op}"
   return fn
 
@@ -96,22 +114,27 @@ atomic_xchg = _atomic_fn("xchg")
 
 def atomic_cas(ref, cmp, val):
   """Where ``ref[...] == cmp`` writes ``val``; returns the old values."""
-  return _atomic("cas", ref, (), (jnp.asarray(cmp), jnp.asarray(val)))
+  return _atomic("cas", ref, (), [jnp.asarray(cmp), jnp.asarray(val)])
 
 
-def _atomic_lowering(cg, eqn, ref, val, *rest):
+def _atomic_lowering(cg, eqn, ref, *rest):
   p = eqn.params
-  n = p["tree"].num_leaves
-  view = cg.index_ref(ref, ji.tree_util.tree_unflatten(p["tree"], list(rest[:n])))
-  mask = rest[n] if p["has_mask"] else None
+  nv, n = _n_values(p["op"]), p["tree"].num_leaves
+  vals = rest[:nv]
+  view = cg.index_ref(ref, ji.tree_util.tree_unflatten(p["tree"], list(rest[nv:nv + n])))
+  mask = rest[nv + n] if p["has_mask"] else None
   offs, m, shape = cg.address(view, mask)
   ptr = f"{view.ptr} + {offs}" if offs != "0" else view.ptr
-  mexpr = f", mask={m}" if m else ""
   if p["op"] == "cas":
-    raise codegen.Unsupported("atomic_cas with a value pair")
-  return cg.bind(f"tl.atomic_{p['op']}({ptr}, {val.expr}{mexpr})", shape, ref.dtype, "old")
+    if m:   # tl.atomic_cas takes no mask
+      raise codegen.Unsupported("atomic_cas on a block that needs a mask (a partial or "
+                                "non-power-of-two block)")
+    return cg.bind(f"tl.atomic_cas({ptr}, {vals[0].expr}, {vals[1].expr})", shape, ref.dtype, "old")
+  mexpr = f", mask={m}" if m else ""
+  return cg.bind(f"tl.atomic_{p['op']}({ptr}, {vals[0].expr}{mexpr})", shape, ref.dtype, "old")
 
 
+codegen.LOWERINGS[atomic_cas_p] = _atomic_lowering
 codegen.LOWERINGS[atomic_p] = _atomic_lowering
 
 

@@ -381,7 +381,7 @@ class Codegen:
   # --- jaxprs --------------------------------------------------------------------------
   def lower_jaxpr(self, jaxpr, consts, args) -> list:
     env = {}
-    for v, x in zip(jaxpr.all_invars, [*consts, *args]):
+    for v, x in zip(jaxpr.all_invars, [*map(self._constant, consts), *args]):
       env[v] = x
 
     def read(a):
@@ -429,6 +429,18 @@ class Codegen:
     result = [read(a) for a in jaxpr.outvars]
     self._used = outer_used
     return result
+
+  def _constant(self, c):
+    """A constant the traced kernel closed over, as a Val (scalars only: Triton has no array
+    literals)."""
+    if isinstance(c, (Val, RefVal)):
+      return c
+    a = np.asarray(c)
+    if a.size != 1:
+      raise Unsupported(f"pallas_call {self.kernel_name}: the kernel uses a constant array of "
+                        f"shape {a.shape} ({a.dtype}), closed over or built with jnp.array; the "
+                        "Triton backend cannot embed it: pass it to pallas_call as an input")
+    return self.const(a.reshape(()), a.dtype)
 
   def fold_constants(self, eqn, invals) -> Val | None:
     """A scalar equation of literals, computed here by lax: written out as Python numbers, Triton
@@ -534,6 +546,8 @@ def _fori_index(body, num_consts: int) -> bool:
   if len(body.outvars) == 0 or len(body.invars) <= num_consts:
     return False
   i_in, i_out = body.invars[num_consts], body.outvars[0]
+  if i_in.aval.dtype != jnp.int32:   # Triton's range() counts in int32: others loop on a carry
+    return False
   for eqn in body.eqns:
     if eqn.outvars and eqn.outvars[0] is i_out and eqn.primitive.name == "add":
       a, b = eqn.invars

@@ -546,9 +546,9 @@ def _cumulative(cg, eqn, x):
 _PRECISION = {None: "tf32", "DEFAULT": "tf32", "HIGH": "tf32x3", "HIGHEST": "ieee"}
 
 
-def input_precision(eqn, a, b) -> str:
-  """The ``input_precision=`` argument of tl.dot for a float32 dot (empty otherwise)."""
-  if not (jnp.dtype(a.dtype) == jnp.float32 and jnp.dtype(b.dtype) == jnp.float32):
+def input_precision(eqn, dtype) -> str:
+  """The ``input_precision=`` argument of tl.dot for float32 operands (empty otherwise)."""
+  if jnp.dtype(dtype) != jnp.float32:
     return ""
   prec = eqn.params.get("precision")
   p = prec[0] if isinstance(prec, tuple) else prec
@@ -575,21 +575,30 @@ def _dot_general(cg, eqn, a, b):
   ax = cg.mask_padding(a_val, [nb + 1], "0")
   bx = cg.mask_padding(b_val, [nb], "0")
   m, n = a_val.padded[nb], b_val.padded[nb + 1]
-  acc_float = _is_float(out.dtype) or _is_float(a.dtype)
-  acc = "tl.float32" if acc_float else "tl.int32"
-  big = min(m, n, a_val.padded[nb + 1]) >= 16
-  if big and not acc_float and {jnp.dtype(a.dtype), jnp.dtype(b.dtype)} != {jnp.dtype(jnp.int8)}:
+  try:
+    dt = jnp.promote_types(a.dtype, b.dtype)
+  except TypeError:   # two fp8 formats: no implicit promotion
+    dt = jnp.dtype(jnp.float32)
+  if jnp.dtype(a.dtype) != dt:   # tl.dot needs one operand type
+    ax = f"({ax}).to({tl_dtype(dt)})"
+  if jnp.dtype(b.dtype) != dt:
+    bx = f"({bx}).to({tl_dtype(dt)})"
+  acc_float = _is_float(dt)
+  acc = ("tl.float64" if dt == jnp.float64 else "tl.float32") if acc_float else "tl.int32"
+  k = a_val.padded[nb + 1]
+  big = min(m, n, k) >= 16 and (dt.itemsize > 1 or k >= 32)   # 8-bit tensor-core dots need K >= 32
+  if big and not acc_float and dt != jnp.int8:
     raise NotImplementedError(
         f"an integer matrix product of {jnp.dtype(a.dtype).name} and {jnp.dtype(b.dtype).name} "
         "blocks: the tensor cores multiply int8 only (convert the operands to int8, or to a float "
         "type where the products are exact)")
   if big:
-    expr = f"tl.dot({ax}, {bx}{input_precision(eqn, a, b)}, out_dtype={acc})"
+    expr = f"tl.dot({ax}, {bx}{input_precision(eqn, dt)}, out_dtype={acc})"
   else:   # too small for the tensor cores: multiply and sum
     a3 = f"({ax}).to({acc})[:, :, None]" if nb == 0 else f"({ax}).to({acc})[:, :, :, None]"
     b3 = f"({bx}).to({acc})[None, :, :]" if nb == 0 else f"({bx}).to({acc})[:, None, :, :]"
     expr = f"tl.sum({a3} * {b3}, axis={nb + 1})"
-  if jnp.dtype(out.dtype) != jnp.dtype(np.float32 if acc_float else np.int32):
+  if tl_dtype(out.dtype) != acc:
     expr = f"({expr}).to({tl_dtype(out.dtype)})"
   return _out(cg, expr, eqn, "dot")
 

@@ -75,7 +75,8 @@ def find(jaxpr) -> dict:
     nbytes = (m * k * jnp.dtype(a.aval.dtype).itemsize + k * n * jnp.dtype(b.aval.dtype).itemsize)
     if m * n <= MAX_RESULT and nbytes <= MAX_OPERAND_BYTES:
       continue
-    if None in (_tile(m, (128, 64, 32, 16)), _tile(n, (128, 64, 32, 16)), _tile(k, (64, 32, 16))):
+    if a.aval.dtype != b.aval.dtype or \
+        None in (_tile(m, (128, 64, 32, 16)), _tile(n, (128, 64, 32, 16)), _tile(k, _k_tiles(a))):
       continue
     skip = {id(x) for x in (ga, gb, p, cast) if x is not None}
     found[id(e)] = TiledDot(e, p, ga, gb, cast, skip)
@@ -85,7 +86,12 @@ def find(jaxpr) -> dict:
 def tile_sizes(t: TiledDot) -> tuple[int, int, int]:
   a, b = t.dot.invars
   (m, k), n = a.aval.shape, b.aval.shape[1]
-  return _tile(m, (128, 64, 32, 16)), _tile(n, (128, 64, 32, 16)), _tile(k, (64, 32, 16))
+  return _tile(m, (128, 64, 32, 16)), _tile(n, (128, 64, 32, 16)), _tile(k, _k_tiles(a))
+
+
+def _k_tiles(a) -> tuple[int, ...]:
+  # 8-bit operands: the tensor cores take K steps of 32 or more
+  return (64, 32) if jnp.dtype(a.aval.dtype).itemsize == 1 else (64, 32, 16)
 
 
 def whole_kernel(jaxpr, found: dict) -> TiledDot | None:
@@ -138,7 +144,7 @@ def emit(cg, t: TiledDot, read, tile_ids=None):
   cg.depth += 1
   x = cg.load(tile(a_view, (m0, bm), (k0, bk)), hint="a")
   y = cg.load(tile(b_view, (k0, bk), (n0, bn)), hint="b")
-  cg.emit(f"{acc} = {acc} + tl.dot({x.expr}, {y.expr}{rules.input_precision(t.dot, x, y)}, "
+  cg.emit(f"{acc} = {acc} + tl.dot({x.expr}, {y.expr}{rules.input_precision(t.dot, x.dtype)}, "
           f"out_dtype={acc_dtype})")
   cg.depth -= 1
   val = Val(acc if jnp.dtype(out_dtype) == jnp.dtype(jnp.int32 if int_acc else jnp.float32)
