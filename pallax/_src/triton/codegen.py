@@ -123,6 +123,12 @@ def _literal(v: Val):
   return None
 
 
+@dataclasses.dataclass(frozen=True)
+class ConstArray:
+  """A constant array the kernel closed over: an error if an equation uses it."""
+  value: np.ndarray
+
+
 class Unsupported(NotImplementedError):
   pass
 
@@ -403,6 +409,12 @@ class Codegen:
         tiling.emit(self, tiled[id(eqn)], read, self.tile_ids if spread is not None else None)
         continue
       invals = [read(a) for a in eqn.invars]
+      for v in invals:
+        if isinstance(v, ConstArray):
+          raise Unsupported(
+              f"pallas_call {self.kernel_name}: the kernel uses a constant array of shape "
+              f"{v.value.shape} ({v.value.dtype}) at {ji.user_frame(eqn.source_info)}, closed over or "
+              "built with jnp.array; the Triton backend cannot embed it: pass it as an input")
       folded = self.fold_constants(eqn, invals)
       if folded is not None:
         env[eqn.outvars[0]] = folded
@@ -436,11 +448,9 @@ class Codegen:
     if isinstance(c, (Val, RefVal)):
       return c
     a = np.asarray(c)
-    if a.size != 1:
-      raise Unsupported(f"pallas_call {self.kernel_name}: the kernel uses a constant array of "
-                        f"shape {a.shape} ({a.dtype}), closed over or built with jnp.array; the "
-                        "Triton backend cannot embed it: pass it to pallas_call as an input")
-    return self.const(a.reshape(()), a.dtype)
+    if a.size == 0:   # e.g. the empty index array of a whole-window scatter: its shape is all
+      return a
+    return self.const(a.reshape(()), a.dtype) if a.size == 1 else ConstArray(a)
 
   def fold_constants(self, eqn, invals) -> Val | None:
     """A scalar equation of literals, computed here by lax: written out as Python numbers, Triton
