@@ -436,3 +436,21 @@ def test_dot_dtype_mixes_small_k_and_narrow_loop_index():
   body = src[src.rindex("@triton.jit"):]
   assert body.count("tl.dot(") == 1 and 'tl.dot((xb).to(tl.float32), x, input_precision="ieee"' in body
   assert "for i in range" not in body                                  # int8 index: a carried loop
+
+
+def test_element_block_with_low_padding_masks_the_front():
+  import pallax as pl
+  def kernel(x_ref, o_ref):   # the window's first element lies before the array for program 0
+    w = x_ref[...]
+    o_ref[...] = jnp.where(pl.program_id(0) > 0, w[0:4], 0) + w[1:5]
+  call = lambda interpret: pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((16,), jnp.int32), grid=(4,),
+      in_specs=[pl.BlockSpec((pl.Element(6, (1, 1)),), lambda i: (i * 4,))],
+      out_specs=pl.BlockSpec((4,), lambda i: (i,)), interpret=interpret)
+  x = np.arange(1, 17, dtype=np.int32)
+  prev = np.concatenate([[0], x[:-1]])
+  prev[:4] = 0
+  np.testing.assert_array_equal(call(True)(jnp.asarray(x)), x + prev)
+  src = plgpu.lower(call(False), jax.ShapeDtypeStruct((16,), jnp.int32), compute_capability=90)[0].source
+  load = [l for l in src.splitlines() if "tl.load(x_ref" in l][0]
+  assert "x_ref_start0 = " in src and ">= 0)" in load      # no read before the array

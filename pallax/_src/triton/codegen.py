@@ -337,7 +337,7 @@ class Codegen:
         coord = _add(d.start, _mul(local, d.step))
         if d.size != padded[j]:
           conds.append(f"({lane} < {d.size})")
-        if d.index is not None:
+        if d.index is not None or d.low:
           conds.append(f"({coord} >= 0)")
         if not d.exact or user_mask is not None:
           conds.append(f"({coord} < {d.array_size})")
@@ -346,6 +346,8 @@ class Codegen:
         coord = d.start
         if not d.exact and d.start != "0":
           conds.append(f"({coord} < {d.array_size})")
+        if d.low:
+          conds.append(f"({coord} >= 0)")
       if coord == "0":
         continue
       c = f"({coord}).to(tl.int64)" if big else coord
@@ -947,7 +949,8 @@ def _operand_refs(cg, gm, params, ids, ptrs, names) -> list[RefVal]:
         start = cg.bind(start, (), jnp.int32, f"{ptr}_start{d}").expr
       exact = (not element) and (size % bd.block_size == 0)
       dims.append(RefDim(start, bd.block_size, size, _stride(shape, d),
-                         kept=not isinstance(bd, pc.Squeezed), exact=exact))
+                         kept=not isinstance(bd, pc.Squeezed), exact=exact,
+                         low=element and bd.padding[0] > 0))
     refs.append(RefVal(ptr, jnp.dtype(bm.array_aval.dtype), dims, bm.origin))
   for k, aval in enumerate(gm.scratch_avals):
     refs.append(scratch_ref(cg, aval.inner_aval, names[len(refs)] if len(refs) < len(names)

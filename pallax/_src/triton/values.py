@@ -63,6 +63,7 @@ class RefDim:
   index: str | None = None  # a tensor of offsets: global = start + step * index[local]
   index_rank: int = 1       # the index tensor's rank (> 1 when several arrays index the view)
   index_axis: int = 0       # this dimension's axis in the index tensor
+  low: bool = False         # start may be negative (an Element block with low padding)
 
 
 @dataclasses.dataclass
