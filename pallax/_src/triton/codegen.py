@@ -28,7 +28,7 @@ from pallax._src import schedule as sched
 from pallax._src.triton import movement   # its rules register themselves
 from pallax._src.triton import rules
 from pallax._src.triton import tiling
-from pallax._src.triton.values import SIGNATURE, RefDim, RefVal, Val, pow2, tl_dtype
+from pallax._src.triton.values import NUMBER, SIGNATURE, RefDim, RefVal, Val, literal, pow2, tl_dtype
 
 PROLOGUE = '''import triton
 import triton.language as tl
@@ -105,22 +105,6 @@ class KernelSource:
   # Global-memory buffers the launcher allocates after the outputs: (shape, dtype, zeroed),
   # for scratch (a slice per concurrent program) and pl.get_global (shared, zeroed).
   hidden: tuple = ()
-
-
-_LITERALS = {"True": True, "False": False, "INF": math.inf, "-INF": -math.inf, "NAN": math.nan}
-
-
-def _literal(v: Val):
-  """The Python number a scalar literal Val stands for (None if it is not one)."""
-  if v.shape != ():
-    return None
-  if v.expr in _LITERALS:
-    return _LITERALS[v.expr]
-  if re.fullmatch(r"-?\d+", v.expr):
-    return int(v.expr)
-  if re.fullmatch(r"-?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?", v.expr):
-    return float(v.expr)
-  return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,7 +196,7 @@ class Codegen:
 
   def tensor(self, v: Val) -> str:
     """An expression that is a Triton tensor (Python literals are wrapped)."""
-    if re.fullmatch(r"-?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?|True|False", v.expr):   # not a name like e4
+    if NUMBER.fullmatch(v.expr) or v.expr in ("True", "False"):   # not a name like e4
       return f"tl.full([], {v.expr}, {tl_dtype(v.dtype)})"
     return v.expr if re.fullmatch(r"\w+", v.expr) else f"({v.expr})"
 
@@ -458,9 +442,9 @@ class Codegen:
     """A scalar equation of literals, computed here by lax: written out as Python numbers, Triton
     would fold it by Python's rules (-7 // 2 = -4, 2**31 - 1 + 1 does not wrap)."""
     if eqn.primitive not in rules.RULES or len(eqn.outvars) != 1 or eqn.outvars[0].aval.shape != () \
-        or not invals or any(_literal(v) is None for v in invals):
+        or not invals or any(literal(v) is None for v in invals):
       return None
-    args = [np.asarray(_literal(v), jnp.dtype(v.dtype)) for v in invals]
+    args = [np.asarray(literal(v), jnp.dtype(v.dtype)) for v in invals]
     with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
       value = eqn.primitive.bind(*args, **eqn.params)
     return self.const(np.asarray(value), eqn.outvars[0].aval.dtype)

@@ -8,11 +8,10 @@ garbage that rules must neutralise where it could leak (reductions, dot).
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from pallax._src import jax_internals as ji
-from pallax._src.triton.values import Val, tl_dtype
+from pallax._src.triton.values import Val, literal, tl_dtype
 
 RULES: dict = {}
 
@@ -77,11 +76,8 @@ for _p, _op in _BINARY_OPS.items():
 def _int_div_rem(cg, x, y, op: str) -> str:
   """Integer x // y or x % y (Triton's truncate, like lax's). Where C leaves the answer undefined,
   lax defines it, and so do we: x // 0 = -1 (all ones), x % 0 = x, MIN // -1 = MIN, MIN % -1 = 0."""
-  try:
-    if int(y.expr) not in (0, -1):
-      return f"{x.expr} {op} {y.expr}"    # a literal divisor needs no guard
-  except ValueError:
-    pass
+  if type(literal(y)) is int and literal(y) not in (0, -1):
+    return f"{x.expr} {op} {y.expr}"    # a literal divisor needs no guard
   dtype, d = jnp.dtype(x.dtype), tl_dtype(x.dtype)
   xt, yt = cg.tensor(x), cg.tensor(y)
   signed = jnp.issubdtype(dtype, jnp.signedinteger)
@@ -128,13 +124,10 @@ def _shift(cg, eqn, x, y, op: str, signed: bool | None = None):
   if signed is not None and signed != jnp.issubdtype(dtype, jnp.signedinteger):
     work = f"tl.{'' if signed else 'u'}int{bits}"
     xt = f"{xt}.to({work}, bitcast=True)"
-  try:
-    literal = int(y.expr)
-  except ValueError:
-    literal = None
-  if literal is not None and 0 <= literal < bits:
-    expr = f"{xt} {op} {literal}"
-  elif literal is not None:                        # out of range: the sign, or 0
+  k = literal(y) if type(literal(y)) is int else None
+  if k is not None and 0 <= k < bits:
+    expr = f"{xt} {op} {k}"
+  elif k is not None:                              # out of range: the sign, or 0
     expr = f"{xt} >> {bits - 1}" if signed else f"tl.zeros_like({xt})"
   else:
     yt = cg.tensor(y)

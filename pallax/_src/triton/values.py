@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -25,6 +27,21 @@ SIGNATURE = {
     "int32": "i32", "int64": "i64", "uint8": "u8", "uint16": "u16", "uint32": "u32",
     "uint64": "u64", "bool": "i1",
 }
+
+
+NUMBER = re.compile(r"-?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?")   # a Python int or float literal
+_NAMED = {"True": True, "False": False, "INF": math.inf, "-INF": -math.inf, "NAN": math.nan}
+
+
+def literal(v):
+  """The Python number a scalar literal Val stands for (None if it is not one)."""
+  if v.shape != ():
+    return None
+  if v.expr in _NAMED:
+    return _NAMED[v.expr]
+  if NUMBER.fullmatch(v.expr):
+    return int(v.expr) if re.fullmatch(r"-?\d+", v.expr) else float(v.expr)
+  return None
 
 
 def tl_dtype(dtype) -> str:
