@@ -5,8 +5,11 @@ stable name, so that a JAX upgrade touches one file.
 """
 import os
 
+from jax._src import ad_checkpoint
 from jax._src import api_util
+from jax._src import checkify as checkify_internals
 from jax._src import core
+from jax._src import custom_derivatives
 from jax._src import dispatch
 from jax._src import effects
 from jax._src import linear_util
@@ -17,6 +20,10 @@ from jax._src.interpreters import ad
 from jax._src.interpreters import batching
 from jax._src.interpreters import mlir
 from jax._src.interpreters import partial_eval as pe
+from jax._src.lax import lax as lax_internals
+from jax._src.lax.control_flow import conditionals
+from jax._src.lax.control_flow import loops
+from jax._src import pjit
 from jax._src.state import discharge as state_discharge
 from jax._src.state import indexing
 from jax._src.state import primitives as state_primitives
@@ -42,6 +49,22 @@ get_p = state_primitives.get_p
 swap_p = state_primitives.swap_p
 addupdate_p = state_primitives.addupdate_p
 broadcast_to_p = state_primitives.broadcast_to_p   # JAX Pallas's equal-rank broadcast
+# Control flow and call primitives (JAX exports none of these objects publicly): rules are keyed
+# on the objects, never on primitive names.
+scan_p = loops.scan_p
+while_p = loops.while_p
+cond_p = conditionals.cond_p
+jit_p = pjit.jit_p
+closed_call_p = core.closed_call_p
+custom_jvp_call_p = custom_derivatives.custom_jvp_call_p
+custom_vjp_call_p = custom_derivatives.custom_vjp_call_p
+remat_p = ad_checkpoint.remat_p
+check_p = checkify_internals.check_p
+copy_p = lax_internals.copy_p
+optimization_barrier_p = lax_internals.optimization_barrier_p
+# Equations whose sub-jaxpr runs once, in place, on the equation's operands.
+CALL_PRIMITIVES = (jit_p, closed_call_p, custom_jvp_call_p, custom_vjp_call_p, remat_p)
+
 discharge_state = state_discharge.discharge_state
 register_discharge_rule = state_discharge.register_discharge_rule
 

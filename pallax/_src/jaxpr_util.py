@@ -1,0 +1,59 @@
+"""Walking jaxprs: the one place that knows where sub-jaxprs hide in an equation's params.
+
+Cond branches, loop bodies, ``run_scoped`` bodies and call primitives keep their jaxprs in
+params, alone or in tuples; JAX 0.11 has one ``Jaxpr`` type (closed: it carries its consts).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from pallax._src import jax_internals as ji
+
+
+def _is_jaxpr(v) -> bool:
+  return isinstance(v, ji.Jaxpr)
+
+
+def sub_jaxpr_params(params) -> Iterator[tuple[str, object]]:
+  """(param name, a jaxpr or a tuple of jaxprs) for each param that holds jaxprs."""
+  for k, v in params.items():
+    if _is_jaxpr(v):
+      yield k, v
+    elif isinstance(v, (tuple, list)) and v and all(_is_jaxpr(x) for x in v):
+      yield k, tuple(v)
+
+
+def sub_jaxprs(params) -> Iterator[ji.Jaxpr]:
+  """Every jaxpr in an equation's params, tuples flattened."""
+  for _, v in sub_jaxpr_params(params):
+    yield from (v if isinstance(v, tuple) else (v,))
+
+
+def map_sub_jaxprs(params, fn: Callable[[ji.Jaxpr], ji.Jaxpr]) -> dict:
+  """``params`` with ``fn`` applied to each sub-jaxpr (tuples stay tuples)."""
+  new = dict(params)
+  for k, v in sub_jaxpr_params(params):
+    new[k] = tuple(fn(j) for j in v) if isinstance(v, tuple) else fn(v)
+  return new
+
+
+def equations(jaxpr) -> Iterator:
+  """Every equation of ``jaxpr`` and of its sub-jaxprs, outer ones first."""
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for sub in sub_jaxprs(eqn.params):
+      yield from equations(sub)
+
+
+def uses(jaxpr, prims) -> bool:
+  """Whether ``jaxpr`` (or a sub-jaxpr) has an equation of one of ``prims``."""
+  return any(e.primitive in prims for e in equations(jaxpr))
+
+
+def rebind(eqn, invals, params=None):
+  """Binds ``eqn``'s primitive again on ``invals`` (inside a trace), keeping its source line;
+  returns the list of outputs."""
+  params = eqn.params if params is None else params
+  with ji.source_info_util.user_context(eqn.source_info.traceback):
+    ans = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
+  return list(ans) if eqn.primitive.multiple_results else [ans]
