@@ -63,14 +63,14 @@ def _lower(params) -> str | None:
 
 @pytest.fixture(autouse=True)
 def _backends(request, monkeypatch):
-  from pallax._src import pallas_call
+  from pallax._src import backends
   from pallax._src.interpret import interpreter
   interpreter_only = request.node.get_closest_marker("interpreter") is not None
   gpu = _on_gpu()
   failures = []
   if gpu and interpreter_only:
     # On the host CPU, so that their results are the CI's (a GPU's float32 dots may use tf32).
-    monkeypatch.setattr(pallas_call, "_use_interpreter", lambda params, platform: True)
+    monkeypatch.setattr(backends, "choose", lambda params, platform: None)
     with jax.default_device(jax.devices("cpu")[0]):
       yield
     return

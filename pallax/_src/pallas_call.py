@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,6 +13,7 @@ import numpy as np
 
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
+from pallax._src import backends
 from pallax._src import checks
 from pallax._src.grid_mapping import BlockMapping, GridMapping
 
@@ -376,40 +376,13 @@ def _jvp(primals, tangents, *, params: Params):
 ji.ad.primitive_jvps[pallas_call_p] = _jvp
 
 
-_interpret_note_shown = False
-
-
-def _use_interpreter(params: Params, platform: str) -> bool:
-  global _interpret_note_shown
-  if params.interpret:
-    return True
-  if params.backend not in (None, "triton"):
-    raise ValueError(f"pallas_call {params.name}: unknown backend {params.backend!r}; "
-                     "use backend='triton' or interpret=True")
-  if platform in ("cuda", "gpu") and _triton_available():
-    return False
-  if not _interpret_note_shown:
-    _interpret_note_shown = True
-    print(f"pallax: no GPU backend applies on platform {platform!r}; running kernels in the "
-          "interpreter (pass interpret=True to choose it explicitly).", file=sys.stderr)
-  return True
-
-
-def _triton_available() -> bool:
-  try:
-    import triton  # noqa: F401
-  except ImportError:
-    return False
-  return True
-
-
 def _lowering(ctx, *args, params: Params, platform: str):
+  backend = backends.choose(params, platform)
+  if backend is not None:
+    return backend.lowering(ctx, *args, params=params)
   from pallax._src.interpret import interpreter
-  if _use_interpreter(params, platform):
-    fn = functools.partial(interpreter.run, params=params, raise_errors="callback")
-    return ji.mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
-  from pallax._src.triton import launch
-  return launch.triton_lowering(ctx, *args, params=params)
+  fn = functools.partial(interpreter.run, params=params, raise_errors="callback")
+  return ji.mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
 
 
 for _platform in ("cpu", "cuda", "rocm", "tpu"):
@@ -421,7 +394,7 @@ def _impl(*args, params: Params):
   """Eager calls: checked interpretation raises Python errors directly."""
   from pallax._src.interpret import interpreter
   platform = jax.devices()[0].platform
-  if not _use_interpreter(params, platform) or any(isinstance(a, jax.core.Tracer) for a in args):
+  if backends.choose(params, platform) is not None or any(isinstance(a, jax.core.Tracer) for a in args):
     return ji.dispatch.apply_primitive(pallas_call_p, *args, params=params)
   return interpreter.run_eager(*args, params=params)
 
@@ -444,6 +417,28 @@ def _batch_block_mapping(bm: BlockMapping, batched: bool, size: int) -> BlockMap
       array_aval=ji.ShapedArray((size,) + bm.array_aval.shape, bm.array_aval.dtype))
 
 
+def with_leading_grid_axis(gm: GridMapping, size: int, batched) -> GridMapping:
+  """``gm`` with a new first grid axis of ``size``; each block operand k with ``batched[k]`` gets
+  a new leading array dimension of that size, indexed by the new axis (the others ignore it)."""
+  bms = tuple(_batch_block_mapping(bm, b, size) for bm, b in zip(gm.block_mappings, batched))
+  map_avals = (ji.ShapedArray((), jnp.int32),) + tuple(gm.index_map_avals)
+  return gm.replace(
+      grid=(size,) + gm.grid, block_mappings=bms,
+      index_map_tree=jax.tree.structure((map_avals, {})), index_map_avals=map_avals,
+      vmapped_dims=(0,) + tuple(d + 1 for d in gm.vmapped_dims),
+      grid_names=None if gm.grid_names is None else ("vmap",) + tuple(gm.grid_names))
+
+
+def with_leading_program_id(jaxpr, name: str):
+  """A kernel jaxpr taking one more program id first (which it ignores)."""
+  def new_kernel(b, *args):
+    ji.eval_jaxpr(jaxpr, jaxpr.consts, *args)
+    return []
+  new, _, consts = ji.trace_to_jaxpr(new_kernel, [ji.ShapedArray((), jnp.int32)] + list(jaxpr.in_avals),
+                                     name=name)
+  return ji.closed(new, consts)
+
+
 def _batching_rule(args, dims, *, params: Params):
   gm = params.grid_mapping
   size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
@@ -458,22 +453,9 @@ def _batching_rule(args, dims, *, params: Params):
     if not batched_in[i]:
       args[i] = jnp.broadcast_to(args[i], (size,) + args[i].shape)
       batched_in[i] = True
-  bms = [_batch_block_mapping(bm, batched_in[nidx + k], size)
-         for k, bm in enumerate(gm.block_mappings[:gm.num_inputs])]
-  bms += [_batch_block_mapping(bm, True, size) for bm in gm.block_mappings_output]
-  map_avals = (ji.ShapedArray((), jnp.int32),) + tuple(gm.index_map_avals)
-  new_gm = gm.replace(
-      grid=(size,) + gm.grid, block_mappings=tuple(bms),
-      index_map_tree=jax.tree.structure((map_avals, {})), index_map_avals=map_avals,
-      vmapped_dims=(0,) + tuple(d + 1 for d in gm.vmapped_dims),
-      grid_names=None if gm.grid_names is None else ("vmap",) + tuple(gm.grid_names))
-  old = params.jaxpr
-  def new_kernel(b, *args):
-    ji.eval_jaxpr(old, old.consts, *args)
-    return []
-  jaxpr, _, consts = ji.trace_to_jaxpr(new_kernel, [ji.ShapedArray((), jnp.int32)] + list(old.in_avals),
-                                       name=params.name)
-  new_params = dataclasses.replace(params, jaxpr=ji.closed(jaxpr, consts), grid_mapping=new_gm)
+  new_gm = with_leading_grid_axis(gm, size, batched_in[nidx:] + [True] * gm.num_outputs)
+  new_params = dataclasses.replace(params, jaxpr=with_leading_program_id(params.jaxpr, params.name),
+                                   grid_mapping=new_gm)
   outs = pallas_call_p.bind(*args, params=new_params)
   return outs, [0] * len(outs)
 
@@ -508,7 +490,37 @@ def _out_aval(s, i, name):
                   f"them), but out_shape[{i}] is {s!r}; use jax.ShapeDtypeStruct(shape, dtype)")
 
 
-_TRACE_CACHE: dict = {}
+# (call, content of its trace) -> Params. Kernels are traced at every call, as in JAX Pallas: a
+# kernel may read Python globals that changed since. Traces with the same content share one
+# Params object, so that the backends' caches (compiled kernels, plans) still hit.
+_SAME_TRACE: dict = {}
+
+
+def _const_key(c):
+  try:
+    a = np.asarray(c)
+    return (a.shape, str(a.dtype), a.tobytes()) if a.dtype != object else ("id", id(c))
+  except Exception:  # noqa: BLE001  (a Ref or another object: never equal to a new one)
+    return ("id", id(c))
+
+
+def _content_key(params: Params):
+  """What determines a trace's meaning: the kernel and index-map jaxprs with their constants."""
+  gm = params.grid_mapping
+  maps = tuple((str(bm.index_map_jaxpr), tuple(map(_const_key, bm.index_map_jaxpr.consts)),
+                bm.block_shape, bm.array_aval) for bm in gm.block_mappings)
+  return (str(params.jaxpr), tuple(map(_const_key, params.jaxpr.consts)), maps, gm.grid,
+          tuple(map(str, gm.scratch_avals)), tuple(map(str, params.globals_avals)),
+          params.arg_names)
+
+
+def _deduplicated(call_key, params: Params) -> Params:
+  if call_key is None:
+    return params
+  key = (call_key, _content_key(params))
+  if len(_SAME_TRACE) > 512:
+    _SAME_TRACE.clear()
+  return _SAME_TRACE.setdefault(key, params)
 
 
 def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.GridSpec | None = None,
@@ -537,17 +549,12 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
     compiler_params = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
                                    for k, v in compiler_params.items()))
 
-  # (in_tree, in_avals) -> Params, so that eager calls trace and compile once. Shared by
-  # pallas_calls made with the same arguments (as jax.jit caches on the function).
   try:
-    key = (kernel, grid_spec, repr(out_tree), tuple(out_avals), aliases, interpret, name, debug,
-           compiler_params, cost_estimate, backend, _grid_names)
-    hash(key)
+    call_key = (kernel, grid_spec, repr(out_tree), tuple(out_avals), aliases, interpret, name,
+                debug, compiler_params, cost_estimate, backend, _grid_names)
+    hash(call_key)
   except TypeError:
-    key = None
-  traced = _TRACE_CACHE.setdefault(key, {}) if key is not None else {}
-  if len(_TRACE_CACHE) > 512:
-    _TRACE_CACHE.clear()
+    call_key = None
 
   @functools.wraps(kernel)
   def wrapped(*args):
@@ -555,10 +562,9 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
       _check_operand(a, i, name)
     flat_args, in_tree = jax.tree.flatten(args)
     in_avals = [_operand_aval(x, f"args[{i}]", name) for i, x in enumerate(flat_args)]
-    key = (in_tree, tuple(in_avals), pc.debug_checks_enabled())
-    params = traced.get(key)
-    if params is None:
-      params = traced[key] = _trace(in_tree, in_avals)
+    key = None if call_key is None else (call_key, in_tree, tuple(in_avals),
+                                         pc.debug_checks_enabled())
+    params = _deduplicated(key, _trace(in_tree, in_avals))
     outs = pallas_call_p.bind(*flat_args, params=params)
     return jax.tree.unflatten(out_tree, outs)
 

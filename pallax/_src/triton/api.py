@@ -15,15 +15,8 @@ from pallax._src import primitives as prims
 from pallax._src.primitives import dot, max_contiguous  # noqa: F401  (re-exported)
 from pallax._src.triton import codegen
 from pallax._src.triton.compile import Compiled, compile_kernel
+from pallax._src.triton.params import CompilerParams  # noqa: F401  (re-exported)
 from pallax._src.triton.values import tl_dtype
-
-
-@dataclasses.dataclass(frozen=True)
-class CompilerParams(pc.CompilerParams):
-  """Triton compiler parameters; ``None`` picks a default from the block sizes."""
-  BACKEND = "triton"
-  num_warps: int | None = None
-  num_stages: int | None = None
 
 
 # --- Ref access, as in JAX Pallas's Triton module: the Ref (view) is the index -----------
@@ -87,8 +80,8 @@ def _atomic_discharge(ctx, x, *args, tree, op, has_mask):
 for _p in (atomic_p, atomic_cas_p):
   _p.def_effectful_abstract_eval(_atomic_abstract_eval)
   ji.register_discharge_rule(_p)(_atomic_discharge)
-checks.ACCESS[atomic_p] = (2, "atomic update of")
-checks.ACCESS[atomic_cas_p] = (3, "atomic update of")
+checks.ref_access.register(atomic_p, 1, "atomic update of")     # (ref, val, *leaves, [mask])
+checks.ref_access.register(atomic_cas_p, 2, "atomic update of")  # (ref, cmp, val, *leaves)
 
 
 def _atomic(op, x_ref_or_view, idx, vals, mask=None):

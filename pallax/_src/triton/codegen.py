@@ -25,9 +25,9 @@ from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
 from pallax._src import schedule as sched
+from pallax._src.gpu import tiling
 from pallax._src.triton import movement   # its rules register themselves
 from pallax._src.triton import rules
-from pallax._src.triton import tiling
 from pallax._src.triton.values import NUMBER, SIGNATURE, RefDim, RefVal, Val, literal, pow2, tl_dtype
 
 PROLOGUE = '''import triton
@@ -146,8 +146,6 @@ class Codegen:
     self.hidden: list = []        # (pointer name, shape, dtype, zeroed) of hidden buffers
     self.lane = "0"               # this program's index among the concurrent programs
     self.lanes = 1                # how many programs run concurrently
-    self.spread_tiles = None   # the store whose output tiles are spread over programs
-    self.tile_ids = None       # (row, column) tile index expressions for it
 
   # --- emitting ----------------------------------------------------------------------
   def emit(self, line: str):
@@ -227,7 +225,10 @@ class Codegen:
     return f"tl.where({cond}, {v.expr}, {n})"
 
   # --- Refs ----------------------------------------------------------------------------
-  def index_ref(self, ref: RefVal, transforms) -> RefVal:
+  def index_ref(self, ref: RefVal, transforms, static=frozenset(), verb="access to") -> RefVal:
+    """``ref`` viewed through ``transforms``. Indices whose ids are in ``static`` were literals in
+    the jaxpr: negative ones count from the end, as in NumPy and the interpreter. Any other index
+    known here (a folded constant) must lie inside the Ref, as the interpreter checks."""
     for t in transforms:
       if not isinstance(t, ji.NDIndexer):
         raise Unsupported(f"Ref transform {type(t).__name__}")
@@ -258,8 +259,13 @@ class Codegen:
                                         size=int(idx.size), step=d.step * int(idx.stride))
         elif isinstance(idx, Val) and idx.shape == ():
           expr = self._index(idx)
-          if re.fullmatch(r"-\d+", idx.expr):     # a static index from the end, as in NumPy
-            expr = str(int(idx.expr) + d.size)
+          lit = literal(idx)
+          if type(lit) is int and id(idx) in static and -d.size <= lit < 0:
+            expr = str(lit + d.size)
+          elif type(lit) is int and not 0 <= lit < d.size:
+            raise IndexError(f"pallas_call {self.kernel_name}: out-of-bounds {verb} {ref.origin} at "
+                             f"{self.enclosing_frame}: index {lit} along dimension "
+                             f"{kept.index(k)}, which has size {d.size}")
           dims[k] = dataclasses.replace(d, start=_add(d.start, _mul(expr, d.step)), size=1,
                                         kept=False)
         elif isinstance(idx, (int, np.integer)):
@@ -384,16 +390,8 @@ class Codegen:
     outer_used = getattr(self, "_used", set())
     self._used = {a for e in jaxpr.eqns for a in e.invars if isinstance(a, ji.Var)}
     self._used |= {a for a in jaxpr.outvars if isinstance(a, ji.Var)}
-    tiled = tiling.find(jaxpr)
-    skip = set().union(*[t.skip for t in tiled.values()])
     for eqn in jaxpr.eqns:
-      if id(eqn) in skip:
-        continue
       self.comment_source(eqn)
-      if id(eqn) in tiled:
-        spread = self.spread_tiles if self.spread_tiles is tiled[id(eqn)].store else None
-        tiling.emit(self, tiled[id(eqn)], read, self.tile_ids if spread is not None else None)
-        continue
       invals = [read(a) for a in eqn.invars]
       for v in invals:
         if isinstance(v, ConstArray):
@@ -485,13 +483,15 @@ def _mul(a: str, k) -> str:
 # --- rules that need the generator's structure: Refs and control flow ----------------------
 
 def _access(cg, eqn, invals):
-  first, _ = checks.ACCESS[eqn.primitive]
+  first, verb = checks.ACCESS[eqn.primitive]
   tree = eqn.params["tree"]
   n = tree.num_leaves
   ref = invals[0]
   transforms = ji.tree_util.tree_unflatten(tree, invals[first:first + n])
+  static = {id(v) for a, v in zip(eqn.invars[first:first + n], invals[first:first + n])
+            if isinstance(a, ji.Literal)}
   rest = list(invals[first + n:])
-  return cg.index_ref(ref, transforms), rest
+  return cg.index_ref(ref, transforms, static, verb), rest
 
 
 def _get(cg, eqn, *invals):
@@ -814,6 +814,11 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
   tables = sched.block_index_tables(gm, partial=True)
   sched.check_block_ranges(gm, tables, params.name)
   schedule = gpu_schedule(params, tables)
+  tiled = tiling.rewrite(params, bool(schedule.sequential))
+  if tiled.grid_mapping is not gm:   # a new first grid axis over output tiles
+    params, gm = tiled, tiled.grid_mapping
+    schedule = gpu_schedule(params, sched.block_index_tables(gm, partial=True))
+  params, jaxpr = tiled, tiled.jaxpr
   cg = Codegen(params.name, compute_capability)
   rank, nidx, nin = len(gm.grid), gm.num_index_operands, gm.num_inputs
   names = list(params.arg_names) or [f"ref{i}" for i in range(nidx + nin + gm.num_outputs)]
@@ -828,9 +833,7 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
   par, seq = schedule.parallel, schedule.sequential
   cg.emit(f"# grid {gm.grid}: axes {par} run as parallel programs"
           + (f", axes {seq} as loops inside each program" if seq else ""))
-  # A kernel that is one large block matmul: each program computes one output tile of it.
-  whole = tiling.whole_kernel(jaxpr, tiling.find(jaxpr)) if not seq else None
-  ids, n_tiles = _program_ids(cg, gm, jaxpr, par, seq, whole)
+  ids = _program_ids(cg, gm, jaxpr, par, seq)
   refs = _operand_refs(cg, gm, params, ids, ptrs, names)
   invars = list(jaxpr.invars)
   for eff in jaxpr.effects:
@@ -844,7 +847,7 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
     raise Unsupported(
         f"pallas_call {params.name}: a value of {cg.max_numel} elements is too large for one Triton "
         f"program (at most {MAX_VALUE_ELEMENTS} fit its registers); use smaller blocks")
-  launch = (math.prod(gm.grid[a] for a in par) if par else 1) * n_tiles
+  launch = math.prod(gm.grid[a] for a in par) if par else 1
   warps, stages, chosen = _default_warps_stages(params, cg)
   for ptr, shape, dtype, _ in cg.hidden:
     signature[ptr] = "*" + SIGNATURE[jnp.dtype(dtype).name]
@@ -855,32 +858,14 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
                       hidden)
 
 
-def _program_ids(cg, gm, jaxpr, par, seq, whole):
-  """Emits the grid indices of this program: the parallel axes decoded from the launch index
-  (after the output tile of a spread block matmul), the sequential axes as loops.
-  Returns (one Val per grid axis, how many tiles each grid point is spread over)."""
+def _program_ids(cg, gm, jaxpr, par, seq):
+  """Emits the grid indices of this program: the parallel axes decoded from the launch index,
+  the sequential axes as loops. Returns one Val per grid axis."""
   rank = len(gm.grid)
   ids: list = [None] * rank
-  n_tiles = 1
-  pid = None
-  if whole is not None:
-    bm, bn, _ = tiling.tile_sizes(whole)
-    a, b = whole.dot.invars
-    tm, tn = a.aval.shape[0] // bm, b.aval.shape[1] // bn
-    n_tiles = tm * tn
+  if par:
     pid = cg.fresh("pid")
     cg.emit(f"{pid} = tl.program_id(0)")
-    t = cg.fresh("tile")
-    cg.emit(f"{t} = {pid} % {n_tiles}")
-    cg.spread_tiles, cg.tile_ids = whole.store, (f"({t} // {tn})", f"({t} % {tn})")
-    if par:
-      r = cg.fresh("rest")
-      cg.emit(f"{r} = {pid} // {n_tiles}")
-      pid = r
-  if par:
-    if pid is None:
-      pid = cg.fresh("pid")
-      cg.emit(f"{pid} = tl.program_id(0)")
     cg.lane, cg.lanes = pid, math.prod(gm.grid[a] for a in par)
     rest = pid
     # As in Pallas on Triton, the first grid axis varies fastest between neighbouring programs.
@@ -903,7 +888,7 @@ def _program_ids(cg, gm, jaxpr, par, seq, whole):
     cg.emit(f"for {n} in range(0, {gm.grid[a]}):")
     cg.depth += 1
     ids[a] = Val(n, (), jnp.dtype(jnp.int32))
-  return ids, n_tiles
+  return ids
 
 
 def _operand_refs(cg, gm, params, ids, ptrs, names) -> list[RefVal]:

@@ -1,0 +1,75 @@
+"""Defects found in a review of the GPU pipeline, each reproduced here (each test failed before
+its fix)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallax as pl
+import pallax.triton as plgpu
+
+scale = 2.0
+
+
+def _scaled_kernel(x_ref, o_ref):
+  o_ref[...] = x_ref[...] * scale
+
+
+def test_a_new_pallas_call_sees_changed_globals():
+  # A module-global trace cache keyed on the kernel object answered 2.0 twice.
+  global scale
+  x = jnp.ones(8)
+  call = lambda: pl.pallas_call(_scaled_kernel, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
+                                interpret=True)(x)
+  try:
+    scale = 2.0
+    first = call()
+    scale = 3.0
+    second = call()
+  finally:
+    scale = 2.0
+  np.testing.assert_array_equal(first, np.full(8, 2.0))
+  np.testing.assert_array_equal(second, np.full(8, 3.0))
+
+
+def test_identical_traces_share_one_params_object():
+  # Tracing at every call must not recompile: the backends' caches key on the Params object.
+  from pallax._src import pallas_call as pcall
+  x = jnp.ones(8)
+  call = lambda: pl.pallas_call(_scaled_kernel, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
+                                interpret=True)
+  seen = [eqn.params["params"] for _ in range(2) for eqn in
+          jax.make_jaxpr(call())(x).eqns if eqn.primitive is pcall.pallas_call_p]
+  assert len(seen) == 2 and seen[0] is seen[1]
+
+
+def _computed_minus_one_kernel(x_ref, o_ref):
+  i = jnp.zeros((), jnp.int32) - 1
+  o_ref[...] = jnp.full((4,), x_ref[i])
+
+
+def _literal_minus_one_kernel(x_ref, o_ref):
+  o_ref[...] = jnp.full((4,), x_ref[-1])
+
+
+def _call(kernel, interpret):
+  return lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((4,), jnp.float32),
+                                  interpret=interpret)(x)
+
+
+@pytest.mark.interpreter
+def test_a_computed_negative_index_is_out_of_bounds_on_both_backends():
+  # The Triton backend folded the index to the text -1, took it for a literal and read x[3].
+  x = jnp.arange(4.0)
+  with pytest.raises(IndexError, match=r"out-of-bounds read from args\[0\].*index -1"):
+    _call(_computed_minus_one_kernel, True)(x)
+  with pytest.raises(IndexError, match=r"out-of-bounds read from args\[0\].*index -1"):
+    plgpu.lower(_call(_computed_minus_one_kernel, False), x)
+
+
+@pytest.mark.interpreter
+def test_a_literal_negative_index_counts_from_the_end_on_both_backends():
+  x = jnp.arange(4.0)
+  np.testing.assert_array_equal(_call(_literal_minus_one_kernel, True)(x), np.full(4, 3.0))
+  [a] = plgpu.lower(_call(_literal_minus_one_kernel, False), x)
+  assert "x_ref + 3)" in a.source
