@@ -18,6 +18,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from pallax._src import checks
@@ -545,7 +546,7 @@ def _fori_index(body, num_consts: int) -> bool:
   if i_in.aval.dtype != jnp.int32:   # Triton's range() counts in int32: others loop on a carry
     return False
   for eqn in body.eqns:
-    if eqn.outvars and eqn.outvars[0] is i_out and eqn.primitive.name == "add":
+    if eqn.outvars and eqn.outvars[0] is i_out and eqn.primitive is lax.add_p:
       a, b = eqn.invars
       return (a is i_in and isinstance(b, ji.Literal) and b.val == 1) or \
              (b is i_in and isinstance(a, ji.Literal) and a.val == 1)
@@ -616,7 +617,7 @@ def _while(cg, eqn, *invals):
   carry = [cg.materialize(v, "carry") for v in init]
   # lax.fori_loop with dynamic bounds: carry (i, upper, ...), cond i < upper, i += 1.
   if (len(carry) >= 2 and _fori_index(body, bn) and len(cond.eqns) == 1 and
-      cond.eqns[0].primitive.name == "lt" and cond.eqns[0].invars[0] is cond.invars[cn] and
+      cond.eqns[0].primitive is lax.lt_p and cond.eqns[0].invars[0] is cond.invars[cn] and
       cond.eqns[0].invars[1] is cond.invars[cn + 1] and body.outvars[1] is body.invars[bn + 1]):
     i = cg.fresh("i")
     cg.emit(f"for {i} in range({carry[0].expr}, {carry[1].expr}):")
@@ -729,28 +730,12 @@ LOWERINGS = {
     ji.get_p: _get, ji.swap_p: _swap, ji.addupdate_p: _addupdate,
     prims.masked_load_p: _masked_load, prims.masked_swap_p: _masked_swap,
     prims.hint_p: _hint, prims.debug_print_p: _debug_print, prims.run_scoped_p: _run_scoped,
+    ji.scan_p: _scan, ji.while_p: _while, ji.cond_p: _cond, ji.check_p: _check,
+    ji.jit_p: _inline("jaxpr"), ji.closed_call_p: _inline("call_jaxpr"),
+    ji.custom_jvp_call_p: _inline("call_jaxpr"), ji.custom_vjp_call_p: _inline("call_jaxpr"),
+    ji.remat_p: _inline("jaxpr"), ji.copy_p: lambda cg, eqn, x: x,
+    ji.optimization_barrier_p: lambda cg, eqn, *xs: list(xs),
 }
-
-
-_NAMED = {"scan": _scan, "while": _while, "cond": _cond, "pjit": _inline("jaxpr"),
-          "jit": _inline("jaxpr"), "closed_call": _inline("call_jaxpr"),
-          "custom_jvp_call": _inline("call_jaxpr"), "custom_vjp_call": _inline("call_jaxpr"),
-          "checkpoint": _inline("jaxpr"), "remat": _inline("jaxpr"), "check": _check,
-          "copy": lambda cg, eqn, x: x, "copy_p": lambda cg, eqn, x: x,
-          "optimization_barrier": lambda cg, eqn, *xs: list(xs)}
-
-
-class _NameTable(dict):
-  """LOWERINGS keyed by primitive, falling back to primitive names for JAX's control flow
-  (whose primitive objects JAX does not export publicly)."""
-
-  def get(self, prim, default=None):
-    if dict.__contains__(self, prim):
-      return dict.__getitem__(self, prim)
-    return _NAMED.get(getattr(prim, "name", None), default)
-
-
-LOWERINGS = _NameTable(LOWERINGS)
 
 
 # --- the kernel -----------------------------------------------------------------------------
