@@ -136,9 +136,15 @@ def test_x64_kernels_lower():
   assert "lowered: ['kernel']" in r.stdout, (r.stdout + r.stderr)[-3000:]
 
 
+def _kernel_body(case, *args, cc=90):
+  """The generated kernel function (after the prologue's helpers)."""
+  src = plgpu.lower(case.build(False), *args, compute_capability=cc)[0].source
+  return src[src.rindex("@triton.jit"):]
+
+
 def test_argmax_argmin_pick_the_first_nan_as_lax_does():
   """The interpreter (the reference for the Triton backend) gives lax's answer on NaN, ties and
-  infinities; the Triton code reduces (value, index) pairs so that NaN is not skipped."""
+  infinities (the legalized kernel the GPU runs is checked against it in test_gpu_rewrites)."""
   case = by_name("argmax_argmin_nan_ties")
   (x,) = case.args(jax.random.key(5))
   rows, cols = case.build(True)(x)
@@ -159,9 +165,6 @@ def test_argmax_argmin_pick_the_first_nan_as_lax_does():
   np.testing.assert_array_equal(cols[0], expect_arg(xn, 0, "max"))
   np.testing.assert_array_equal(cols[1], expect_arg(xn, 0, "min"))
   assert list(rows[0][:5]) == [7, 0, 0, 40, 49]
-  src = plgpu.lower(case.build(False), x, compute_capability=90)[0].source
-  body = src[src.rindex("@triton.jit"):]   # the kernel, after the prologue's helpers
-  assert body.count(", _argmax)[1]") == 3 and body.count(", _argmin)[1]") == 2 and "tl.argmax(" not in body
 
 
 def test_clamp_keeps_nan_as_lax_does():
@@ -173,9 +176,6 @@ def test_clamp_keeps_nan_as_lax_does():
   np.testing.assert_array_equal(f[1], np.minimum(np.maximum(xn, lon), lon + 1))
   assert np.isnan(f[0][1, 3]) and np.isnan(f[1][2, 5])
   np.testing.assert_array_equal(i, np.clip((np.nan_to_num(xn) * 4).astype(np.int32), -3, 2))
-  src = plgpu.lower(case.build(False), x, lo, compute_capability=90)[0].source
-  body = src[src.rindex("@triton.jit"):]
-  assert body.count("propagate_nan=tl.PropagateNan.ALL") == 4   # both float clamps, both bounds
 
 
 def test_integer_division_by_zero_and_sign_follow_lax():
@@ -189,8 +189,6 @@ def test_integer_division_by_zero_and_sign_follow_lax():
   np.testing.assert_array_equal(got[0][2], xn // 3 + xn % -4)   # jnp // and % floor, as NumPy
   s = np.asarray(got[3])
   assert np.isnan(s[1, 0]) and np.signbit(s[1, 1]) and s[1, 2] == 0 and not np.signbit(s[1, 2])
-  src = plgpu.lower(case.build(False), x, y, f, compute_capability=90)[0].source
-  assert "x // 3\n" in src and "(y == 0) | ((x == -2147483648) & (y == -1))" in src   # guarded only when needed
 
 
 def _np_shift(x, s, kind):
@@ -222,12 +220,6 @@ def test_shifts_out_of_range_follow_lax():
   np.testing.assert_array_equal(got[2], (_np_shift(x8, s8, "arith") + _np_shift(x8, s8, "left")))
   i = np.asarray(got[0])
   assert i[2][0, 0] == -7 and i[0][0, 2] == 0 and i[2][0, 4] == (-1 if xn[0, 4] < 0 else 0)   # by 0, 32, -1
-  src = plgpu.lower(case.build(False), x, s, compute_capability=90)[0].source
-  body = src[src.rindex("@triton.jit"):]
-  assert "= x << 3\n" in body and "= x >> 31\n" in body          # literals: unguarded, or folded
-  assert body.count("< 32,") == 4 and body.count("< 8,") == 1     # shl and shr_logical, guarded
-  assert "x >> tl.minimum(s.to(tl.uint32, bitcast=True), 31).to(tl.int32)\n" in body   # arithmetic
-  assert ".to(tl.int32, bitcast=True) >> tl.minimum(" in body     # on an unsigned value: signed
 
 
 def test_casts_saturate_and_fp8_overflows_as_lax():
@@ -244,12 +236,6 @@ def test_casts_saturate_and_fp8_overflows_as_lax():
   assert np.isnan(e4_0[at(465.0)]) and e4_0[at(464.0)] == 448
   assert np.isnan(e4_0[1]) and np.isnan(e4_0[3])                  # e4m3fn has no inf: NaN
   assert e5_0[at(61439.0)] == 57344 and np.isposinf(e5_0[at(61440.0)]) and np.isneginf(e5_0[at(-65000.0)])
-  for cc, rtz in ((89, 4), (90, 0)):   # before Hopper: f32 (and int) -> fp8 round to odd in f16 first
-    src = plgpu.lower(case.build(False), *args, compute_capability=cc)[0].source
-    body = src[src.rindex("@triton.jit"):]
-    assert body.count('fp_downcast_rounding="rtz"') == rtz, cc
-    assert body.count("<= 464.0") == 4 and body.count(">= 61440.0") == 5
-    assert body.count("tl.minimum(tl.maximum(") == 8
 
 
 def test_rounding_to_odd_in_f16_then_to_fp8_rounds_f32_once():
@@ -282,9 +268,6 @@ def test_popcount_and_clz_count_the_dtype_bits():
     np.testing.assert_array_equal(pop, np.bitwise_count(u).astype(x.dtype))
     length = np.array([int(v).bit_length() for v in u.ravel()]).reshape(u.shape)
     np.testing.assert_array_equal(clz, (bits - length).astype(x.dtype))
-  src = plgpu.lower(case.build(False), *args, compute_capability=90)[0].source
-  body = src[src.rindex("@triton.jit"):]
-  assert body.count("libdevice.popc(") == 6 and body.count(" - 24)") == 2 and body.count(" - 16)") == 2
 
 
 def test_bitwise_reductions_and_narrow_sums_follow_numpy():
@@ -306,12 +289,6 @@ def test_bitwise_reductions_and_narrow_sums_follow_numpy():
   np.testing.assert_array_equal(f[0], np.cumsum(sn, axis=1).astype(bf) * bf(1.01))
   sp = np.where(sn > 4, 2.0, np.where(sn > 1, 0.5, -1.0))
   np.testing.assert_array_equal(f[1], np.cumprod(sp, axis=1).astype(bf) * bf(1.01))
-  src = plgpu.lower(case.build(False), x, s, compute_capability=90)[0].source
-  body = src[src.rindex("@triton.jit"):]
-  assert body.count("< 7), v3, -1)") == 1 and body.count(", 65535), 1, _and)") == 1   # and: all ones
-  assert body.count("tl.xor_sum(") == 3 and body.count(", 0), axis=1)") == 5           # xor, sum: 0
-  assert body.count("axis=1).to(tl.int8)\n") == 1 and body.count("reverse=False).to(tl.int8)\n") == 1
-  assert body.count("reverse=False).to(tl.bfloat16)") == 2
 
 
 def test_float_edges_follow_numpy():
@@ -331,10 +308,7 @@ def test_float_edges_follow_numpy():
   assert o[0, 0] == np.float32(1.4e-45)                          # a subnormal, not flushed
   np.testing.assert_array_equal(fin[0], np.isfinite(xn))
   assert list(k) == [-3, -1, 0]                                  # INT_MAX + 1 wraps below 0
-  src = plgpu.lower(case.build(False), x, y, compute_capability=90)[0].source
-  body = src[src.rindex("@triton.jit"):]
-  assert "= x * -1.0\n" in body and "libdevice.isfinite" not in body and "libdevice.nextafter" not in body
-  assert body.count("bitcast=True) + tl.where(") == 3                    # nextafter on the bits
+  body = _kernel_body(case, x, y)
   assert "tl.store(k_ref, tl.full([], -3, tl.int32))" in body                # folded by lax
   assert "tl.store(k_ref + 2, tl.full([], 0, tl.int32))" in body
 
@@ -346,9 +320,8 @@ def test_narrow_int_indices_are_widened():
   xn = np.asarray(x)
   np.testing.assert_array_equal(o, xn[5] + xn[3])
   np.testing.assert_array_equal(g, xn[[7, 0, 5, 3]])
-  src = plgpu.lower(case.build(False), x, i, r, compute_capability=90)[0].source
-  body = src[src.rindex("@triton.jit"):]
-  assert "i.to(tl.int32) * 100" in body and "(rows.to(tl.int32))[:, None] * 100" in body
+  body = _kernel_body(case, x, i, r)
+  assert body.count(".to(tl.int32) * 100") == 2                        # both indices widened
 
 
 def test_fp8_arithmetic_goes_through_f32_as_ml_dtypes():
@@ -363,9 +336,6 @@ def test_fp8_arithmetic_goes_through_f32_as_ml_dtypes():
   assert np.isnan(f32(o4)[0, 0, 0]) and f32(o5)[0, 0, 0] == 640   # 300 + 300: e4m3fn overflows
   assert f32(o4)[4, 0, 2] == 0 and np.signbit(f32(o4)[4, 0, 2])  # -(0.0) is -0.0
   np.testing.assert_array_equal(c[0], f32(args[0]) < f32(args[1]))
-  for cc in (89, 90):
-    src = plgpu.lower(case.build(False), *args, compute_capability=cc)[0].source
-    assert src.count("bitcast=True) ^ 0x80)") == 2
 
 
 def test_integer_pow_multiplies_in_lax_order():
@@ -378,9 +348,6 @@ def test_integer_pow_multiplies_in_lax_order():
   np.testing.assert_array_equal(got[0], xn * x4)            # 5 = 1 + 4
   np.testing.assert_array_equal(got[1], (xn * x2) * x4)     # 7 = 1 + 2 + 4
   np.testing.assert_array_equal(got[2], x4 * (x4 * x4))     # 12 = 4 + 8
-  src = plgpu.lower(case.build(False), x, compute_capability=90)[0].source
-  body = src[src.rindex("@triton.jit"):]
-  assert "sq = x * x\n" in body and "pw = x * sq2\n" in body and "pw4 = sq6 * sq7\n" in body
 
 
 def test_atomics_with_repeated_indices_masks_and_cas_follow_numpy():
@@ -394,8 +361,8 @@ def test_atomics_with_repeated_indices_masks_and_cas_follow_numpy():
   c0 = np.asarray(c0)
   np.testing.assert_array_equal(r, c0)
   np.testing.assert_array_equal(c, np.where(c0 == 3, 100, c0))
-  src = plgpu.lower(case.build(False), v, idx, m, o0, c0, compute_capability=90)[0].source
-  assert "tl.atomic_cas(c_ref + tl.arange(0, 8), " in src and "tl.atomic_add(" in src
+  body = _kernel_body(case, v, idx, m, o0, c0)
+  assert "tl.atomic_cas(c_ref + tl.arange(0, 8), " in body and "tl.atomic_add(" in body
 
 
 def test_atomic_out_of_bounds_is_an_error_in_the_interpreter():
@@ -433,9 +400,8 @@ def test_dot_dtype_mixes_small_k_and_narrow_loop_index():
   want = np.asarray(xb, np.float64) @ np.asarray(x, np.float64)
   assert np.abs(m - want).max() <= 1e-5 * np.abs(want).max()
   assert l[0] == sum((k + 5 + 128) % 256 - 128 for k in range(120, 127))   # i + 5 wraps in int8
-  src = plgpu.lower(case.build(False), a, b, x, xb, compute_capability=90)[0].source
-  body = src[src.rindex("@triton.jit"):]
-  assert body.count("tl.dot(") == 1 and 'tl.dot((xb).to(tl.float32), x, input_precision="ieee"' in body
+  body = _kernel_body(case, a, b, x, xb)
+  assert body.count("tl.dot(") == 1 and "tl.dot(xb.to(tl.float32), x, input_precision='ieee'" in body
   assert "for i in range" not in body                                  # int8 index: a carried loop
 
 

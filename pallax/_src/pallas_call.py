@@ -523,6 +523,66 @@ def _deduplicated(call_key, params: Params) -> Params:
   return _SAME_TRACE.setdefault(key, params)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Call:
+  """What ``pallas_call(kernel, ...)`` was given, before the operands are known."""
+  kernel: Any
+  name: str
+  grid_spec: pc.GridSpec
+  out_tree: Any
+  out_avals: tuple
+  aliases: tuple
+  interpret: Any
+  debug: bool
+  compiler_params: Any
+  cost_estimate: Any
+  backend: str | None
+  grid_names: tuple
+
+  def key(self):
+    """A hashable identity of the call (None if its arguments are not hashable)."""
+    k = tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+    k = k[:3] + (repr(self.out_tree),) + k[4:]   # treedefs of ShapeDtypeStructs do not hash
+    try:
+      hash(k)
+      return k
+    except TypeError:
+      return None
+
+
+def _check_aliases(call: _Call, in_avals):
+  for i, o in call.aliases:
+    if not (0 <= i < len(in_avals)) or not (0 <= o < len(call.out_avals)):
+      raise ValueError(f"pallas_call {call.name}: input_output_aliases {{{i}: {o}}} names a "
+                       f"missing operand ({len(in_avals)} inputs, {len(call.out_avals)} outputs)")
+    a, b = in_avals[i], call.out_avals[o]
+    if a.shape != b.shape or a.dtype != b.dtype:
+      raise ValueError(f"pallas_call {call.name}: input_output_aliases {{{i}: {o}}}: args[{i}] is "
+                       f"{a.str_short()} but out[{o}] is {b.str_short()}; aliased operands must "
+                       "have the same shape and dtype")
+
+
+def _trace(call: _Call, in_tree, in_avals) -> Params:
+  """Traces the kernel for operands of ``in_avals``: the Params of one pallas_call equation."""
+  _check_aliases(call, in_avals)
+  nidx, name = call.grid_spec.num_scalar_prefetch, call.name
+  ins_tree = in_tree if nidx == 0 else jax.tree.structure([0] * (len(in_avals) - nidx))
+  gm = make_grid_mapping(name, call.grid_spec, in_avals, ins_tree, list(call.out_avals),
+                         call.out_tree, call.debug)
+  ref_avals = ([ji.ref_aval(a.shape, a.dtype, pc.MemorySpace.INDEX) for a in in_avals[:nidx]]
+               + [bm.ref_aval for bm in gm.block_mappings] + list(gm.scratch_avals))
+  ref_names = ([f"args[{i}]" for i in range(nidx)] + [bm.origin for bm in gm.block_mappings]
+               + [f"scratch[{i}]" for i in range(len(gm.scratch_avals))])
+  kargs = _kernel_args(in_tree, call.out_tree, call.grid_spec.scratch_shapes)
+  jaxpr, globals_avals = trace_kernel(call.kernel, name, gm.grid, ref_avals, ref_names,
+                                      call.grid_names, kargs)
+  params = Params(jaxpr, gm, name, call.interpret, call.debug, call.aliases, call.compiler_params,
+                  call.cost_estimate, call.backend, globals_avals, kargs.names(call.kernel))
+  if call.debug:
+    print(f"The kernel jaxpr of pallas_call {name}:\n{jaxpr}\n{gm}")
+  return params
+
+
 def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.GridSpec | None = None,
                 grid=(), in_specs=pc.no_block_spec, out_specs=pc.no_block_spec, scratch_shapes=(),
                 input_output_aliases: dict[int, int] | None = None, debug: bool = False,
@@ -531,7 +591,8 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
                 metadata: dict[str, str] | None = None, _grid_names=()):
   """Returns a function that runs ``kernel`` once per point of ``grid`` on blocks of its operands.
 
-  Same semantics as JAX Pallas's ``pallas_call``.
+  Same semantics as JAX Pallas's ``pallas_call``. The kernel is traced at every call (it may
+  read Python values that changed since), as in JAX Pallas.
   """
   del metadata
   name = _kernel_name(kernel, name)
@@ -543,18 +604,14 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
                      "scratch_shapes, not both")
   flat_out_shapes, out_tree = jax.tree.flatten(
       out_shape, is_leaf=lambda s: s is None or hasattr(s, "dtype"))
-  out_avals = [_out_aval(s, i, name) for i, s in enumerate(flat_out_shapes)]
-  aliases = tuple(sorted((input_output_aliases or {}).items()))
+  out_avals = tuple(_out_aval(s, i, name) for i, s in enumerate(flat_out_shapes))
   if isinstance(compiler_params, dict):
     compiler_params = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
                                    for k, v in compiler_params.items()))
-
-  try:
-    call_key = (kernel, grid_spec, repr(out_tree), tuple(out_avals), aliases, interpret, name,
-                debug, compiler_params, cost_estimate, backend, _grid_names)
-    hash(call_key)
-  except TypeError:
-    call_key = None
+  call = _Call(kernel, name, grid_spec, out_tree, out_avals,
+               tuple(sorted((input_output_aliases or {}).items())), interpret, debug,
+               compiler_params, cost_estimate, backend, tuple(_grid_names))
+  call_key = call.key()
 
   @functools.wraps(kernel)
   def wrapped(*args):
@@ -564,34 +621,8 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
     in_avals = [_operand_aval(x, f"args[{i}]", name) for i, x in enumerate(flat_args)]
     key = None if call_key is None else (call_key, in_tree, tuple(in_avals),
                                          pc.debug_checks_enabled())
-    params = _deduplicated(key, _trace(in_tree, in_avals))
+    params = _deduplicated(key, _trace(call, in_tree, in_avals))
     outs = pallas_call_p.bind(*flat_args, params=params)
     return jax.tree.unflatten(out_tree, outs)
-
-  def _trace(in_tree, in_avals) -> Params:
-    nidx = grid_spec.num_scalar_prefetch
-    for i, o in aliases:
-      if not (0 <= i < len(in_avals)) or not (0 <= o < len(out_avals)):
-        raise ValueError(f"pallas_call {name}: input_output_aliases {{{i}: {o}}} names a missing "
-                         f"operand ({len(in_avals)} inputs, {len(out_avals)} outputs)")
-      a, b = in_avals[i], out_avals[o]
-      if a.shape != b.shape or a.dtype != b.dtype:
-        raise ValueError(f"pallas_call {name}: input_output_aliases {{{i}: {o}}}: args[{i}] is "
-                         f"{a.str_short()} but out[{o}] is {b.str_short()}; aliased operands must "
-                         "have the same shape and dtype")
-    ins_tree = in_tree if nidx == 0 else jax.tree.structure([0] * (len(in_avals) - nidx))
-    gm = make_grid_mapping(name, grid_spec, in_avals, ins_tree, out_avals, out_tree, debug)
-    ref_avals = ([ji.ref_aval(a.shape, a.dtype, pc.MemorySpace.INDEX) for a in in_avals[:nidx]]
-                 + [bm.ref_aval for bm in gm.block_mappings] + list(gm.scratch_avals))
-    ref_names = ([f"args[{i}]" for i in range(nidx)] + [bm.origin for bm in gm.block_mappings]
-                 + [f"scratch[{i}]" for i in range(len(gm.scratch_avals))])
-    kargs = _kernel_args(in_tree, out_tree, grid_spec.scratch_shapes)
-    jaxpr, globals_avals = trace_kernel(kernel, name, gm.grid, ref_avals, ref_names, _grid_names,
-                                        kargs)
-    params = Params(jaxpr, gm, name, interpret, debug, aliases, compiler_params, cost_estimate,
-                    backend, globals_avals, kargs.names(kernel))
-    if debug:
-      print(f"The kernel jaxpr of pallas_call {name}:\n{jaxpr}\n{gm}")
-    return params
 
   return wrapped

@@ -6,6 +6,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallax._src import checks
 from pallax._src import core as pc
@@ -16,7 +17,11 @@ from pallax._src.primitives import dot, max_contiguous  # noqa: F401  (re-export
 from pallax._src.triton import codegen
 from pallax._src.triton.compile import Compiled, compile_kernel
 from pallax._src.triton.params import CompilerParams  # noqa: F401  (re-exported)
-from pallax._src.triton.values import tl_dtype
+from pallax._src.gpu import expr as ex
+from pallax._src.gpu.source import Unsupported
+from pallax._src.triton import lang as tl
+from pallax._src.triton import memory
+from pallax._src.triton.writer import rule
 
 
 # --- Ref access, as in JAX Pallas's Triton module: the Ref (view) is the index -----------
@@ -110,25 +115,18 @@ def atomic_cas(ref, cmp, val):
   return _atomic("cas", ref, (), [jnp.asarray(cmp), jnp.asarray(val)])
 
 
-def _atomic_lowering(cg, eqn, ref, *rest):
-  p = eqn.params
-  nv, n = _n_values(p["op"]), p["tree"].num_leaves
-  vals = rest[:nv]
-  view = cg.index_ref(ref, ji.tree_util.tree_unflatten(p["tree"], list(rest[nv:nv + n])))
-  mask = rest[nv + n] if p["has_mask"] else None
-  offs, m, shape = cg.address(view, mask)
-  ptr = f"{view.ptr} + {offs}" if offs != "0" else view.ptr
-  if p["op"] == "cas":
-    if m:   # tl.atomic_cas takes no mask
-      raise codegen.Unsupported("atomic_cas on a block that needs a mask (a partial or "
-                                "non-power-of-two block)")
-    return cg.bind(f"tl.atomic_cas({ptr}, {vals[0].expr}, {vals[1].expr})", shape, ref.dtype, "old")
-  mexpr = f", mask={m}" if m else ""
-  return cg.bind(f"tl.atomic_{p['op']}({ptr}, {vals[0].expr}{mexpr})", shape, ref.dtype, "old")
-
-
-codegen.LOWERINGS[atomic_cas_p] = _atomic_lowering
-codegen.LOWERINGS[atomic_p] = _atomic_lowering
+@rule(atomic_p, atomic_cas_p, hint="old")
+def _atomic_lowering(ctx, *invals, op, **_):
+  view, acc = memory.view(ctx, invals)
+  offs, mask, shape = memory.address(view, acc.mask)
+  ptr = view.ptr if ex.is_zero(offs) else ex.binary("+", view.ptr, offs)
+  if op == "cas":
+    if mask is not None:   # tl.atomic_cas takes no mask
+      raise Unsupported("atomic_cas on a block that needs a mask (a partial or "
+                        "non-power-of-two block)")
+    return ex.call("tl.atomic_cas", ptr, *acc.values, dtype=view.dtype, shape=shape)
+  kw = {"mask": mask} if mask is not None else {}
+  return ex.call(f"tl.atomic_{op}", ptr, acc.values[0], dtype=view.dtype, shape=shape, **kw)
 
 
 # --- other Triton-specific functions ---------------------------------------------------------
@@ -145,16 +143,18 @@ def approx_tanh(x):
   return approx_tanh_p.bind(jnp.asarray(x))
 
 
-def _approx_tanh_lowering(cg, eqn, x):
-  if x.dtype == jnp.float32:
-    expr = (f'tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [{x.expr}], '
-            f"dtype=tl.float32, is_pure=True, pack=1)")
-  else:
-    expr = cg.f32_math("libdevice.tanh({0})", x)
-  return cg.bind(expr, x.shape, x.dtype, "tanh")
+@rule(approx_tanh_p, hint="tanh")
+def _approx_tanh_lowering(ctx, x):
+  if x.dtype == jnp.float64:
+    return ex.call("libdevice.tanh", x, dtype=x.dtype, shape=x.shape)
+  if x.dtype != jnp.float32:   # f16/bf16 through float32
+    y = ex.call("libdevice.tanh", tl.to(x, jnp.float32), dtype=tl.F32, shape=x.shape)
+    return tl.to(y, x.dtype)
+  return ex.Call("tl.inline_asm_elementwise",
+                 ("tanh.approx.f32 $0, $1;", "=r,r", ex.Token(f"[{tl.render(x)}]")),
+                 (("dtype", tl.dtype(jnp.float32)), ("is_pure", True), ("pack", 1)),
+                 dtype=x.dtype, shape=x.shape)
 
-
-codegen.LOWERINGS[approx_tanh_p] = _approx_tanh_lowering
 
 barrier_p = ji.Primitive("debug_barrier")
 barrier_p.multiple_results = True
@@ -168,12 +168,10 @@ def debug_barrier():
   barrier_p.bind()
 
 
-def _barrier_lowering(cg, eqn):
-  cg.emit("tl.debug_barrier()")
+@rule(barrier_p)
+def _barrier_lowering(ctx):
+  ctx.gen.emit("tl.debug_barrier()")
   return []
-
-
-codegen.LOWERINGS[barrier_p] = _barrier_lowering
 
 inline_asm_p = ji.Primitive("elementwise_inline_asm")
 inline_asm_p.multiple_results = True
@@ -197,21 +195,20 @@ def elementwise_inline_asm(asm: str, *, args, constraints: str, pack: int, resul
                            result_shape_dtypes=tuple(result_shape_dtypes))
 
 
-def _inline_asm_lowering(cg, eqn, *args):
-  p = eqn.params
-  outs = p["result_shape_dtypes"]
-  dtypes = [tl_dtype(s.dtype) for s in outs]
-  dt = dtypes[0] if len(dtypes) == 1 else f"({', '.join(dtypes)},)"
-  expr = (f"tl.inline_asm_elementwise({p['asm']!r}, {p['constraints']!r}, "
-          f"[{', '.join(a.expr for a in args)}], dtype={dt}, is_pure=True, pack={p['pack']})")
-  if len(outs) == 1:
-    return [cg.bind(expr, outs[0].shape, outs[0].dtype, "asm")]
-  tup = cg.fresh("asm")
-  cg.emit(f"{tup} = {expr}")
-  return [cg.bind(f"{tup}[{i}]", s.shape, s.dtype, "asm") for i, s in enumerate(outs)]
-
-
-codegen.LOWERINGS[inline_asm_p] = _inline_asm_lowering
+@rule(inline_asm_p, hint="asm")
+def _inline_asm_lowering(ctx, *args, asm, constraints, pack, result_shape_dtypes):
+  dtypes = [tl.render(tl.dtype(s.dtype)) for s in result_shape_dtypes]
+  dt = ex.Token(dtypes[0] if len(dtypes) == 1 else f"({', '.join(dtypes)},)")
+  arg_list = ex.Token(f"[{', '.join(tl.render(a) for a in args)}]")
+  e = ex.Call("tl.inline_asm_elementwise", (asm, constraints, arg_list),
+              (("dtype", dt), ("is_pure", True), ("pack", pack)))
+  if len(result_shape_dtypes) == 1:
+    s = result_shape_dtypes[0]
+    return [ex.Call(e.fn, e.args, e.kwargs, dtype=np.dtype(s.dtype), shape=tuple(s.shape))]
+  tup = ctx.gen.fresh("asm")
+  ctx.gen.emit(f"{tup} = {tl.render(e)}")
+  return [ex.Subscript(ex.Name(tup), (ex.Token(str(i)),), dtype=np.dtype(s.dtype), shape=tuple(s.shape))
+          for i, s in enumerate(result_shape_dtypes)]
 
 
 # --- inspection without a GPU ------------------------------------------------------------------

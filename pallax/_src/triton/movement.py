@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from jax import lax
 
-from pallax._src.triton.rules import rule
-from pallax._src.triton.values import RefVal, Val
+from pallax._src.gpu import expr as ex
+from pallax._src.triton import lang as tl
+from pallax._src.triton import memory
+from pallax._src.triton.memory import RefVal
+from pallax._src.triton.writer import rule
 
 
 def _view(buf: RefVal, dims: dict, drop=()) -> RefVal:
@@ -23,123 +27,122 @@ def _view(buf: RefVal, dims: dict, drop=()) -> RefVal:
   for axis, (start, size, step) in dims.items():
     new[1 + axis] = dataclasses.replace(new[1 + axis], start=start, size=size, step=step,
                                         kept=axis not in drop)
-  return dataclasses.replace(buf, dims=new)
+  return dataclasses.replace(buf, dims=tuple(new))
 
 
-def row(buf: RefVal, index: str) -> RefVal:
+def row(buf: RefVal, index: ex.Expr) -> RefVal:
   """The view of element ``index`` along the first axis of a spilled value (a scan's step)."""
   return _view(buf, {0: (index, 1, 1)}, drop=(0,))
 
 
-def _read(cg, buf: RefVal, eqn, hint: str):
-  out = cg.load(buf, hint=hint)
-  cg.emit("tl.debug_barrier()")
-  aval = eqn.outvars[0].aval
-  if tuple(out.shape) != tuple(aval.shape):
-    raise AssertionError((out.shape, aval.shape))
+def _read(ctx, buf: RefVal, hint: str):
+  out = memory.load(ctx.gen, buf, hint=hint)
+  ctx.gen.emit("tl.debug_barrier()")
+  if tuple(out.shape) != tuple(ctx.out.shape):
+    raise AssertionError((out.shape, ctx.out.shape))
   return out
 
 
-def _clamped(cg, start, size: int, dim: int) -> str:
+def _clamped(gen, start, size: int, dim: int) -> ex.Expr:
   """lax's rule for dynamic slice starts: clamped so the slice lies inside the array."""
-  if hasattr(start, "expr"):
-    return cg.bind(f"tl.minimum(tl.maximum({start.expr}, 0), {dim - size})", (), start.dtype,
-                   "start").expr
-  return str(min(max(int(start), 0), dim - size))
+  if isinstance(start, ex.Lit) or not isinstance(start, ex.Expr):
+    return tl.i32(min(max(int(ex.literal(start) if isinstance(start, ex.Lit) else start), 0), dim - size))
+  lo = ex.call("tl.maximum", start, tl.i32(0), dtype=start.dtype)
+  return gen.bind(ex.call("tl.minimum", lo, tl.i32(dim - size), dtype=start.dtype), "start")
 
 
 @rule(lax.slice_p)
-def _slice(cg, eqn, x):
-  p = eqn.params
-  strides = p["strides"] or (1,) * len(x.shape)
-  buf = cg.spill(x)
-  dims = {a: (str(lo), -(-(hi - lo) // st), st)
-          for a, (lo, hi, st) in enumerate(zip(p["start_indices"], p["limit_indices"], strides))}
-  return _read(cg, _view(buf, dims), eqn, "part")
+def _slice(ctx, x, start_indices, limit_indices, strides):
+  strides = strides or (1,) * len(x.shape)
+  buf = memory.spill(ctx.gen, x)
+  dims = {a: (tl.i32(lo), -(-(hi - lo) // st), st)
+          for a, (lo, hi, st) in enumerate(zip(start_indices, limit_indices, strides))}
+  return _read(ctx, _view(buf, dims), "part")
 
 
 @rule(lax.rev_p)
-def _rev(cg, eqn, x):
-  buf = cg.spill(x)
-  dims = {a: (str(x.shape[a] - 1), x.shape[a], -1) for a in eqn.params["dimensions"]}
-  return _read(cg, _view(buf, dims), eqn, "rev")
+def _rev(ctx, x, dimensions):
+  buf = memory.spill(ctx.gen, x)
+  dims = {a: (tl.i32(x.shape[a] - 1), x.shape[a], -1) for a in dimensions}
+  return _read(ctx, _view(buf, dims), "rev")
 
 
 @rule(lax.dynamic_slice_p)
-def _dynamic_slice(cg, eqn, x, *starts):
-  buf = cg.spill(x)
-  sizes = eqn.params["slice_sizes"]
-  dims = {a: (_clamped(cg, s, n, x.shape[a]), n, 1) for a, (s, n) in enumerate(zip(starts, sizes))}
-  return _read(cg, _view(buf, dims), eqn, "part")
+def _dynamic_slice(ctx, x, *starts, slice_sizes):
+  buf = memory.spill(ctx.gen, x)
+  dims = {a: (_clamped(ctx.gen, s, n, x.shape[a]), n, 1)
+          for a, (s, n) in enumerate(zip(starts, slice_sizes))}
+  return _read(ctx, _view(buf, dims), "part")
 
 
 @rule(lax.dynamic_update_slice_p)
-def _dynamic_update_slice(cg, eqn, x, update, *starts):
-  buf = cg.spill(x)
-  dims = {a: (_clamped(cg, s, n, x.shape[a]), n, 1)
+def _dynamic_update_slice(ctx, x, update, *starts):
+  buf = memory.spill(ctx.gen, x)
+  dims = {a: (_clamped(ctx.gen, s, n, x.shape[a]), n, 1)
           for a, (s, n) in enumerate(zip(starts, update.shape))}
-  cg.store(_view(buf, dims), update)
-  return _read(cg, buf, eqn, "updated")
+  memory.store(ctx.gen, _view(buf, dims), update)
+  return _read(ctx, buf, "updated")
 
 
 @rule(lax.concatenate_p)
-def _concatenate(cg, eqn, *xs):
-  axis = eqn.params["dimension"]
-  buf = cg.spill(None, eqn.outvars[0].aval)
+def _concatenate(ctx, *xs, dimension):
+  buf = memory.spill(ctx.gen, None, ctx.out)
   offset = 0
   for x in xs:
-    cg.store(_view(buf, {axis: (str(offset), x.shape[axis], 1)}), x)
-    offset += x.shape[axis]
-  return _read(cg, buf, eqn, "cat")
+    memory.store(ctx.gen, _view(buf, {dimension: (tl.i32(offset), x.shape[dimension], 1)}), x)
+    offset += x.shape[dimension]
+  return _read(ctx, buf, "cat")
 
 
 @rule(lax.stack_p)
-def _stack(cg, eqn, *xs):
-  axis = eqn.params["axis"]
-  buf = cg.spill(None, eqn.outvars[0].aval)
+def _stack(ctx, *xs, axis):
+  buf = memory.spill(ctx.gen, None, ctx.out)
   for k, x in enumerate(xs):
-    cg.store(_view(buf, {axis: (str(k), 1, 1)}, drop=(axis,)), x)
-  return _read(cg, buf, eqn, "stacked")
+    memory.store(ctx.gen, _view(buf, {axis: (tl.i32(k), 1, 1)}, drop=(axis,)), x)
+  return _read(ctx, buf, "stacked")
 
 
-def _element(cg, vec, j: int) -> str:
-  """Element ``j`` of a small 1-D tensor, as a scalar expression."""
+def _element(gen, vec: ex.Expr, j: int) -> ex.Expr:
+  """Element ``j`` of a small 1-D tensor, as a scalar."""
   if vec.shape == (1,) and j == 0:
-    return cg.bind(f"tl.sum({vec.expr}, axis=0)", (), vec.dtype, "start").expr
-  n = 1 << max(0, (vec.shape[0] - 1).bit_length())
-  return cg.bind(f"tl.sum(tl.where(tl.arange(0, {n}) == {j}, {vec.expr}, 0), axis=0)", (),
-                 vec.dtype, "start").expr
+    return gen.bind(ex.call("tl.sum", vec, axis=tl.i32(0), dtype=vec.dtype), "start")
+  picked = tl.where(tl.compare("==", tl.arange(vec.padded[0]), tl.i32(j)), vec, tl.i32(0), vec.dtype)
+  return gen.bind(ex.call("tl.sum", picked, axis=tl.i32(0), dtype=vec.dtype), "start")
 
 
-@rule(lax.scatter_p, lax.scatter_add_p)
-def _scatter(cg, eqn, x, indices, update):
-  """One window written (``x.at[i, :4].set(v)``) or added: a store into a view of ``x``.
-  Like lax's FILL_OR_DROP, a window that does not fit inside ``x`` is dropped whole."""
-  dn = eqn.params["dimension_numbers"]
-  if len(indices.shape) != 1 or dn.operand_batching_dims:
-    raise NotImplementedError("scatter of several windows (index arrays); the Triton backend "
-                              "writes one window, as x.at[i, j:k].set(v) does")
-  mode = str(eqn.params.get("mode"))
-  buf = cg.spill(x)
-  starts = {d: _element(cg, indices, j) for j, d in enumerate(dn.scatter_dims_to_operand_dims)}
+def _window(gen, x, indices, update, dn, mode):
+  """The view of ``x`` the scatter writes, and a mask (None: always) of whether it fits."""
+  starts = {d: _element(gen, indices, j) for j, d in enumerate(dn.scatter_dims_to_operand_dims)}
   window = iter(update.shape[a] for a in dn.update_window_dims)
   dims, fits = {}, []
   for d in range(len(x.shape)):
     size = 1 if d in dn.inserted_window_dims else next(window)
-    start = starts.get(d, "0")
-    if start != "0" and "CLIP" in mode:
-      start = _clamped(cg, Val(start, (), indices.dtype), size, x.shape[d])
-    elif start != "0" and "FILL_OR_DROP" in mode:
-      fits.append(f"({start} >= 0) & ({start} <= {x.shape[d] - size})")
+    start = starts.get(d, tl.i32(0))
+    if not ex.is_zero(start) and "CLIP" in mode:
+      start = _clamped(gen, start, size, x.shape[d])
+    elif not ex.is_zero(start) and "FILL_OR_DROP" in mode:
+      fits += [tl.compare(">=", start, tl.i32(0)), tl.compare("<=", start, tl.i32(x.shape[d] - size))]
     dims[d] = (start, size, 1)
-  view = _view(buf, dims, drop=dn.inserted_window_dims)
   mask = None
   if fits:
-    cond = cg.bind(" & ".join(fits), (), "bool", "fits")
-    mask = cg.bind(f"tl.full({[1 << max(0, (n - 1).bit_length()) for n in update.shape]}, "
-                   f"{cond.expr}, tl.int1)", update.shape, "bool", "fits")
-  if eqn.primitive is lax.scatter_add_p:
-    update = cg.bind(f"{cg.load(view, mask, hint='cur').expr} + {update.expr}", update.shape,
-                     update.dtype, "upd")
-  cg.store(view, update, mask)
-  return _read(cg, buf, eqn, "scattered")
+    cond = gen.bind(tl.all_of(fits), "fits")
+    mask = gen.bind(tl.full(update.shape, cond, np.bool_), "fits")
+  return dims, mask
+
+
+@rule(lax.scatter_p, lax.scatter_add_p)
+def _scatter(ctx, x, indices, update, dimension_numbers, mode, **_):
+  """One window written (``x.at[i, :4].set(v)``) or added: a store into a view of ``x``.
+  Like lax's FILL_OR_DROP, a window that does not fit inside ``x`` is dropped whole."""
+  dn, gen = dimension_numbers, ctx.gen
+  if len(indices.shape) != 1 or dn.operand_batching_dims:
+    raise NotImplementedError("scatter of several windows (index arrays); the Triton backend "
+                              "writes one window, as x.at[i, j:k].set(v) does")
+  buf = memory.spill(gen, x)
+  dims, mask = _window(gen, x, indices, update, dn, str(mode))
+  view = _view(buf, dims, drop=dn.inserted_window_dims)
+  if ctx.eqn.primitive is lax.scatter_add_p:
+    cur = memory.load(gen, view, mask, hint="cur")
+    update = gen.bind(ex.binary("+", cur, update), "upd")
+  memory.store(gen, view, update, mask)
+  return _read(ctx, buf, "scattered")

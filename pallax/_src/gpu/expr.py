@@ -1,0 +1,244 @@
+"""Typed expressions of generated GPU code (Triton and Gluon source), rendered once.
+
+A node knows whether it is a literal (and which), a name or an expression, and its dtype and
+shape; nothing reads generated text back. ``render`` writes Python source and parenthesizes by
+precedence. Values are tensors whose shape is the logical shape rounded up to powers of two
+(``padded``): lanes past the logical shape hold garbage that rules neutralise where it could leak.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+
+def pow2(n: int) -> int:
+  return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class Expr:
+  dtype: Any = None           # a numpy dtype; None for tokens that are not values
+  shape: tuple = ()           # the logical shape
+
+  @property
+  def padded(self) -> tuple[int, ...]:
+    return tuple(pow2(d) for d in self.shape)
+
+  @property
+  def is_padded(self) -> bool:
+    return self.padded != tuple(self.shape)
+
+  @property
+  def numel(self) -> int:
+    return math.prod(self.padded)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Lit(Expr):
+  """A scalar constant: a Python bool, int or float (inf and NaN included)."""
+  value: Any
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Name(Expr):
+  name: str
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Token(Expr):
+  """Source text that is not a value of the kernel: ``tl.float32``, ``[128, 64]``, ``'evict_first'``."""
+  text: str
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Op(Expr):
+  """A unary (``-x``, ``~x``) or binary (``a + b``) Python operator."""
+  op: str
+  args: tuple
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Call(Expr):
+  fn: Any                     # a dotted name (str) or an Expr (a method: Attr)
+  args: tuple = ()
+  kwargs: tuple = ()          # ((name, Expr or Python value), ...)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Attr(Expr):
+  obj: Expr
+  attr: str
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Subscript(Expr):
+  """``obj[...]``: ``index`` is a tuple of ``slice(None)`` and ``None`` (new axes) or of Exprs."""
+  obj: Expr
+  index: tuple
+
+
+# --- constructors that keep index arithmetic small ---------------------------------------
+
+def literal(e) -> Any:
+  """The Python value of a literal node (None if ``e`` is not one)."""
+  return e.value if isinstance(e, Lit) else None
+
+
+def is_zero(e) -> bool:
+  return isinstance(e, Lit) and not isinstance(e.value, bool) and e.value == 0
+
+
+def add(a: Expr, b: Expr) -> Expr:
+  if is_zero(a):
+    return b
+  if is_zero(b):
+    return a
+  if isinstance(a, Lit) and isinstance(b, Lit) and isinstance(a.value, int) and isinstance(b.value, int):
+    return Lit(a.value + b.value, dtype=a.dtype)
+  return Op("+", (a, b), dtype=a.dtype, shape=_broadcast(a.shape, b.shape))
+
+
+def mul(a: Expr, k) -> Expr:
+  """``a * k`` for an int or an Expr ``k``, folding 0 and 1."""
+  k = Lit(int(k), dtype=np.dtype(np.int32)) if isinstance(k, (int, np.integer)) else k
+  if literal(k) == 1:
+    return a
+  if is_zero(k) or is_zero(a):
+    return Lit(0, dtype=a.dtype)
+  if isinstance(a, Lit) and isinstance(k, Lit):
+    return Lit(a.value * k.value, dtype=a.dtype)
+  return Op("*", (a, k), dtype=a.dtype, shape=_broadcast(a.shape, k.shape))
+
+
+def binary(op: str, a: Expr, b: Expr, dtype=None) -> Expr:
+  return Op(op, (a, b), dtype=dtype if dtype is not None else a.dtype,
+            shape=_broadcast(a.shape, b.shape))
+
+
+def call(fn: str, *args, dtype=None, shape=(), **kwargs) -> Call:
+  return Call(fn, tuple(args), tuple(kwargs.items()), dtype=dtype, shape=tuple(shape))
+
+
+def method(obj: Expr, name: str, *args, dtype=None, shape=None, **kwargs) -> Call:
+  return Call(Attr(obj, name), tuple(args), tuple(kwargs.items()),
+              dtype=obj.dtype if dtype is None else dtype,
+              shape=obj.shape if shape is None else tuple(shape))
+
+
+def _broadcast(a: tuple, b: tuple) -> tuple:
+  """The shape of ``a op b``. Lane masks are built at padded sizes (``arange(32) < 24``): where
+  a logical and a padded shape meet, the logical one (the smaller) is the value's."""
+  if not a or not b:
+    return tuple(a or b)
+  if len(a) != len(b):
+    return tuple(a if len(a) > len(b) else b)
+  return tuple(x if y == 1 else y if x == 1 else min(x, y) for x, y in zip(a, b))
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+# Python's precedence, loosest first; comparisons do not chain in generated code.
+_COMPARE = ("<", "<=", ">", ">=", "==", "!=")
+_PREC = {**{op: 6 for op in _COMPARE}, "|": 7, "^": 8, "&": 9, "<<": 10, ">>": 10, "+": 11,
+         "-": 11, "*": 12, "/": 12, "//": 12, "%": 12}
+_UNARY, _POWER, _ATOM = 13, 14, 16
+
+_NAMED_FLOATS = {math.inf: "INF", -math.inf: "-INF"}
+
+
+def literal_text(v) -> str:
+  """A Python constant as generated code writes it (inf and NaN as the prologue's INF, NAN)."""
+  return _literal_text(v)[0]
+
+
+def _literal_text(v) -> tuple[str, int]:
+  if isinstance(v, (bool, np.bool_)):
+    return ("True" if v else "False"), _ATOM
+  if isinstance(v, (float, np.floating)):
+    if math.isnan(v):
+      return "NAN", _ATOM
+    if v in _NAMED_FLOATS:
+      text = _NAMED_FLOATS[v]
+    else:
+      text = repr(float(v))
+  else:
+    text = str(int(v))
+  return text, (_UNARY if text.startswith("-") else _ATOM)
+
+
+# dtype -> its name in triton.language (and Gluon's gl): ``{ns}.{name}``.
+DTYPE_NAMES = {
+    "float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "float64": "float64",
+    "float8_e4m3fn": "float8e4nv", "float8_e5m2": "float8e5", "int8": "int8", "int16": "int16",
+    "int32": "int32", "int64": "int64", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32",
+    "uint64": "uint64", "bool": "int1",
+}
+
+
+def dtype_name(dtype, ns: str = "tl") -> str:
+  name = np.dtype(dtype).name
+  if name not in DTYPE_NAMES:
+    raise NotImplementedError(f"dtype {name} is not supported by the GPU backends")
+  return f"{ns}.{DTYPE_NAMES[name]}"
+
+
+def bare_literal(e: Lit) -> bool:
+  """Whether a literal means itself in generated code: Python's ints are int32 there, its floats
+  float32. Others are written as typed scalars (``tl.full([], 5, tl.int8)``)."""
+  v, dtype = e.value, np.dtype(e.dtype)
+  if dtype == np.bool_:
+    return True
+  if dtype == np.float32:
+    return math.isfinite(v)
+  return dtype == np.int32 and -2**31 <= int(v) < 2**31
+
+
+@dataclasses.dataclass(frozen=True)
+class Renderer:
+  """Writes expressions as Python source for one language namespace (``tl`` or ``gl``)."""
+  ns: str = "tl"
+
+  def __call__(self, e, prec: int = 0) -> str:
+    """Source of ``e``, parenthesized where a context of precedence ``prec`` needs it."""
+    text, own = self._render(e)
+    return f"({text})" if own < prec else text
+
+  def _render(self, e) -> tuple[str, int]:
+    if not isinstance(e, Expr):
+      return repr(e), _ATOM                          # a Python value: a keyword argument
+    if isinstance(e, Lit):
+      text, prec = _literal_text(e.value)
+      if bare_literal(e):
+        return text, prec
+      return f"{self.ns}.full([], {text}, {dtype_name(e.dtype, self.ns)})", _ATOM
+    if isinstance(e, Name):
+      return e.name, _ATOM
+    if isinstance(e, Token):
+      return e.text, _ATOM
+    if isinstance(e, Op):
+      return self._op(e)
+    if isinstance(e, Call):
+      fn = e.fn if isinstance(e.fn, str) else self(e.fn, _ATOM)
+      args = [self(a) for a in e.args] + [f"{k}={self(v)}" for k, v in e.kwargs]
+      return f"{fn}({', '.join(args)})", _ATOM
+    if isinstance(e, Attr):
+      return f"{self(e.obj, _ATOM)}.{e.attr}", _ATOM
+    if isinstance(e, Subscript):
+      return f"{self(e.obj, _ATOM)}[{', '.join(self._index(i) for i in e.index)}]", _ATOM
+    raise TypeError(f"not an expression: {e!r}")
+
+  def _index(self, i) -> str:
+    if i is None:
+      return "None"
+    return ":" if isinstance(i, slice) else self(i)
+
+  def _op(self, e: Op) -> tuple[str, int]:
+    if len(e.args) == 1:
+      return f"{e.op}{self(e.args[0], _UNARY)}", _UNARY
+    p = _PREC[e.op]
+    a, b = e.args
+    left = p + 1 if e.op in _COMPARE else p        # a - b - c is (a - b) - c
+    return f"{self(a, left)} {e.op} {self(b, p + 1)}", p

@@ -1,0 +1,235 @@
+"""Writing a kernel jaxpr as the statements of a GPU kernel: the walk over equations, naming,
+source-line comments, literal folding and rule lookup, shared by the GPU emitters.
+
+A rule has JAX's shape, ``rule(ctx, *operands, **params)``: operands are typed expressions
+(``gpu/expr.py``) or a backend's Ref views, ``ctx`` a small ``RuleContext``. It returns an
+expression (or a list), which the walk binds to a fresh name; it may emit statements through
+``ctx.gen`` (loops, stores), and lower sub-jaxprs with ``ctx.gen.lower_jaxpr``.
+"""
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import keyword
+import linecache
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallax._src import jax_internals as ji
+from pallax._src.gpu import expr as ex
+
+
+class Unsupported(NotImplementedError):
+  """What the backend cannot express; the message names the kernel and the user's line."""
+
+
+_RESERVED = set(keyword.kwlist) | set(dir(builtins))
+
+
+def identifier(s: str) -> str:
+  """A Python identifier made from ``s`` (a parameter name, a hint)."""
+  s = re.sub(r"\W", "_", s)
+  s = s if s and not s[0].isdigit() else f"k_{s}"
+  return f"{s}_v" if s in _RESERVED else s
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstArray:
+  """A constant array the kernel closed over: an error if an equation uses it."""
+  value: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleContext:
+  gen: "Source"
+  eqn: object
+
+  @property
+  def avals_in(self):
+    return [v.aval for v in self.eqn.invars]
+
+  @property
+  def avals_out(self):
+    return [v.aval for v in self.eqn.outvars]
+
+  @property
+  def out(self):
+    """The first output's aval."""
+    return self.eqn.outvars[0].aval
+
+  def is_used(self, k: int = 0) -> bool:
+    return self.gen.is_used(self.eqn.outvars[k])
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleTable:
+  """Rules by primitive, and the name hint of each rule's results."""
+  rules: dict
+  hints: dict
+
+  def register(self, *prims, hint: str = "v"):
+    def add(f):
+      for p in prims:
+        self.rules[p] = f
+        self.hints[p] = hint
+      return f
+    return add
+
+
+def new_table() -> RuleTable:
+  return RuleTable({}, {})
+
+
+class Source:
+  """The statements of one kernel function, and the walk that writes them."""
+
+  def __init__(self, kernel_name: str, table: RuleTable, render: ex.Renderer, reserved=()):
+    self.kernel_name = kernel_name
+    self.table = table
+    self.render = render
+    self.lines: list[str] = []
+    self.depth = 1
+    self.used: set[str] = set(reserved)
+    self.last_frame = None
+    self.enclosing_frame = None   # the user's line of the equation whose sub-jaxpr is lowered
+    self.max_numel = 1
+    self._live: set = set()
+
+  # --- statements and names -----------------------------------------------------------------
+  def emit(self, line: str):
+    self.lines.append("    " * self.depth + line)
+
+  def emit_expr(self, e: ex.Expr):
+    self.emit(self.render(e))
+
+  def fresh(self, hint: str) -> str:
+    base = identifier(hint)
+    name, k = base, 1
+    while name in self.used:
+      k += 1
+      name = f"{base}{k}"
+    self.used.add(name)
+    return name
+
+  def bind(self, e: ex.Expr, hint: str = "v", dtype=None, shape=None) -> ex.Expr:
+    """``e`` as a name (a new statement unless it is a name or a literal already)."""
+    dtype = e.dtype if dtype is None else np.dtype(dtype)
+    shape = e.shape if shape is None else tuple(shape)
+    if isinstance(e, (ex.Name, ex.Lit)):
+      return dataclasses.replace(e, dtype=dtype, shape=shape)
+    name = ex.Name(self.fresh(hint), dtype=dtype, shape=shape)
+    self.max_numel = max(self.max_numel, name.numel)
+    self.emit(f"{name.name} = {self.render(e)}")
+    return name
+
+  def fresh_name(self, hint: str, dtype, shape) -> ex.Name:
+    return ex.Name(self.fresh(hint), dtype=np.dtype(dtype), shape=tuple(shape))
+
+  def assign(self, targets: list[ex.Name], values: list[ex.Expr]):
+    pairs = [(t, v) for t, v in zip(targets, values) if not (isinstance(v, ex.Name) and v.name == t.name)]
+    if pairs:   # all at once: a value may read a target assigned before it (a, b = b, a)
+      self.emit(", ".join(t.name for t, _ in pairs) + " = "
+                + ", ".join(self.render(v) for _, v in pairs))
+
+  def comment_source(self, eqn):
+    frame = ji.user_frame(eqn.source_info)
+    if frame is None or frame == self.last_frame:
+      return
+    self.last_frame = frame
+    m = re.match(r"(.*):(\d+) \((.*)\)$", frame)
+    text = linecache.getline(m.group(1), int(m.group(2))).strip() if m else ""
+    self.emit(f"# {frame}: {text}" if text else f"# {frame}")
+
+  def where(self, eqn) -> str:
+    return ji.user_frame(eqn.source_info) or self.enclosing_frame or "unknown location"
+
+  # --- the walk -------------------------------------------------------------------------------
+  def lower_jaxpr(self, jaxpr, args) -> list:
+    env = dict(zip(jaxpr.invars, args))
+    env.update(zip(jaxpr.constvars, map(self.constant, jaxpr.consts)))
+
+    def read(a):
+      return self.literal(a.val, a.aval.dtype) if isinstance(a, ji.Literal) else env[a]
+
+    outer = self._live
+    self._live = {a for e in jaxpr.eqns for a in e.invars if isinstance(a, ji.Var)}
+    self._live |= {a for a in jaxpr.outvars if isinstance(a, ji.Var)}
+    for eqn in jaxpr.eqns:
+      self.comment_source(eqn)
+      outs = self._lower_eqn(eqn, [read(a) for a in eqn.invars])
+      env.update(zip(eqn.outvars, outs))
+    result = [read(a) for a in jaxpr.outvars]
+    self._live = outer
+    return result
+
+  def _lower_eqn(self, eqn, invals) -> list:
+    for v in invals:
+      if isinstance(v, ConstArray):
+        raise Unsupported(
+            f"pallas_call {self.kernel_name}: the kernel uses a constant array of shape "
+            f"{v.value.shape} ({v.value.dtype}) at {self.where(eqn)}, closed over or built with "
+            "jnp.array; the GPU backend cannot embed it: pass it as an input")
+    folded = self.fold(eqn, invals)
+    if folded is not None:
+      return [folded]
+    rule = self.table.rules.get(eqn.primitive)
+    where = self.where(eqn)
+    if rule is None:
+      raise Unsupported(
+          f"pallas_call {self.kernel_name}: the GPU backend does not support the primitive "
+          f"'{eqn.primitive.name}' (at {where}); run it with interpret=True or rewrite that step")
+    outer, self.enclosing_frame = self.enclosing_frame, where
+    try:
+      out = rule(RuleContext(self, eqn), *invals, **eqn.params)
+    except NotImplementedError as e:
+      if str(e).startswith("pallas_call"):
+        raise
+      raise Unsupported(f"pallas_call {self.kernel_name}: {e} (at {where}); the GPU backend "
+                        "cannot express this: run it with interpret=True") from None
+    finally:
+      self.enclosing_frame = outer
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    hint = self.table.hints.get(eqn.primitive, "v")
+    return [self.bind(x, hint, v.aval.dtype, v.aval.shape) if isinstance(x, ex.Expr) and
+            hasattr(v.aval, "shape") and x.dtype is not None else x
+            for v, x in zip(eqn.outvars, outs)]
+
+  def is_used(self, var) -> bool:
+    return var in self._live
+
+  # --- constants ------------------------------------------------------------------------------
+  def literal(self, value, dtype) -> ex.Lit:
+    v = np.asarray(value).item()
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+      v = bool(v)
+    elif jnp.issubdtype(dtype, jnp.floating):
+      v = float(v)
+    else:
+      v = int(v)
+    return ex.Lit(v, dtype=dtype)
+
+  def constant(self, c):
+    """A constant the traced kernel closed over (scalars only: there are no array literals)."""
+    if isinstance(c, ex.Expr) or not hasattr(c, "shape") and not isinstance(c, (int, float, bool)):
+      return c
+    a = np.asarray(c)
+    if a.size == 0:   # e.g. the empty index array of a whole-window scatter: its shape is all
+      return a
+    return self.literal(a.reshape(()), a.dtype) if a.size == 1 else ConstArray(a)
+
+  def fold(self, eqn, invals) -> ex.Lit | None:
+    """A scalar equation of literals, computed here by lax: written out as Python numbers, the
+    GPU compiler would fold it by Python's rules (-7 // 2 = -4, 2**31 - 1 + 1 does not wrap)."""
+    if eqn.primitive not in self.table.rules or eqn.primitive.multiple_results or \
+        len(eqn.outvars) != 1 or eqn.effects or eqn.outvars[0].aval.shape != () or not invals or \
+        not all(isinstance(v, ex.Lit) for v in invals):
+      return None
+    args = [np.asarray(v.value, v.dtype) for v in invals]
+    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+      value = eqn.primitive.bind(*args, **eqn.params)
+    return self.literal(np.asarray(value), eqn.outvars[0].aval.dtype)
+

@@ -1,0 +1,53 @@
+"""The state of one Triton kernel being written: the shared statement writer, plus what Triton's
+Refs, hidden buffers and padded tensors need."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from pallax._src.gpu import expr as ex
+from pallax._src.gpu.source import RuleTable, Source
+from pallax._src.triton import lang as tl
+
+TABLE: RuleTable = RuleTable({}, {})   # every Triton rule, registered by the modules that define them
+rule = TABLE.register
+
+_PROLOGUE_NAMES = ("tl", "triton", "libdevice", "INF", "NAN", "range", "_and", "_or", "_mul",
+                   "_exp2", "_max", "_min", "_argmax", "_argmin")
+
+
+class Writer(Source):
+  def __init__(self, kernel_name: str, compute_capability: int):
+    super().__init__(kernel_name, TABLE, tl.render, _PROLOGUE_NAMES)
+    self.compute_capability = compute_capability
+    self.has_checks = False
+    self.read_back: set[str] = set()   # pointers of Refs that the kernel both writes and reads
+    self.hidden: list = []              # (pointer name, shape, dtype, zeroed) of hidden buffers
+    self.lane: ex.Expr = tl.i32(0)      # this program's index among the concurrent programs
+    self.lanes = 1                      # how many programs run concurrently
+
+  def valid(self, shape, axes) -> ex.Expr | None:
+    """A mask of the lanes inside the logical ``shape`` along ``axes`` (None: none padded)."""
+    padded = [ex.pow2(s) for s in shape]
+    conds = [tl.compare("<", tl.expand(tl.arange(padded[a]), a, len(padded)), tl.i32(shape[a]))
+             for a in axes if shape[a] != padded[a]]
+    return tl.all_of(conds)
+
+  def mask_padding(self, v: ex.Expr, axes, neutral: ex.Expr) -> ex.Expr:
+    """``v`` with its padded lanes along ``axes`` set to ``neutral`` (a reduction's identity)."""
+    cond = self.valid(v.shape, axes)
+    return v if cond is None else tl.where(cond, v, neutral)
+
+  def materialize(self, v: ex.Expr, hint="c") -> ex.Name:
+    """A fresh variable holding ``v`` as a tensor of its own dtype (for loop/branch carries)."""
+    name = self.fresh_name(hint, v.dtype, v.shape)
+    self.max_numel = max(self.max_numel, name.numel)
+    self.emit(f"{name.name} = {self.render(tl.tensor(v))}")
+    return name
+
+  def assign(self, targets, values):
+    super().assign(targets, [tl.tensor(v) if v.shape == () else v for v in values])
+
+
+def is_float(dtype) -> bool:
+  return jnp.issubdtype(dtype, jnp.floating)
