@@ -47,3 +47,28 @@ def test_axes_that_set_trip_counts_run_in_order(capsys):
       out_specs=pl.BlockSpec((None, None, 8), lambda i, j: (i, j, 0)), debug=True, interpret=True)(x)
   assert "parallel axes (0,)" in capsys.readouterr().out
   np.testing.assert_allclose(out, x * np.arange(1, 4, dtype=np.float32)[None, :, None], rtol=1e-6)
+
+
+def test_interpreter_takes_its_schedule_from_the_plan():
+  from pallax._src import pallas_call as pcall
+  from pallax._src import plan as kplan
+  from pallax._src.interpret import interpreter
+
+  def params_for(ip):
+    x = jax.ShapeDtypeStruct((2, 3, 8), jnp.float32)
+    spec = pl.BlockSpec((None, None, 8), lambda i, j: (i, j, 0))
+    call = pl.pallas_call(
+        lambda x_ref, o_ref: o_ref.__setitem__(..., lax.fori_loop(
+            0, pl.program_id(1) + 1, lambda k, a: a + x_ref[...], jnp.zeros_like(x_ref))),
+        out_shape=x, grid=(2, 3), in_specs=[spec], out_specs=spec, interpret=ip)
+    jaxpr = jax.make_jaxpr(call)(x)
+    return next(e.params["params"] for e in jaxpr.eqns if e.primitive is pcall.pallas_call_p)
+
+  params = params_for(pl.InterpretParams())
+  prep = interpreter.prepare(params)
+  assert prep.plan is kplan.plan_for(params)
+  assert prep.parallel == prep.plan.vectorize == (0,)   # axis 1 sets the loop's trip count
+  assert prep.sequential == (1,) and prep.plan.schedule.parallel == (0, 1)
+  for ip in (pl.InterpretParams(parallel=False), pl.InterpretParams(detect_races=True)):
+    prep = interpreter.prepare(params_for(ip))
+    assert prep.parallel == () and prep.sequential == (0, 1)

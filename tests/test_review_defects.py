@@ -32,15 +32,27 @@ def test_a_new_pallas_call_sees_changed_globals():
   np.testing.assert_array_equal(second, np.full(8, 3.0))
 
 
+def _scaled_by(x_ref, o_ref, *, s):
+  o_ref[...] = x_ref[...] * s
+
+
 def test_identical_traces_share_one_params_object():
-  # Tracing at every call must not recompile: the backends' caches key on the Params object.
+  # Tracing at every call must not recompile: the backends' caches key on the Params object,
+  # also when each call builds new index-map lambdas, spec lists and partials.
+  import functools
   from pallax._src import pallas_call as pcall
+
+  def call(s):
+    return pl.pallas_call(functools.partial(_scaled_by, s=s),
+                          out_shape=jax.ShapeDtypeStruct((8,), jnp.float32), grid=(2,),
+                          in_specs=[pl.BlockSpec((4,), lambda i: (i,))],
+                          out_specs=pl.BlockSpec((4,), lambda i: (i,)), interpret=True)
+
   x = jnp.ones(8)
-  call = lambda: pl.pallas_call(_scaled_kernel, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
-                                interpret=True)
-  seen = [eqn.params["params"] for _ in range(2) for eqn in
-          jax.make_jaxpr(call())(x).eqns if eqn.primitive is pcall.pallas_call_p]
-  assert len(seen) == 2 and seen[0] is seen[1]
+  seen = [eqn.params["params"] for s in (2.0, 2.0, 3.0) for eqn in
+          jax.make_jaxpr(call(s))(x).eqns if eqn.primitive is pcall.pallas_call_p]
+  assert len(seen) == 3 and seen[0] is seen[1] and seen[1] is not seen[2]
+  np.testing.assert_array_equal(call(3.0)(x), np.full(8, 3.0))
 
 
 def _computed_minus_one_kernel(x_ref, o_ref):

@@ -8,28 +8,32 @@ import numpy as np
 from jax.experimental import checkify
 
 from pallax._src import jax_internals as ji
+from pallax._src import jaxpr_util
 from pallax._src import primitives as prims
-
-# primitive -> (index of the first index operand, reads?, writes?)
-ACCESS = {
-    ji.get_p: (1, "read from"),
-    ji.swap_p: (2, "write to"),
-    ji.addupdate_p: (2, "update of"),
-    prims.masked_load_p: (1, "read from"),
-    prims.masked_swap_p: (2, "write to"),
-}
+from pallax._src import ref_access
 
 
-def _split_access(eqn, vals):
-  """(transforms, mask) of a Ref access equation, given values for its operands."""
-  first, _ = ACCESS[eqn.primitive]
-  tree = eqn.params["tree"]
-  n = tree.num_leaves
-  transforms = ji.tree_util.tree_unflatten(tree, vals[first:first + n])
-  mask = None
-  if eqn.params.get("has_mask"):
-    mask = vals[first + n]
-  return transforms, mask
+# --- the kind of a failed check -------------------------------------------------------------
+# Carried as data: an extra int32 format argument that the message does not use (checkify keeps
+# format arguments with the error), so that the error class never depends on a message's words.
+
+KIND = "pallax_kind"
+KERNEL_CHECK = 0   # pl.debug_check, races, semaphores (checks without a kind)
+INDEX = 1          # an out-of-bounds Ref index, or an index map outside the array
+
+
+def check(ok, msg: str, kind: int = KERNEL_CHECK, **fmt) -> None:
+  """``checkify.check`` tagged with ``kind``."""
+  checkify.check(ok, msg, **fmt, **{KIND: np.asarray(kind, np.int32)})
+
+
+def kind_of(exc) -> int:
+  """The kind of a checkify exception (``KERNEL_CHECK`` for checks made without one)."""
+  mapping = getattr(exc, "error_mapping", None)   # a BatchedError: one error per batch index
+  if mapping:
+    exc = next(iter(mapping.values()))
+  kwargs = getattr(exc, "kwargs", None) or {}
+  return int(np.asarray(kwargs[KIND])) if KIND in kwargs else KERNEL_CHECK
 
 
 def violations(transforms, shape, mask):
@@ -64,22 +68,9 @@ def violations(transforms, shape, mask):
 
 
 def _describe(kernel, eqn, name, d, size, shape):
-  _, verb = ACCESS[eqn.primitive]
   frame = ji.user_frame(eqn.source_info) or "unknown location"
-  return (f"pallas_call {kernel}: out-of-bounds {verb} {name} (block shape {tuple(shape)}) at "
-          f"{frame}: index {{index}} along dimension {d}, which has size {size}")
-
-
-def _is_literal(a):
-  return isinstance(a, ji.Literal)
-
-
-def _sub_jaxprs(params):
-  for k, v in params.items():
-    if isinstance(v, ji.Jaxpr):
-      yield k, v
-    elif isinstance(v, tuple) and v and all(isinstance(x, ji.Jaxpr) for x in v):
-      yield k, v
+  return (f"pallas_call {kernel}: out-of-bounds {ref_access.verb(eqn)} {name} (block shape "
+          f"{tuple(shape)}) at {frame}: index {{index}} along dimension {d}, which has size {size}")
 
 
 def _sub_names(eqn, sub, names):
@@ -96,13 +87,7 @@ def _sub_names(eqn, sub, names):
 
 
 def has_access(jaxpr) -> bool:
-  for eqn in jaxpr.eqns:
-    if eqn.primitive in ACCESS:
-      return True
-    for _, v in _sub_jaxprs(eqn.params):
-      if any(has_access(j) for j in (v if isinstance(v, tuple) else (v,))):
-        return True
-  return False
+  return jaxpr_util.uses(jaxpr, ref_access.primitives())
 
 
 # --- static checks (trace time) -------------------------------------------------------
@@ -112,26 +97,29 @@ def _static_ok(ok, bad, size) -> bool:
   return bool(ok) or (-size <= int(bad) < 0)
 
 
+def _check_static_access(eqn, kernel: str, names) -> None:
+  ops = eqn.invars[ref_access.leaf_span(eqn).start:]
+  if not all(isinstance(a, ji.Literal) for a in ops):
+    return
+  ref = eqn.invars[0]
+  vals = [a.val if isinstance(a, ji.Literal) else None for a in eqn.invars]
+  with jax.ensure_compile_time_eval():
+    acc = ref_access.split(eqn, vals)
+    for ok, d, size, bad in violations(acc.transforms, ref.aval.shape, acc.mask):
+      if not _static_ok(ok, bad, size):
+        raise IndexError(_describe(kernel, eqn, names.get(ref, "a Ref"), d, size,
+                                   ref.aval.shape).format(index=int(bad)))
+
+
 def check_static_indices(jaxpr, kernel: str, names) -> None:
   """Raises IndexError for a Ref access whose indices are all constants and out of range."""
   names = dict(zip([v for v in jaxpr.invars if ji.is_ref_aval(v.aval)], names)) \
       if not isinstance(names, dict) else names
   for eqn in jaxpr.eqns:
-    if eqn.primitive in ACCESS:
-      first, _ = ACCESS[eqn.primitive]
-      ops = eqn.invars[first:]
-      if all(_is_literal(a) for a in ops):
-        ref = eqn.invars[0]
-        vals = [a.val if _is_literal(a) else None for a in eqn.invars]
-        with jax.ensure_compile_time_eval():
-          transforms, mask = _split_access(eqn, vals)
-          for ok, d, size, bad in violations(transforms, ref.aval.shape, mask):
-            if not _static_ok(ok, bad, size):
-              raise IndexError(_describe(kernel, eqn, names.get(ref, "a Ref"), d, size,
-                                         ref.aval.shape).format(index=int(bad)))
-    for _, v in _sub_jaxprs(eqn.params):
-      for sub in (v if isinstance(v, tuple) else (v,)):
-        check_static_indices(sub, kernel, _sub_names(eqn, sub, names))
+    if ref_access.is_access(eqn):
+      _check_static_access(eqn, kernel, names)
+    for sub in jaxpr_util.sub_jaxprs(eqn.params):
+      check_static_indices(sub, kernel, _sub_names(eqn, sub, names))
 
 
 # --- dynamic checks (the interpreter) ---------------------------------------------------
@@ -150,12 +138,12 @@ class _Leaf:
 
 def _from_end(eqn, invals):
   """Static negative indices count from the end, as in NumPy: make them non-negative."""
-  first, _ = ACCESS[eqn.primitive]
-  n = eqn.params["tree"].num_leaves
+  span = ref_access.leaf_span(eqn)
   shape = eqn.invars[0].aval.shape
-  atoms = eqn.invars[first:first + n]
-  leaves = list(invals[first:first + n])
-  transforms = ji.tree_util.tree_unflatten(eqn.params["tree"], [_Leaf(k) for k in range(n)])
+  atoms = eqn.invars[span]
+  leaves = list(invals[span])
+  transforms = ref_access.split(eqn, ref_access.with_leaves(
+      eqn, invals, [_Leaf(k) for k in range(len(leaves))])).transforms
   for t in transforms:
     if not isinstance(t, ji.NDIndexer):
       break
@@ -166,43 +154,40 @@ def _from_end(eqn, invals):
           and int(leaves[k]) < 0:
         leaves[k] = np.asarray(int(leaves[k]) + d, np.asarray(leaves[k]).dtype)
     shape = tuple(t.get_indexer_shape()) if all(isinstance(x, ji.Slice) for x in t.indices) else ()
-  return [*invals[:first], *leaves, *invals[first + n:]]
+  return ref_access.with_leaves(eqn, invals, leaves)
 
 
-def _eval_checked(jaxpr, names, kernel, consts, args, check: bool):
+def _check_access(eqn, invals, names, kernel) -> None:
+  ref = eqn.invars[0]
+  acc = ref_access.split(eqn, invals)
+  for ok, d, size, bad in violations(acc.transforms, ref.aval.shape, acc.mask):
+    check(ok, _describe(kernel, eqn, names.get(ref, "a Ref"), d, size, ref.aval.shape), INDEX,
+          index=bad)
+
+
+def _eval_checked(jaxpr, names, kernel, consts, args, check_bounds: bool):
   env = {}
   read = lambda a: _literal(a) if isinstance(a, ji.Literal) else env[a]
   for v, x in zip(jaxpr.all_invars, [*consts, *args]):
     env[v] = x
   for eqn in jaxpr.eqns:
     invals = [read(a) for a in eqn.invars]
-    if eqn.primitive in ACCESS:
+    if ref_access.is_access(eqn):
       invals = _from_end(eqn, invals)
-    if check and eqn.primitive in ACCESS:
-      ref = eqn.invars[0]
-      transforms, mask = _split_access(eqn, invals)
-      for ok, d, size, bad in violations(transforms, ref.aval.shape, mask):
-        checkify.check(ok, _describe(kernel, eqn, names.get(ref, "a Ref"), d, size, ref.aval.shape),
-                       index=bad)
-    params = dict(eqn.params)
-    for k, v in _sub_jaxprs(eqn.params):
-      subs = v if isinstance(v, tuple) else (v,)
-      new = tuple(instrument(s, _sub_names(eqn, s, names), kernel, check) for s in subs)
-      params[k] = new if isinstance(v, tuple) else new[0]
-    bind_params = eqn.primitive.get_bind_params(params)
-    with ji.source_info_util.user_context(eqn.source_info.traceback):
-      ans = eqn.primitive.bind(*invals, **bind_params)
-    outs = ans if eqn.primitive.multiple_results else [ans]
-    for v, x in zip(eqn.outvars, outs):
+      if check_bounds:
+        _check_access(eqn, invals, names, kernel)
+    params = jaxpr_util.map_sub_jaxprs(
+        eqn.params, lambda s: instrument(s, _sub_names(eqn, s, names), kernel, check_bounds))
+    for v, x in zip(eqn.outvars, jaxpr_util.rebind(eqn, invals, params)):
       env[v] = x
   return [read(a) for a in jaxpr.outvars]
 
 
-def instrument(jaxpr, names: dict, kernel: str, check: bool = True):
-  """``jaxpr`` retraced with typed literals and, if ``check``, a checkify check before every
-  Ref access (same signature)."""
+def instrument(jaxpr, names: dict, kernel: str, check_bounds: bool = True):
+  """``jaxpr`` retraced with typed literals and, if ``check_bounds``, a checkify check before
+  every Ref access (same signature)."""
   if not has_access(jaxpr):
     return jaxpr
-  fn = lambda *args: _eval_checked(jaxpr, names, kernel, jaxpr.consts, args, check)
+  fn = lambda *args: _eval_checked(jaxpr, names, kernel, jaxpr.consts, args, check_bounds)
   new, _, consts = ji.trace_to_jaxpr(fn, jaxpr.in_avals, name=kernel)
   return ji.closed(new, consts)

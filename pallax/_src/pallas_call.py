@@ -510,8 +510,8 @@ def _content_key(params: Params):
   maps = tuple((str(bm.index_map_jaxpr), tuple(map(_const_key, bm.index_map_jaxpr.consts)),
                 bm.block_shape, bm.array_aval) for bm in gm.block_mappings)
   return (str(params.jaxpr), tuple(map(_const_key, params.jaxpr.consts)), maps, gm.grid,
-          tuple(map(str, gm.scratch_avals)), tuple(map(str, params.globals_avals)),
-          params.arg_names)
+          gm.num_index_operands, tuple(map(str, gm.scratch_avals)), gm.scratch_zeroed,
+          tuple(map(str, params.globals_avals)), params.arg_names)
 
 
 def _deduplicated(call_key, params: Params) -> Params:
@@ -540,14 +540,23 @@ class _Call:
   grid_names: tuple
 
   def key(self):
-    """A hashable identity of the call (None if its arguments are not hashable)."""
+    """What identifies the call besides its trace's content (None if not hashable). The grid
+    spec is left out: the trace's GridMapping holds what it means (its index-map lambdas are new
+    objects at every pallas_call(...))."""
     k = tuple(getattr(self, f.name) for f in dataclasses.fields(self))
-    k = k[:3] + (repr(self.out_tree),) + k[4:]   # treedefs of ShapeDtypeStructs do not hash
+    k = (_code_of(self.kernel), self.name, repr(self.out_tree)) + k[4:]
     try:
       hash(k)
       return k
     except TypeError:
       return None
+
+
+def _code_of(fn):
+  """The code a kernel runs (a new closure or partial of the same function has the same)."""
+  while isinstance(fn, functools.partial):
+    fn = fn.func
+  return getattr(fn, "__code__", type(fn))
 
 
 def _check_aliases(call: _Call, in_avals):

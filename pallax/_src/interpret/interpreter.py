@@ -4,13 +4,15 @@ Semantics: programs run one at a time in row-major grid order. Each program sees
 its blocks of the inputs and outputs (partial edge blocks padded with poison on
 read, their out-of-range part dropped on write) and the scratch buffers.
 Scratch keeps its contents from one program to the next only along the
-sequential axes of the schedule (the axes along which output blocks are
-revisited); each new lane starts with poisoned scratch, as on a GPU where those
-programs run concurrently.
+sequential axes of the plan's semantic schedule (the axes along which output
+blocks are revisited); each new lane starts with poisoned scratch, as on a GPU
+where those programs run concurrently.
 
-Speed: the grid axes of ``schedule.choose`` are evaluated together with nested
+Speed: the axes of the plan's ``vectorize`` are evaluated together with nested
 ``jax.vmap`` (one vmap per axis, so an operand whose block does not move along
-an axis is not copied along it); the other axes run in a loop.
+an axis is not copied along it); the other axes run in a loop. Each step of the
+loop reads the blocks, runs the programs, writes the blocks back and checks for
+races.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import dataclasses
 import functools
 import math
 import weakref
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,134 +30,86 @@ from jax.experimental import checkify
 from pallax._src import checks
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
+from pallax._src import jaxpr_util
+from pallax._src import plan as kplan
 from pallax._src import primitives as prims
-from pallax._src import schedule as sched
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
+@dataclasses.dataclass(frozen=True, eq=False)
+class Prepared:
+  """What the interpreter derives from a pallas_call besides the plan."""
+  plan: kplan.KernelPlan
   pure: ji.Jaxpr                # the discharged (and bounds-checked) kernel
-  schedule: sched.Schedule      # the semantic lanes (scratch resets, race scope)
-  parallel: tuple[int, ...]     # the axes actually evaluated together
-  written: tuple[int, ...]      # kernel Ref positions that the kernel writes
-  read: tuple[int, ...]         # kernel Ref positions that the kernel reads
-  tables_known: bool
-  checked: bool
+  parallel: tuple[int, ...]     # the axes evaluated together
+  sequential: tuple[int, ...]   # the axes looped over, in row-major order
+  checked: bool                 # whether the kernel can fail a check
   detect_races: bool
 
 
-def _ref_effects(jaxpr):
-  written, read = set(), set()
-  invars = list(jaxpr.invars)
-  for eff in jaxpr.effects:
-    if isinstance(eff, (ji.WriteEffect, ji.AccumEffect, ji.ReadEffect)) and eff.input in invars:
-      pos = invars.index(eff.input)
-      (read if isinstance(eff, ji.ReadEffect) else written).add(pos)
-      if isinstance(eff, ji.AccumEffect):
-        read.add(pos)
-  return written, read
-
-
-_plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def plan_for(params) -> Plan:
-  """Analyses a pallas_call once (cached on its jaxpr)."""
-  cached = _plans.get(params.jaxpr)
-  if cached is not None and cached[0] is params:
-    return cached[1]
-  gm, jaxpr = params.grid_mapping, params.jaxpr
+def _prepare(params) -> Prepared:
+  gm, jaxpr, plan = params.grid_mapping, params.jaxpr, kplan.plan_for(params)
   ip = params.interpret if isinstance(params.interpret, pc.InterpretParams) else pc.InterpretParams()
   rank = len(gm.grid)
-  tables = sched.block_index_tables(gm)
-  if tables is not None:
-    sched.check_block_ranges(gm, tables, params.name)
-  schedule = sched.choose(gm, tables)
-  written, read = _ref_effects(jaxpr)
-  written = {w - rank for w in written if w >= rank}
-  read = {r - rank for r in read if r >= rank}
-  nidx, nin = gm.num_index_operands, gm.num_inputs
-  has_debug = any(not isinstance(e, ji.effects.JaxprInputEffect) for e in jaxpr.effects)
-  writes_inputs = any(w < nidx + nin for w in written)
-  # Loops whose trip count depends on an axis would make batched programs run the longest
-  # trip count; such axes run in order instead.
-  divergent = sched.loop_count_axes(jaxpr, rank)
-  parallel = tuple(a for a in schedule.parallel if a not in divergent)
-  if (not ip.parallel or has_debug or params.globals_avals or writes_inputs or ip.detect_races):
-    parallel = ()
-  names = [f"args[{i}]" for i in range(nidx)] + [bm.origin for bm in gm.block_mappings] + \
-      [f"scratch[{i}]" for i in range(len(gm.scratch_avals))] + \
-      [f"get_global[{i}]" for i in range(len(params.globals_avals))]
+  parallel = plan.vectorize if ip.parallel and not ip.detect_races else ()
+  sequential = tuple(a for a in range(rank) if a not in parallel)
+  names = [f"args[{i}]" for i in range(gm.num_index_operands)] + \
+      [b.origin for b in plan.blocks] + [h.origin for h in plan.scratch + plan.globals]
   checked_jaxpr = checks.instrument(
       jaxpr, dict(zip(jaxpr.invars[rank:], names)), params.name, ip.check_bounds)
-  pure = ji.discharge_state(checked_jaxpr)
-  has_checks = ip.check_bounds or ip.detect_races or tables is None or any(
-      "Error" in type(e).__name__ for e in checked_jaxpr.effects) or _has_checks(jaxpr)
-  plan = Plan(pure, schedule, parallel, tuple(sorted(written)), tuple(sorted(read)),
-              tables is not None, has_checks, ip.detect_races)
+  checked = ip.check_bounds or ip.detect_races or not plan.tables_known or \
+      jaxpr_util.uses(checked_jaxpr, (ji.check_p,))
   if params.debug:
     print(f"pallax interpreter schedule for {params.name}: parallel axes {parallel}, sequential "
-          f"axes {tuple(a for a in range(rank) if a not in parallel)} ({schedule.reason})")
-  _plans[params.jaxpr] = (params, plan)
-  return plan
+          f"axes {sequential} ({plan.schedule.reason})")
+  return Prepared(plan, ji.discharge_state(checked_jaxpr), parallel, sequential, checked,
+                  ip.detect_races)
 
 
-def _has_checks(jaxpr) -> bool:
-  for eqn in jaxpr.eqns:
-    if "check" in eqn.primitive.name:
-      return True
-    for _, v in checks._sub_jaxprs(eqn.params):
-      if any(_has_checks(j) for j in (v if isinstance(v, tuple) else (v,))):
-        return True
-  return False
+_prepared = kplan.PerParams()
+
+
+def prepare(params) -> Prepared:
+  """The interpreter's analysis of a pallas_call (cached per Params)."""
+  return _prepared.get(params, _prepare)
 
 
 # --- buffers --------------------------------------------------------------------------
 
-def _padding(bm) -> list[tuple[int, int]]:
-  pads = []
-  for bd, size in zip(bm.block_shape, bm.array_aval.shape):
-    if isinstance(bd, pc.Element):
-      lo, hi = bd.padding
-      pads.append((lo, max(hi, bd.block_size - size - lo, 0)))
-    else:
-      pads.append((0, -(-size // bd.block_size) * bd.block_size - size))
-  return pads
-
-
-def _pad(x, bm):
-  pads = _padding(bm)
+def _pad(x, view: kplan.BlockView):
+  pads = view.array_padding
   if not any(p != (0, 0) for p in pads):
     return x
   fill = prims.poison((), x.dtype)
   return lax.pad(x, fill, [(lo, hi, 0) for lo, hi in pads])
 
 
-def _unpad(x, bm):
-  pads = _padding(bm)
+def _unpad(x, view: kplan.BlockView):
+  pads = view.array_padding
   if not any(p != (0, 0) for p in pads):
     return x
-  return x[tuple(slice(lo, lo + s) for (lo, _), s in zip(pads, bm.array_aval.shape))]
+  return x[tuple(slice(lo, lo + s) for (lo, _), s in zip(pads, view.array_shape))]
 
 
-def _starts(bm, ids, index_vals, check: bool, name: str):
+def _padded_shape(view: kplan.BlockView):
+  return tuple(s + lo + hi for s, (lo, hi) in zip(view.array_shape, view.array_padding))
+
+
+def _starts(bm, view: kplan.BlockView, ids, index_vals, check: bool, name: str):
   """Element offsets of the block at grid point ``ids`` (in padded coordinates)."""
   jx = bm.index_map_jaxpr
   if index_vals:   # index maps read the scalar-prefetch Refs: evaluate them on values
     jx = ji.discharge_state(jx)
   idx = ji.eval_jaxpr(jx, jx.consts, *ids, *index_vals)[:len(bm.block_shape)]
   starts = []
-  for d, (i, bd, size) in enumerate(zip(idx, bm.block_shape, bm.array_aval.shape)):
+  for d, (i, b, hi) in enumerate(zip(idx, view.block_shape, view.max_index)):
     i = jnp.asarray(i, jnp.int32)
-    element = isinstance(bd, pc.Element)
-    hi = size + sum(bd.padding) - bd.block_size if element else max(0, -(-size // bd.block_size) - 1)
     if check:   # the index was not validated ahead of time: check it, then keep it in range
-      checkify.check((i >= 0) & (i <= hi),
-                     f"pallas_call {name}: the index_map of {bm.origin} returned {{index}} along "
-                     f"dimension {d}, outside 0..{hi} (shape {bm.array_aval.shape}, block "
-                     f"{bm.full_block_shape})", index=i)
+      checks.check((i >= 0) & (i <= hi),
+                   f"pallas_call {name}: the index_map of {view.origin} returned {{index}} along "
+                   f"dimension {d}, outside 0..{hi} (shape {view.array_shape}, block "
+                   f"{view.block_shape})", checks.INDEX, index=i)
       i = jnp.clip(i, 0, hi)
-    starts.append(i if element else i * bd.block_size)
+    starts.append(i if view.element[d] else i * b)
   return starts
 
 
@@ -185,11 +140,22 @@ def _unravel(t, sizes):
   return list(reversed(coords))
 
 
+def _linear(ids, grid):
+  q = jnp.int32(0)
+  for i, g in zip(ids, grid):
+    q = q * g + i
+  return q
+
+
+def _bits(x):
+  it = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64, 1: jnp.uint8}[x.dtype.itemsize]
+  return lax.bitcast_convert_type(x, it)
+
+
 def _differs(a, b):
   """Elementwise 'bit patterns differ'."""
   if jnp.issubdtype(a.dtype, jnp.floating):
-    it = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64, 1: jnp.uint8}[a.dtype.itemsize]
-    return lax.bitcast_convert_type(a, it) != lax.bitcast_convert_type(b, it)
+    return _bits(a) != _bits(b)
   return a != b
 
 
@@ -198,153 +164,198 @@ def _other_value(x):
   if x.dtype == jnp.bool_:
     return ~x
   if jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.complexfloating):
-    it = {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64, 1: jnp.uint8}[x.dtype.itemsize]
-    return lax.bitcast_convert_type(~lax.bitcast_convert_type(x, it), x.dtype)
+    return lax.bitcast_convert_type(~_bits(x), x.dtype)
   return ~x
 
 
 # --- the grid loop ---------------------------------------------------------------------
 
-def _interpret(*args, params, plan: Plan):
-  gm = params.grid_mapping
-  grid, rank = gm.grid, len(gm.grid)
-  nidx, nin, nout = gm.num_index_operands, gm.num_inputs, gm.num_outputs
-  bms = gm.block_mappings
-  index_vals = list(args[:nidx])
-  ins = [_pad(x, bm) for x, bm in zip(args[nidx:], bms[:nin])]
+class State(NamedTuple):
+  """What the grid loop carries from one step to the next."""
+  outs: list       # the padded output buffers
+  carried: list    # the index operands and inputs that the kernel writes (Call.carried_pos)
+  scratch: list    # scratch buffers, one slice per lane evaluated together
+  glob: list       # pl.get_global buffers
+  writers: list    # per race-checked output: the program that last wrote each element, or -1
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Call:
+  """One run of the grid: what every step reads besides the State."""
+  params: Any
+  prep: Prepared
+  index_vals: tuple               # the scalar-prefetch operands as passed
+  ins: tuple                      # the padded inputs as passed
+  carried_pos: tuple[int, ...]    # kernel Ref positions of the index operands / inputs written
+  race_out: tuple[int, ...]       # outputs checked for races (written and never read)
+
+  @property
+  def gm(self):
+    return self.params.grid_mapping
+
+  def operands(self, carried):
+    """The index operands and padded inputs as of this step (with the kernel's writes)."""
+    index_vals, ins = list(self.index_vals), list(self.ins)
+    nidx = self.gm.num_index_operands
+    for p, v in zip(self.carried_pos, carried):
+      if p < nidx:
+        index_vals[p] = v
+      else:
+        ins[p - nidx] = v
+    return index_vals, ins
+
+
+def _begin(args, params, prep: Prepared) -> tuple[Call, State]:
+  """The run's constants and the loop's first state: padded operands, poisoned outputs (or the
+  aliased inputs), fresh scratch and globals."""
+  gm, plan = params.grid_mapping, prep.plan
+  nidx, nin = gm.num_index_operands, gm.num_inputs
+  views = plan.blocks
+  index_vals = tuple(args[gm.slice_index_ops])
+  ins = tuple(_pad(x, v) for x, v in zip(args[nidx:], views[:nin]))
   aliased = {o: i for i, o in params.input_output_aliases}
-  outs = [_pad(args[aliased[k]], bm) if k in aliased else prims.poison(_padding_shape(bm), bm.array_aval.dtype)
-          for k, bm in enumerate(bms[nin:])]
-  par = plan.parallel
-  seq = tuple(a for a in range(rank) if a not in par)
-  lane_sizes = tuple(grid[a] for a in par)
-  sem_par = plan.schedule.parallel
-  scratch_avals = [a.inner_aval for a in gm.scratch_avals]
-  zeroed = gm.scratch_zeroed or (False,) * len(scratch_avals)
-  scratch = [(jnp.zeros if z else prims.poison)(lane_sizes + tuple(a.shape), a.dtype)
-             for a, z in zip(scratch_avals, zeroed)]
-  glob = [jnp.zeros(a.shape, a.dtype) for a in params.globals_avals]
-  # Operands carried through the loop: the outputs, and any index/input the kernel writes.
-  carried_pos = [p for p in plan.written if p < nidx + nin]       # kernel Ref positions
+  outs = [_pad(args[aliased[k]], v) if k in aliased else
+          prims.poison(_padded_shape(v), bm.array_aval.dtype)
+          for k, (bm, v) in enumerate(zip(gm.block_mappings_output, views[nin:]))]
+  lanes = tuple(gm.grid[a] for a in prep.parallel)
+  scratch = [(jnp.zeros if h.zeroed else prims.poison)(lanes + h.shape, h.dtype)
+             for h in plan.scratch]
+  glob = [jnp.zeros(h.shape, h.dtype) for h in plan.globals]
+  carried_pos = tuple(p for p in plan.written if p < nidx + nin)
   carried = [index_vals[p] if p < nidx else ins[p - nidx] for p in carried_pos]
-  race_out = [k for k in range(nout) if plan.detect_races and (nidx + nin + k) not in plan.read]
+  race_out = tuple(k for k in range(gm.num_outputs)
+                   if prep.detect_races and nidx + nin + k not in plan.read)
   writers = [jnp.full(outs[k].shape, -1, jnp.int32) for k in race_out]
-  check_maps = not plan.tables_known
-  name = params.name
-
-  def run_kernel(*args):
-    return ji.eval_jaxpr(plan.pure, plan.pure.consts, *args)
-
-  # Checks are made into values per program, before programs are batched: JAX cannot
-  # check a batched while loop (a loop whose trip count differs between programs).
-  checked_kernel = checkify.checkify(run_kernel, errors=checkify.user_checks)
-
-  def program(ids, index_vals, in_blocks, out_blocks, scratch_vals, glob_vals):
-    args = (*ids, *index_vals, *in_blocks, *out_blocks, *scratch_vals, *glob_vals)
-    if not plan.checked:
-      return run_kernel(*args)
-    err, res = checked_kernel(*args)
-    checkify.check_error(err)
-    return res
-
-  def step(t, state):
-    outs, carried, scratch, glob, writers = state
-    l_coords = _unravel(t, [grid[a] for a in seq]) if seq else []
-    cur_index = list(index_vals)
-    cur_ins = list(ins)
-    for p, v in zip(carried_pos, carried):
-      if p < nidx:
-        cur_index[p] = v
-      else:
-        cur_ins[p - nidx] = v
-    # Scratch starts poisoned in each new semantic lane (its first program along the sequential axes).
-    lane_start = functools.reduce(jnp.logical_and, [l_coords[seq.index(a)] == 0 for a in seq
-                                                    if a not in sem_par], jnp.bool_(True))
-    if scratch and any(a in sem_par for a in seq):   # lanes that run in a loop here
-      scratch = [jnp.where(lane_start, (jnp.zeros if z else prims.poison)(s.shape, s.dtype), s)
-                 for s, z in zip(scratch, zeroed)]
-
-    def lane(*p_and_scratch):
-      p_ids, scr = p_and_scratch[:len(par)], p_and_scratch[len(par):]
-      ids = [None] * rank
-      for a, v in zip(par, p_ids):
-        ids[a] = v
-      for a, v in zip(seq, l_coords):
-        ids[a] = v
-      ids = [jnp.asarray(i, jnp.int32) for i in ids]
-      starts = [_starts(bm, ids, cur_index, check_maps, name) for bm in bms]
-      in_blocks = [_read_block(x, bm, s) for x, bm, s in zip(cur_ins, bms[:nin], starts[:nin])]
-      out_blocks = [_read_block(x, bm, s) for x, bm, s in zip(outs, bms[nin:], starts[nin:])]
-      res = program(ids, cur_index, in_blocks, out_blocks, scr, glob)
-      if race_out:
-        alt = list(out_blocks)
-        for k in race_out:
-          alt[k] = _other_value(out_blocks[k])
-        res2 = program(ids, cur_index, in_blocks, alt, scr, glob)
-        written = [~_differs(res[nidx + nin + k], res2[nidx + nin + k]) for k in race_out]
-      else:
-        written = []
-      return res, starts, written, ids
-
-    if par:
-      fn = lane
-      for level in reversed(range(len(par))):
-        axes = [None] * len(par) + [0] * len(scratch)
-        axes[level] = 0
-        fn = jax.vmap(fn, in_axes=tuple(axes))
-      res, starts, written, ids = fn(*[jnp.arange(grid[a], dtype=jnp.int32) for a in par], *scratch)
-    else:
-      res, starts, written, ids = lane(*scratch)
-    nlanes = math.prod(lane_sizes) if par else 0
-    new_outs = []
-    for k, bm in enumerate(bms[nin:]):
-      pos = nidx + nin + k
-      new_outs.append(_write_lanes(outs[k], bm, res[pos], starts[nin + k], nlanes)
-                      if pos in plan.written else outs[k])
-    new_carried = []
-    for p, v in zip(carried_pos, carried):
-      if p < nidx:
-        new_carried.append(res[p])
-      else:
-        bm = bms[p - nidx]
-        new_carried.append(_write_lanes(v, bm, res[p], starts[p - nidx], nlanes))
-    base = nidx + nin + nout
-    new_scratch = list(res[base:base + len(scratch)])
-    new_glob = list(res[base + len(scratch):])
-    new_writers = []
-    for j, k in enumerate(race_out):
-      bm = bms[nin + k]
-      me = _linear(ids, grid)
-      w = _read_block(writers[j], bm, starts[nin + k])
-      clash = written[j] & (w >= 0) & (w != me)
-      first = jnp.argmax(clash.reshape(-1))
-      other = w.reshape(-1)[first]
-      checkify.check(~jnp.any(clash),
-                     f"pallas_call {name}: race on {bm.origin}: programs {{a}} and {{b}} (linear "
-                     f"indices in the grid {grid}) both write its element at block offset "
-                     f"{{e}}; on a GPU they run concurrently and the result depends on their order",
-                     a=other, b=me, e=first)
-      new_writers.append(_write_lanes(writers[j], bm, jnp.where(written[j], me, w), starts[nin + k], 0))
-    return new_outs, new_carried, new_scratch, new_glob, new_writers
-
-  state = (outs, carried, scratch, glob, writers)
-  n_steps = math.prod(grid[a] for a in seq)
-  if n_steps == 1:
-    state = step(jnp.int32(0), state)
-  else:
-    state = lax.fori_loop(0, n_steps, step, state)
-  return [_unpad(o, bm) for o, bm in zip(state[0], bms[nin:])]
+  call = Call(params, prep, index_vals, ins, carried_pos, race_out)
+  return call, State(outs, carried, scratch, glob, writers)
 
 
-def _linear(ids, grid):
-  q = jnp.int32(0)
-  for i, g in zip(ids, grid):
-    q = q * g + i
-  return q
+def _step(call: Call, t, state: State) -> State:
+  """Step ``t`` of the loop over the sequential axes: all parallel lanes at those coordinates."""
+  prep, grid = call.prep, call.gm.grid
+  seq_coords = _unravel(t, [grid[a] for a in prep.sequential]) if prep.sequential else []
+  state = state._replace(scratch=_reset_scratch(call, seq_coords, state.scratch))
+  res, starts, written, ids = _run_programs(call, seq_coords, state)
+  lanes = math.prod(grid[a] for a in prep.parallel) if prep.parallel else 0
+  state = _write_blocks(call, state, res, starts, lanes)
+  return _check_races(call, state, written, starts, ids)
 
 
-def _padding_shape(bm):
-  return tuple(s + lo + hi for s, (lo, hi) in zip(bm.array_aval.shape, _padding(bm)))
+def _reset_scratch(call: Call, seq_coords, scratch):
+  """Scratch starts poisoned (zeroed for semaphores) in each new semantic lane, that is at its
+  first program along the sequential axes, when such lanes run in this loop."""
+  seq, lanes_par = call.prep.sequential, call.prep.plan.schedule.parallel
+  if not scratch or not any(a in lanes_par for a in seq):
+    return scratch
+  lane_start = functools.reduce(jnp.logical_and, [seq_coords[seq.index(a)] == 0 for a in seq
+                                                  if a not in lanes_par], jnp.bool_(True))
+  return [jnp.where(lane_start, (jnp.zeros if h.zeroed else prims.poison)(s.shape, s.dtype), s)
+          for s, h in zip(scratch, call.prep.plan.scratch)]
+
+
+def _run_programs(call: Call, seq_coords, state: State):
+  """Every lane of the parallel axes at ``seq_coords``: one nested vmap per parallel axis, so an
+  operand whose block does not move along an axis is not copied along it. Returns the kernel's
+  final Ref values, the block starts, the race-checked elements written, and the grid ids."""
+  par, grid = call.prep.parallel, call.gm.grid
+  index_vals, ins = call.operands(state.carried)
+  lane = functools.partial(_program_at, call, seq_coords, index_vals, ins, state.outs, state.glob)
+  if not par:
+    return lane(*state.scratch)
+  fn = lane
+  for level in reversed(range(len(par))):
+    axes = [None] * len(par) + [0] * len(state.scratch)
+    axes[level] = 0
+    fn = jax.vmap(fn, in_axes=tuple(axes))
+  return fn(*[jnp.arange(grid[a], dtype=jnp.int32) for a in par], *state.scratch)
+
+
+def _program_at(call: Call, seq_coords, index_vals, ins, outs, glob, *par_ids_and_scratch):
+  """One program: reads its blocks and runs the kernel (twice when checking races: a second
+  run on changed output blocks shows which elements it writes)."""
+  gm, prep = call.gm, call.prep
+  npar = len(prep.parallel)
+  par_ids, scratch = par_ids_and_scratch[:npar], par_ids_and_scratch[npar:]
+  ids = [None] * len(gm.grid)
+  for a, v in zip(prep.parallel, par_ids):
+    ids[a] = v
+  for a, v in zip(prep.sequential, seq_coords):
+    ids[a] = v
+  ids = [jnp.asarray(i, jnp.int32) for i in ids]
+  starts = [_starts(bm, view, ids, index_vals, table is None, call.params.name)
+            for bm, view, table in zip(gm.block_mappings, prep.plan.blocks, prep.plan.tables)]
+  nin = gm.num_inputs
+  in_blocks = [_read_block(x, bm, s) for x, bm, s in zip(ins, gm.block_mappings, starts)]
+  out_blocks = [_read_block(x, bm, s)
+                for x, bm, s in zip(outs, gm.block_mappings_output, starts[nin:])]
+  res = _run_kernel(prep, ids, index_vals, in_blocks, out_blocks, scratch, glob)
+  written = []
+  if call.race_out:
+    alt = list(out_blocks)
+    for k in call.race_out:
+      alt[k] = _other_value(out_blocks[k])
+    res2 = _run_kernel(prep, ids, index_vals, in_blocks, alt, scratch, glob)
+    out0 = gm.slice_block_ops.start + nin   # out[0] among the kernel's Refs
+    written = [~_differs(res[out0 + k], res2[out0 + k]) for k in call.race_out]
+  return res, starts, written, ids
+
+
+def _run_kernel(prep: Prepared, ids, *refs):
+  """The discharged kernel on one program's Ref values; returns their final values. Checks are
+  made into values per program, before programs are batched: JAX cannot check a batched while
+  loop (a loop whose trip count differs between programs)."""
+  args = (*ids, *[x for group in refs for x in group])
+  run = lambda *a: ji.eval_jaxpr(prep.pure, prep.pure.consts, *a)
+  if not prep.checked:
+    return run(*args)
+  err, res = checkify.checkify(run, errors=checkify.user_checks)(*args)
+  checkify.check_error(err)
+  return res
+
+
+def _write_blocks(call: Call, state: State, res, starts, lanes: int) -> State:
+  """The programs' blocks written back (outputs, and the index operands and inputs they write),
+  and their scratch and globals kept."""
+  gm, written = call.gm, call.prep.plan.written
+  nidx, nin = gm.num_index_operands, gm.num_inputs
+  blocks = res[gm.slice_block_ops]
+  outs = [_write_lanes(o, bm, blocks[nin + k], starts[nin + k], lanes)
+          if nidx + nin + k in written else o
+          for k, (o, bm) in enumerate(zip(state.outs, gm.block_mappings_output))]
+  carried = [res[p] if p < nidx else
+             _write_lanes(v, gm.block_mappings[p - nidx], res[p], starts[p - nidx], lanes)
+             for p, v in zip(call.carried_pos, state.carried)]
+  return state._replace(outs=outs, carried=carried, scratch=list(res[gm.slice_scratch_ops]),
+                        glob=list(res[gm.slice_scratch_ops.stop:]))
+
+
+def _check_races(call: Call, state: State, written, starts, ids) -> State:
+  """Fails when this program writes an element another program wrote (programs run one at a
+  time when races are checked); records it as the writer of the elements it writes."""
+  gm, grid, name = call.gm, call.gm.grid, call.params.name
+  writers = []
+  for j, k in enumerate(call.race_out):
+    bm, s = gm.block_mappings_output[k], starts[gm.num_inputs + k]
+    me = _linear(ids, grid)
+    w = _read_block(state.writers[j], bm, s)
+    clash = written[j] & (w >= 0) & (w != me)
+    first = jnp.argmax(clash.reshape(-1))
+    other = w.reshape(-1)[first]
+    checks.check(~jnp.any(clash),
+                 f"pallas_call {name}: race on {bm.origin}: programs {{a}} and {{b}} (linear "
+                 f"indices in the grid {grid}) both write its element at block offset "
+                 f"{{e}}; on a GPU they run concurrently and the result depends on their order",
+                 a=other, b=me, e=first)
+    writers.append(_write_lanes(state.writers[j], bm, jnp.where(written[j], me, w), s, 0))
+  return state._replace(writers=writers)
+
+
+def _interpret(*args, params, prep: Prepared):
+  call, state = _begin(args, params, prep)
+  n_steps = math.prod(call.gm.grid[a] for a in prep.sequential)
+  step = functools.partial(_step, call)
+  state = step(jnp.int32(0), state) if n_steps == 1 else lax.fori_loop(0, n_steps, step, state)
+  return [_unpad(o, v) for o, v in zip(state.outs, prep.plan.blocks[call.gm.num_inputs:])]
 
 
 # --- entry points ----------------------------------------------------------------------
@@ -354,46 +365,46 @@ class KernelCheckError(RuntimeError):
 
 
 def _raise(err):
-  msg = err.get()
-  if msg is None:
+  exc = err.get_exception()
+  if exc is None:
     return
-  msg = msg.replace(" (`check` failed)", "")
-  if "out-of-bounds" in msg or "the index_map of" in msg:
-    raise IndexError(msg)
-  raise KernelCheckError(msg)
+  msg = str(exc).replace(" (`check` failed)", "")
+  # The class comes from the check's kind (data), never from the message's words.
+  raise (IndexError if checks.kind_of(exc) == checks.INDEX else KernelCheckError)(msg)
 
 
-def _checked(params, plan):
-  fn = functools.partial(_interpret, params=params, plan=plan)
+def _checked(params, prep):
+  fn = functools.partial(_interpret, params=params, prep=prep)
   return checkify.checkify(fn, errors=checkify.user_checks)
 
 
 def run(*args, params, raise_errors: str = "callback"):
   """The interpreter inside a trace (used as the lowering of pallas_call)."""
-  plan = plan_for(params)
-  if not plan.checked:
-    return _interpret(*args, params=params, plan=plan)
-  err, outs = _checked(params, plan)(*args)
+  prep = prepare(params)
+  if not prep.checked:
+    return _interpret(*args, params=params, prep=prep)
+  err, outs = _checked(params, prep)(*args)
   jax.debug.callback(_raise, err)
   return outs
 
 
-_eager_cache: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+def _eager_fn(params):
+  """A compiled function (args -> (error or None, outputs)). It holds its Params weakly (a
+  trace happens only in a call, which holds it), so that the cache entry can be dropped."""
+  prep, ref = prepare(params), weakref.ref(params)
+  body = lambda *a: _interpret(*a, params=ref(), prep=prep)
+  if prep.checked:
+    return jax.jit(checkify.checkify(body, errors=checkify.user_checks))
+  inner = jax.jit(body)
+  return lambda *a: (None, inner(*a))
+
+
+_eager = kplan.PerParams()
 
 
 def run_eager(*args, params):
   """Eager calls: compiled once per pallas_call; failed checks raise Python errors here."""
-  entry = _eager_cache.get(params.jaxpr)
-  if entry is None or entry[0] is not params:
-    plan = plan_for(params)
-    if plan.checked:
-      fn = jax.jit(_checked(params, plan))
-    else:
-      inner = jax.jit(functools.partial(_interpret, params=params, plan=plan))
-      fn = lambda *a: (None, inner(*a))
-    entry = (params, fn)
-    _eager_cache[params.jaxpr] = entry
-  err, outs = entry[1](*args)
+  err, outs = _eager.get(params, _eager_fn)(*args)
   if err is not None:
     _raise(err)
   return outs

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallax._src import checks
+from pallax._src import ref_access
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import pallas_call as pcall
@@ -85,8 +85,8 @@ def _atomic_discharge(ctx, x, *args, tree, op, has_mask):
 for _p in (atomic_p, atomic_cas_p):
   _p.def_effectful_abstract_eval(_atomic_abstract_eval)
   ji.register_discharge_rule(_p)(_atomic_discharge)
-checks.ref_access.register(atomic_p, 1, "atomic update of")     # (ref, val, *leaves, [mask])
-checks.ref_access.register(atomic_cas_p, 2, "atomic update of")  # (ref, cmp, val, *leaves)
+ref_access.register(atomic_p, 1, "atomic update of")     # (ref, val, *leaves, [mask])
+ref_access.register(atomic_cas_p, 2, "atomic update of")  # (ref, cmp, val, *leaves)
 
 
 def _atomic(op, x_ref_or_view, idx, vals, mask=None):

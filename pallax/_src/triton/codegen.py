@@ -18,10 +18,8 @@ import math
 
 import numpy as np
 
-from pallax._src import core as pc
 from pallax._src import jax_internals as ji
-from pallax._src import primitives as prims
-from pallax._src import schedule as sched
+from pallax._src.plan import plan_for
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import legalize, tiling
 from pallax._src.gpu.source import Unsupported, identifier
@@ -99,67 +97,11 @@ SIGNATURE = {
 }
 
 
-# --- the schedule ------------------------------------------------------------------------------
-
-def gpu_schedule(params, tables) -> sched.Schedule:
-  """Loops inside a program along the axes that revisit output blocks the kernel reads back or
-  writes at fixed indices; parallel programs along all others."""
-  gm, jaxpr = params.grid_mapping, params.jaxpr
-  rank = len(gm.grid)
-  invars = list(jaxpr.invars)
-  base = rank + gm.num_index_operands + gm.num_inputs
-  # An output that is neither read back nor written at fixed indices may be revisited by
-  # parallel programs: Triton-style kernels (whole-array Refs, each program storing its own
-  # slice through program_id-dependent indices or masks) work that way.
-  read_outs = [k for k in range(gm.num_outputs)
-               if any(isinstance(e, (ji.ReadEffect, ji.AccumEffect)) and e.input is invars[base + k]
-                      for e in jaxpr.effects) or _fixed_store(jaxpr, invars[base + k])]
-  if gm.scratch_avals:
-    # Scratch carries values along the axes that revisit output blocks (the interpreter's
-    # sequential axes), whether or not the kernel reads the outputs back.
-    read_outs = list(range(gm.num_outputs))
-  every = tuple(range(rank))
-  if params.globals_avals:
-    return sched.Schedule((), every, "pl.get_global buffers are shared by all programs")
-  if any(tables[gm.num_inputs + k] is None for k in read_outs):
-    return sched.Schedule((), every, "an output read back has an index map that reads "
-                          "scalar-prefetch operands")
-  return sched.choose(gm, tables, outputs=read_outs)
-
-
-def _fixed_store(jaxpr, ref) -> bool:
-  """Whether the kernel stores to ``ref`` at indices that are all constants, with no mask: every
-  program running that store writes the same elements, so the last one must win."""
-  for e in jaxpr.eqns:
-    if e.primitive in (ji.swap_p, prims.masked_swap_p) and e.invars[0] is ref:
-      leaves = e.invars[2:2 + e.params["tree"].num_leaves]
-      if not e.params.get("has_mask") and all(isinstance(v, ji.Literal) for v in leaves):
-        return True
-      continue
-    if not any(v is ref for v in e.invars):
-      continue
-    for sub in sched.sub_jaxprs(e.params):
-      # Operands line up with a sub-jaxpr's last parameters (cond, loops, calls) or its first
-      # (run_scoped, whose extra parameters are the scratch Refs).
-      n, m = len(e.invars), len(sub.invars)
-      inner = sub.invars[m - n:] if m <= n else sub.invars[:n]
-      outer = e.invars[n - m:] if m <= n else e.invars
-      if any(o is ref and _fixed_store(sub, i) for o, i in zip(outer, inner)):
-        return True
-  return False
-
-
 # --- the kernel -------------------------------------------------------------------------------
 
 def prepare(params, compute_capability: int):
-  """(params with large products tiled and lax semantics legalized, their schedule)."""
-  gm = params.grid_mapping
-  tables = sched.block_index_tables(gm, partial=True)
-  sched.check_block_ranges(gm, tables, params.name)
-  schedule = gpu_schedule(params, tables)
-  tiled = tiling.rewrite(params, bool(schedule.sequential))
-  if tiled.grid_mapping is not gm:   # a new first grid axis over output tiles
-    schedule = gpu_schedule(tiled, sched.block_index_tables(tiled.grid_mapping, partial=True))
+  """(params with large products tiled and lax semantics legalized, their plan)."""
+  tiled = tiling.rewrite(params, bool(plan_for(params).launch.sequential))
   try:
     jaxpr = legalize.legalize(tiled.jaxpr, compute_capability)
     maps = tuple(bm.replace(index_map_jaxpr=legalize.legalize(bm.index_map_jaxpr, compute_capability))
@@ -168,7 +110,8 @@ def prepare(params, compute_capability: int):
     raise Unsupported(f"pallas_call {params.name}: {e}; the Triton backend cannot express this: "
                       "run it with interpret=True") from None
   gm = tiled.grid_mapping.replace(block_mappings=maps)
-  return dataclasses.replace(tiled, jaxpr=jaxpr, grid_mapping=gm), schedule
+  # The plan of the tiled kernel: legalization changes no fact the plan holds.
+  return dataclasses.replace(tiled, jaxpr=jaxpr, grid_mapping=gm), plan_for(tiled)
 
 
 def _kernel_name(params) -> str:
@@ -190,16 +133,16 @@ def _check_supported(params, compute_capability: int):
 
 def generate(params, compute_capability: int = 90) -> KernelSource:
   _check_supported(params, compute_capability)
-  params, schedule = prepare(params, compute_capability)
+  params, plan = prepare(params, compute_capability)
   gm, jaxpr = params.grid_mapping, params.jaxpr
   gen = Writer(params.name, compute_capability)
   ptrs = _pointers(gen, params)
-  par, seq = schedule.parallel, schedule.sequential
+  par, seq = plan.launch.parallel, plan.launch.sequential
   gen.emit(f"# grid {gm.grid}: axes {par} run as parallel programs"
            + (f", axes {seq} as loops inside each program" if seq else ""))
-  ids = _program_ids(gen, gm, jaxpr, par, seq)
-  refs = _operand_refs(gen, params, ids, ptrs)
-  _note_read_back(gen, jaxpr, refs, len(gm.grid))
+  ids = _program_ids(gen, gm, plan)
+  refs = _operand_refs(gen, params, plan, ids, ptrs)
+  gen.read_back |= {refs[k].ptr.name for k in plan.read if k < len(refs)}
   gen.lower_jaxpr(jaxpr, ids + refs)
   if gen.max_numel > MAX_VALUE_ELEMENTS:
     raise Unsupported(
@@ -230,67 +173,50 @@ def _pointers(gen, params) -> list[ex.Name]:
   return [ex.Name(gen.fresh(nm), dtype=np.dtype(a.dtype)) for nm, a in zip(names[:n], avals)]
 
 
-def _note_read_back(gen, jaxpr, refs, rank: int):
-  """Refs the kernel reads (after writing): their stores are followed by a barrier."""
-  invars = list(jaxpr.invars)
-  for eff in jaxpr.effects:
-    if isinstance(eff, (ji.ReadEffect, ji.AccumEffect)) and eff.input in invars:
-      k = invars.index(eff.input) - rank
-      if 0 <= k < len(refs):
-        gen.read_back.add(refs[k].ptr.name)
-
-
-def _program_ids(gen, gm, jaxpr, par, seq) -> list[ex.Name]:
-  """Emits the grid indices of this program: the parallel axes decoded from the launch index,
-  the sequential axes as loops. Returns one name per grid axis."""
-  rank = len(gm.grid)
-  ids: list = [None] * rank
-  if par:
+def _program_ids(gen, gm, plan) -> list[ex.Name]:
+  """Emits the grid indices of this program: the parallel axes decoded from the launch index
+  (the plan's order: the first grid axis varies fastest between neighbouring programs, and along
+  axes that set a loop's trip count the longest programs launch first, which shortens the
+  launch's tail), the sequential axes as loops. Returns one name per grid axis."""
+  ids: list = [None] * len(gm.grid)
+  if plan.decode:
     pid = gen.fresh_name("pid", np.int32, ())
     gen.emit(f"{pid.name} = tl.program_id(0)")
-    gen.lane, gen.lanes = pid, math.prod(gm.grid[a] for a in par)
+    gen.lane, gen.lanes = pid, plan.lanes
     rest = pid
-    # As in Pallas on Triton, the first grid axis varies fastest between neighbouring programs.
-    # Along axes that set a loop's trip count (causal attention's query blocks), programs are
-    # launched from the last index down: the longest programs start first, which shortens the
-    # tail of the launch. Only the order changes, never a result.
-    longest_first = sched.loop_count_axes(jaxpr, rank)
-    for k, a in enumerate(par):
-      last = k == len(par) - 1
-      idx = rest if last else ex.binary("%", rest, tl.i32(gm.grid[a]))
-      if a in longest_first:
-        idx = ex.binary("-", tl.i32(gm.grid[a] - 1), idx)
-      ids[a] = gen.fresh_name(f"i{a}", np.int32, ())
-      gen.emit(f"{ids[a].name} = {gen.render(idx)}")
+    for k, axis in enumerate(plan.decode):
+      last = k == len(plan.decode) - 1
+      idx = rest if last else ex.binary("%", rest, tl.i32(axis.size))
+      if axis.reversed:
+        idx = ex.binary("-", tl.i32(axis.size - 1), idx)
+      ids[axis.axis] = gen.fresh_name(f"i{axis.axis}", np.int32, ())
+      gen.emit(f"{ids[axis.axis].name} = {gen.render(idx)}")
       if not last:
-        rest = gen.bind(ex.binary("//", rest, tl.i32(gm.grid[a])), "rest")
-  for a in seq:
+        rest = gen.bind(ex.binary("//", rest, tl.i32(axis.size)), "rest")
+  for a in plan.launch.sequential:
     ids[a] = gen.fresh_name(f"i{a}", np.int32, ())
     gen.emit(f"for {ids[a].name} in range(0, {gm.grid[a]}):")
     gen.depth += 1
   return ids
 
 
-def _block_dims(gen, bm, idx, ptr) -> tuple:
+def _block_dims(gen, bm, view, idx, ptr) -> tuple:
   """The dimensions of an operand's block for this program, from its index map's results."""
   dims = []
-  shape = bm.array_aval.shape
-  for d, (bd, size) in enumerate(zip(bm.block_shape, shape)):
-    element = isinstance(bd, pc.Element)
-    if element:
-      start = ex.add(idx[d], tl.i32(-bd.padding[0])) if bd.padding[0] else idx[d]
+  for d, size in enumerate(view.array_shape):
+    block, low = view.block_shape[d], view.padding[d][0]
+    if view.element[d]:
+      start = ex.add(idx[d], tl.i32(-low)) if low else idx[d]
     else:
-      start = ex.mul(idx[d], bd.block_size)
+      start = ex.mul(idx[d], block)
     if not isinstance(start, (ex.Name, ex.Lit)):
       start = gen.bind(start, f"{ptr.name}_start{d}")
-    exact = (not element) and (size % bd.block_size == 0)
-    dims.append(memory.RefDim(start, bd.block_size, size, memory.stride(shape, d),
-                              kept=not isinstance(bd, pc.Squeezed), exact=exact,
-                              low=element and bd.padding[0] > 0))
+    dims.append(memory.RefDim(start, block, size, memory.stride(view.array_shape, d),
+                              kept=not view.squeezed[d], exact=view.exact[d], low=view.low[d]))
   return tuple(dims)
 
 
-def _operand_refs(gen, params, ids, ptrs) -> list:
+def _operand_refs(gen, params, plan, ids, ptrs) -> list:
   """The kernel's Refs: index operands whole, block operands where their index maps put them
   for this program, then scratch and pl.get_global buffers."""
   gm = params.grid_mapping
@@ -298,12 +224,12 @@ def _operand_refs(gen, params, ids, ptrs) -> list:
   names = list(params.arg_names)
   refs = [memory.whole(ptrs[k], a.dtype, a.shape, f"args[{k}]")
           for k, a in enumerate(gm.index_map_avals[rank:])]
-  for k, bm in enumerate(gm.block_mappings):
+  for k, (bm, view) in enumerate(zip(gm.block_mappings, plan.blocks)):
     jx = bm.index_map_jaxpr
     idx = gen.lower_jaxpr(jx, ids + refs[:nidx]) if bm.block_shape else []
     ptr = ptrs[nidx + k]
-    refs.append(memory.RefVal(ptr, np.dtype(bm.array_aval.dtype), _block_dims(gen, bm, idx, ptr),
-                              bm.origin))
+    refs.append(memory.RefVal(ptr, np.dtype(bm.array_aval.dtype),
+                              _block_dims(gen, bm, view, idx, ptr), bm.origin))
   for k, aval in enumerate(gm.scratch_avals):
     name = names[len(refs)] if len(refs) < len(names) else f"scratch{k}"
     refs.append(memory.scratch_ref(gen, aval.inner_aval, name))
