@@ -102,11 +102,7 @@ def main():
            f"{d[0]:.3f} / {d[1]:.3f} / {d[2]:.3f} | {d[1] / d[0]:.3f}x | rel. diff {same:.1e} |")
     print(row, flush=True)
     lines.append(row)
-  text = "\n".join(lines) + "\n"
-  print(text)
-  if opts.out:
-    with open(opts.out, "w") as f:
-      f.write(text)
+  tvp.write_table(lines, opts.out)
 
 
 if __name__ == "__main__":

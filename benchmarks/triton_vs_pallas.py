@@ -339,10 +339,15 @@ def main():
     dev_ratio = f"{jd / pd:.3f}x" if both else "n/a"
     lines.append(f"| {name} | {ms('pallax')} | {ms('jax_pallas')} | {ms('xla')} | {ratio} | {dev} | {dev_ratio} | "
                  f"{rate('pallax')} | {rate('jax_pallas')} | {rate('xla')} |")
+  write_table(lines, opts.out)
+
+
+def write_table(lines, out: str):
+  """Prints the table, and writes it to ``out`` when given."""
   text = "\n".join(lines) + "\n"
   print(text)
-  if opts.out:
-    with open(opts.out, "w") as f:
+  if out:
+    with open(out, "w") as f:
       f.write(text)
 
 
