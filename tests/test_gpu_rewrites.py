@@ -148,3 +148,35 @@ def test_the_kernel_the_gpu_runs_agrees_with_the_kernel_as_written(case, monkeyp
       got = jax.tree.leaves(case.build(True)(*args))
     for k, (g, w) in enumerate(zip(got, want)):
       _same(g, w, case.tol, f"{case.name} output {k} (sm_{cc})")
+
+
+# --- edge masks: every access of a block that can run past its array is masked ------------------
+
+def _accesses(fun, *args):
+  from pallax._src.triton import codegen
+  return codegen.generate(_params(fun, *args), 90).accesses
+
+
+def _copy_call(shape, block, out_dtype=jnp.float32):
+  grid = tuple(-(-s // b) for s, b in zip(shape, block))
+  spec = pl.BlockSpec(block, lambda *i: i)
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1
+  return lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(shape, out_dtype),
+                                  grid=grid, in_specs=[spec], out_specs=spec)(x)
+
+
+@pytest.mark.parametrize("shape,block,masked", [
+    ((1000,), (128,), True),          # a partial last block
+    ((1024,), (128,), False),         # exact blocks: no mask at all
+    ((300,), (100,), True),           # exact, but 100 lanes padded to 128
+    ((64, 200), (64, 128), True),     # partial along the second dimension only
+    ((64, 256), (16, 128), False),
+])
+def test_accesses_of_blocks_past_the_array_are_masked(shape, block, masked):
+  x = jnp.zeros(shape, jnp.float32)
+  acc = _accesses(_copy_call(shape, block), x)
+  kinds = {(a.kind, a.origin) for a in acc}
+  assert kinds == {("load", "args[0]"), ("store", "out[0]")}
+  assert all((a.mask is not None) == masked for a in acc), [(a.kind, a.mask) for a in acc]

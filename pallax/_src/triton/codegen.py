@@ -83,6 +83,7 @@ class KernelSource:
   # Global-memory buffers the launcher allocates after the outputs: (shape, dtype, zeroed),
   # for scratch (a slice per concurrent program) and pl.get_global (shared, zeroed).
   hidden: tuple = ()
+  accesses: tuple = ()   # every load and store with its mask (writer.Access), for tests
 
 
 # Values beyond this many elements spill out of a program's registers (ptxas then takes
@@ -161,7 +162,7 @@ def _source(gen, params, ptrs, launch: int) -> KernelSource:
   source = PROLOGUE + "\n\n" + header + "\n" + "\n".join(gen.lines) + "\n"
   hidden = tuple((shape, dtype, zeroed) for _, shape, dtype, zeroed in gen.hidden)
   return KernelSource(name, source, signature, (launch, 1, 1), warps, stages, gen.has_checks,
-                      chosen, hidden)
+                      chosen, hidden, tuple(gen.accesses))
 
 
 def _pointers(gen, params) -> list[ex.Name]:

@@ -18,7 +18,7 @@ from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import add, mul
 from pallax._src.gpu.source import Unsupported
 from pallax._src.triton import lang as tl
-from pallax._src.triton.writer import rule
+from pallax._src.triton.writer import Access, rule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +193,7 @@ def load(gen, ref: RefVal, user_mask=None, other=None, hint="", cache=None, evic
     kwargs = {"mask": mask, "other": other if other is not None else _zero(ref.dtype)}
   kwargs.update(_hints(cache_modifier=cache, eviction_policy=evict))
   gen.max_numel = max(gen.max_numel, math.prod(ex.pow2(s) for s in shape))
+  gen.accesses.append(Access("load", ref.origin, shape, mask))
   value = ex.call("tl.load", _pointer(ref, offs), dtype=ref.dtype, shape=shape, **kwargs)
   if ref.dtype == np.bool_:   # bools live in memory as bytes
     value = tl.compare("!=", value, tl.i32(0))
@@ -215,6 +216,7 @@ def store(gen, ref: RefVal, val: ex.Expr, user_mask=None, evict=None):
     v = tl.to(val, np.int8)
   kwargs = {"mask": mask} if mask is not None else {}
   kwargs.update(_hints(eviction_policy=evict))
+  gen.accesses.append(Access("store", ref.origin, shape, mask))
   gen.emit_expr(ex.call("tl.store", _pointer(ref, offs), v, **kwargs))
   if ref.ptr.name in gen.read_back:
     # The kernel reads this Ref again later, possibly through other threads: make the

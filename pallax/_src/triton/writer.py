@@ -2,6 +2,8 @@
 Refs, hidden buffers and padded tensors need."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -16,6 +18,15 @@ _PROLOGUE_NAMES = ("tl", "triton", "libdevice", "INF", "NAN", "range", "_and", "
                    "_exp2", "_max", "_min", "_argmax", "_argmin")
 
 
+@dataclasses.dataclass(frozen=True)
+class Access:
+  """One memory access the kernel makes: a load or a store of a Ref view, and its mask."""
+  kind: str                  # "load" or "store"
+  origin: str                # 'args[0]', 'out[1]', 'scratch[0]', ...
+  shape: tuple
+  mask: ex.Expr | None       # None: every lane accesses memory
+
+
 class Writer(Source):
   def __init__(self, kernel_name: str, compute_capability: int):
     super().__init__(kernel_name, TABLE, tl.render, _PROLOGUE_NAMES)
@@ -25,6 +36,7 @@ class Writer(Source):
     self.hidden: list = []              # (pointer name, shape, dtype, zeroed) of hidden buffers
     self.lane: ex.Expr = tl.i32(0)      # this program's index among the concurrent programs
     self.lanes = 1                      # how many programs run concurrently
+    self.accesses: list[Access] = []    # every load and store, as data (tests check masks here)
 
   def valid(self, shape, axes) -> ex.Expr | None:
     """A mask of the lanes inside the logical ``shape`` along ``axes`` (None: none padded)."""
