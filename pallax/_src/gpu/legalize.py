@@ -18,10 +18,10 @@ What a GPU emitter may assume about ``legalize(jaxpr, cc)`` (sub-jaxprs included
    ``convert_element_type``, ``bitcast_convert_type``, ``select_n``, data movement, ``dot_general``
    with a wider result, and Ref access see them (the rest runs in float32). A conversion to fp8
    comes from float16, bfloat16 or float32 (float32 only for compute capability 9.0 and newer)
-   and sees no value that overflows the format (the GPU saturates; lax gives NaN for e4m3fn
-   above 464 and +-inf for e5m2 from 61440: selected after the conversion). Before 9.0 a float32
-   source is first rounded to float16 "to odd", so that the GPU's truncating float32 -> float16
-   step is exact and the answer is rounded once.
+   and sees no value that overflows the format: the GPU saturates, where lax gives NaN for
+   e4m3fn above 464 (those lanes convert a NaN) and +-inf for e5m2 from 61440 (they convert 0,
+   replaced by +-inf after). Before 9.0 a float32 source is first rounded to float16 "to odd":
+   the GPU's float32 -> float16 step (towards zero) is then exact, and the fp8 rounded once.
 5. float16/bfloat16 ``div``, ``rem``, ``round`` and the math functions (``MATH``) run in
    float32: those equations see float32 or float64 only. ``pow`` has a float exponent.
 6. Float ``neg`` is a sign-bit flip; 7. ``sign``, 9. ``clamp``, 10. ``integer_pow`` and
@@ -30,6 +30,10 @@ What a GPU emitter may assume about ``legalize(jaxpr, cc)`` (sub-jaxprs included
 8. ``nextafter`` remains for 64-bit floats only (the others step on the bits).
 11. ``population_count``/``clz`` see int32 or int64 only.
 12. Float ``argmax``/``argmin`` see no NaN (a NaN anywhere wins, the first one: lax's rule).
+14. ``reduce_sum``/``cumsum`` see no 8- or 16-bit integers (summed in 32 bits, converted back).
+
+Left to the emitter: NaN-propagating ``max``/``min`` and max/min reductions, padding lanes with
+neutral values, correctly rounded float32 ``div`` (Triton's ``/`` is approximate: ``div_rn``).
 """
 from __future__ import annotations
 
@@ -70,8 +74,8 @@ def legalize(jaxpr: ji.Jaxpr, compute_capability: int) -> ji.Jaxpr:
   changed: list = []
   fn = lambda *args: _eval(jaxpr, compute_capability, args, changed)
   dbg = jaxpr.debug_info
-  names = dbg.arg_names if dbg.arg_names is not None and len(dbg.arg_names) == len(jaxpr.in_avals) \
-      else None
+  names = dbg.arg_names
+  names = names if names is not None and len(names) == len(jaxpr.in_avals) else None
   new, _, consts = ji.trace_to_jaxpr(fn, jaxpr.in_avals, name=dbg.func_name, arg_names=names)
   return ji.closed(new, consts) if changed else jaxpr
 
@@ -82,8 +86,9 @@ def _applies(eqn) -> bool:
 
 def _literal(a):
   # Typed NumPy scalars: rules tell literals (concrete) from traced values by them.
-  aval = a.aval
-  return np.array(a.val, aval.dtype)[()] if hasattr(aval, "dtype") and np.ndim(a.val) == 0 else a.val
+  if hasattr(a.aval, "dtype") and np.ndim(a.val) == 0:
+    return np.array(a.val, a.aval.dtype)[()]
+  return a.val
 
 
 def _eval(jaxpr, cc: int, args, changed: list):
@@ -97,19 +102,27 @@ def _eval(jaxpr, cc: int, args, changed: list):
 
 def _equation(eqn, invals, cc: int, changed: list) -> list:
   params = jaxpr_util.map_sub_jaxprs(eqn.params, lambda j: legalize(j, cc))
-  if any(a is not b for a, b in zip(jaxpr_util.sub_jaxprs(params), jaxpr_util.sub_jaxprs(eqn.params))):
+  subs = zip(jaxpr_util.sub_jaxprs(params), jaxpr_util.sub_jaxprs(eqn.params))
+  if any(a is not b for a, b in subs):
     changed.append(eqn)
-  ctx = Ctx(cc, tuple(v.aval for v in eqn.outvars))
-  rule = RULES.get(eqn.primitive)
-  with ji.source_info_util.user_context(eqn.source_info.traceback):
-    if _fp8_arith(eqn):
-      out = _via_f32(ctx, eqn, rule, invals, params)
-    else:
-      out = None if rule is None else rule(ctx, *invals, **params)
+  out = _rewrite(eqn, invals, params, Ctx(cc, tuple(v.aval for v in eqn.outvars)))
   if out is None:
     return jaxpr_util.rebind(eqn, invals, params)
   changed.append(eqn)
   return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _rewrite(eqn, invals, params, ctx):
+  """The equation's rule applied (None: keep the equation), at the user's source line."""
+  rule = RULES.get(eqn.primitive)
+  try:
+    with ji.source_info_util.user_context(eqn.source_info.traceback):
+      if _fp8_arith(eqn):
+        return _via_f32(ctx, eqn, rule, invals, params)
+      return None if rule is None else rule(ctx, *invals, **params)
+  except NotImplementedError as e:
+    frame = ji.user_frame(eqn.source_info)
+    raise NotImplementedError(f"{e}, at {frame}" if frame else str(e)) from None
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -180,11 +193,10 @@ def _div_rem(prim):
       if signed and k == -1:           # MIN // -1 = MIN (= -MIN, wrapped), x % -1 = 0
         return lax.neg(x) if prim is lax.div_p else lax.full(ctx.out_avals[0].shape, 0, dtype)
       return None                      # index arithmetic stays as it is
-    zero = lax.eq(y, _scalar(0, dtype))
+    zero = bad = lax.eq(y, _scalar(0, dtype))
     if signed:
-      overflow = lax.bitwise_and(lax.eq(x, _scalar(np.iinfo(dtype).min, dtype)),
-                                 lax.eq(y, _scalar(-1, dtype)))
-    bad = lax.bitwise_or(zero, overflow) if signed else zero
+      bad = lax.bitwise_or(zero, lax.bitwise_and(lax.eq(x, _scalar(np.iinfo(dtype).min, dtype)),
+                                                 lax.eq(y, _scalar(-1, dtype))))
     q = prim.bind(x, _where(bad, _scalar(1, dtype), y))   # MIN // 1 = MIN, MIN % 1 = 0
     if prim is lax.div_p:
       return _where(zero, _scalar(-1 if signed else np.iinfo(dtype).max, dtype), q)
@@ -283,9 +295,9 @@ def _to_fp8(ctx, x, new):
 
 def _round_to_odd_f16(v):
   """``v`` (float32) truncated to float16, with the last bit set where that was inexact.
-  Rounding this to a format of 9 or fewer significant bits gives the same answer as rounding
-  ``v`` itself once (Triton converts float32 to fp8 through a truncating float16 before sm_90;
-  this float16 is where it starts)."""
+  Rounding this to a format of 9 or fewer significant bits gives what rounding ``v`` once gives
+  (before sm_90 Triton converts float32 to fp8 through float16 rounded towards zero: exact on
+  this value, so the fp8 is rounded once)."""
   h = lax.convert_element_type(v, _F16)       # to nearest, in lax and on the GPU
   back = lax.convert_element_type(h, _F32)
   away = lax.convert_element_type(lax.gt(lax.abs(back), lax.abs(v)), np.int16)   # back towards 0
@@ -358,18 +370,23 @@ def _in_f32(ctx, prim, xs, params):
   return _cast(ctx, out, ctx.out_avals[0].dtype)
 
 
+def _exponent(ctx, y):
+  # lax's pow converts an integer exponent to the result's type
+  out = np.dtype(ctx.out_avals[0].dtype)
+  if _const(y) is not None and out not in F8:
+    return np.asarray(y).astype(out)[()]
+  y = _cast(ctx, y, out)
+  return _to_f32(y) if out in F8 else y
+
+
 def _math(prim):
   def rule(ctx, *xs, **params):
-    if prim is lax.pow_p and not _is_float(_dtype(xs[1])):   # lax's pow converts the exponent
-      out = np.dtype(ctx.out_avals[0].dtype)
-      if _const(xs[1]) is not None and out not in F8:
-        y = np.asarray(xs[1]).astype(out)[()]
-      else:
-        y = _cast(ctx, xs[1], out)
-      xs = (xs[0], _to_f32(y) if _dtype(y) in F8 else y)
-      if _dtype(xs[0]) not in _HALF:
-        return prim.bind(*xs, **params)
-    return _in_f32(ctx, prim, xs, params) if _dtype(xs[0]) in _HALF else None
+    int_exponent = prim is lax.pow_p and not _is_float(_dtype(xs[1]))
+    if int_exponent:
+      xs = (xs[0], _exponent(ctx, xs[1]))
+    if _dtype(xs[0]) in _HALF:
+      return _in_f32(ctx, prim, xs, params)
+    return prim.bind(*xs, **params) if int_exponent else None
   return rule
 
 
@@ -416,11 +433,12 @@ def _nextafter(ctx, x, y):
   zero = _scalar(0, i)
   up = lax.eq(lax.lt(kx, ky), lax.gt(kx, zero))   # away from zero
   step = lax.add(xi, _where(up, _scalar(1, i), _scalar(-1, i)))
-  tiny = _where(lax.gt(ky, zero), _scalar(1, i), _scalar(np.iinfo(i).min + 1, i))   # +-smallest subnormal
-  out = _bitcast(_where(lax.eq(kx, zero), tiny, step), dtype)
+  # from +-0.0: the smallest subnormal, signed as y
+  smallest = _where(lax.gt(ky, zero), _scalar(1, i), _scalar(np.iinfo(i).min + 1, i))
+  out = _bitcast(_where(lax.eq(kx, zero), smallest, step), dtype)
   xc = _to_f32(x) if dtype in F8 else x            # fp8 has no compares
   yc = _to_f32(y) if dtype in F8 else y
-  out = _where(lax.eq(xc, yc), y, out)   # a float compare, as lax's (a CPU flushing subnormals differs)
+  out = _where(lax.eq(xc, yc), y, out)   # a float compare, as lax's (a CPU may flush subnormals)
   return _where(lax.ne(xc, xc), x, _where(lax.ne(yc, yc), y, out))
 
 
@@ -505,3 +523,21 @@ def _arg(prim, fill: float):
 
 RULES[lax.argmax_p] = _arg(lax.argmax_p, -np.inf)
 RULES[lax.argmin_p] = _arg(lax.argmin_p, np.inf)
+
+
+# --- 14. sums of narrow integers ---------------------------------------------------------------
+
+def _int_sum(prim):
+  # The GPU sums 8- and 16-bit integers in 32 bits (tl.sum, tl.cumsum); lax wraps, as the 32-bit
+  # sum converted back does.
+  def rule(ctx, x, **params):
+    dtype = _dtype(x)
+    if not jnp.issubdtype(dtype, jnp.integer) or _bits(dtype) >= 32:
+      return None
+    wide = _int(32, jnp.issubdtype(dtype, jnp.signedinteger))
+    return lax.convert_element_type(prim.bind(lax.convert_element_type(x, wide), **params), dtype)
+  return rule
+
+
+RULES[lax.reduce_sum_p] = _int_sum(lax.reduce_sum_p)
+RULES[lax.cumsum_p] = _int_sum(lax.cumsum_p)
