@@ -134,12 +134,22 @@ def _rewritten_runs(monkeypatch, cc: int):
   monkeypatch.setattr(interpreter, "run_eager", rewritten(interpreter.run_eager))
 
 
+# Where the GPU's answer is deliberately not lax's (README, "Known differences").
+_NOT_LAX = {
+    "exp_exp2_edges": "exp2 of bfloat16: pallax computes 2**x in float32 and rounds once; lax "
+                      "computes exp(x * log(2)) with log(2) and the product rounded to bfloat16 "
+                      "(several ulps away for large |x|)",
+}
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_the_kernel_the_gpu_runs_agrees_with_the_kernel_as_written(case, monkeypatch):
   """Legalization and tiling are jaxpr rewrites: the rewritten kernel, run by the interpreter
   under plain XLA, must give the kernel's own answer (bit for bit where no reassociation is
   involved: integer and float edge cases, casts, shifts, NaN handling)."""
+  if case.name in _NOT_LAX:
+    pytest.skip(_NOT_LAX[case.name])
   args = case.args(jax.random.key(sum(map(ord, case.name))))
   want = jax.tree.leaves(case.build(True)(*args))
   for cc in ((90, 89) if "fp8" in case.name or "cast" in case.name else (90,)):
