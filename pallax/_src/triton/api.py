@@ -11,6 +11,7 @@ import numpy as np
 from pallax._src import ref_access
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
+from pallax._src import jaxpr_util
 from pallax._src import pallas_call as pcall
 from pallax._src import primitives as prims
 from pallax._src.primitives import dot, max_contiguous  # noqa: F401  (re-exported)
@@ -219,14 +220,9 @@ KernelArtifact = Compiled
 
 
 def _pallas_call_params(jaxpr):
-  for eqn in jaxpr.eqns:
+  for eqn in jaxpr_util.equations(jaxpr):
     if eqn.primitive is pcall.pallas_call_p:
       yield eqn.params["params"]
-    for v in eqn.params.values():
-      subs = v if isinstance(v, tuple) else (v,)
-      for s in subs:
-        if isinstance(s, ji.Jaxpr):
-          yield from _pallas_call_params(s)
 
 
 def lower(fun, *args, compute_capability: int = 90, **kwargs) -> list[KernelArtifact]:
