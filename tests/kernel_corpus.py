@@ -1016,3 +1016,83 @@ def _debug_build(interpret):
 
 
 CASES.append(Case("debug_check_and_print_pass", _debug_build, normal((64,)), 0))
+
+
+# --- reductions of 16-bit and integer blocks, masked loads' fill values, masked swaps --------------
+
+def _values(dtype, shape, key):
+  if jnp.issubdtype(dtype, jnp.integer):
+    info = jnp.iinfo(dtype)
+    return jax.random.randint(key, shape, max(info.min, -1000), min(info.max, 1000), jnp.int32).astype(dtype)
+  return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+def _reduce_rows_kernel(x_ref, mx_ref, mn_ref, s_ref, am_ref, an_ref):
+  x = x_ref[...]
+  mx_ref[...] = jnp.max(x, axis=1)
+  mn_ref[...] = jnp.min(x, axis=1)
+  s_ref[...] = jnp.sum(x, axis=1)
+  am_ref[...] = jnp.argmax(x, axis=1).astype(jnp.int32)
+  an_ref[...] = jnp.argmin(x, axis=1).astype(jnp.int32)
+
+
+def _masked_row_max_kernel(x_ref, o_ref, *, fill):
+  # Triton style, as JAX's softmax op: a power-of-two view past the row's end, masked
+  row = pl.program_id(0)
+  lanes = jnp.arange(128)
+  x = plgpu.load(x_ref.at[row, pl.ds(0, 128)], mask=lanes < x_ref.shape[1], other=fill)
+  o_ref[row] = jnp.max(x)
+
+
+def _row_reductions(dtype):
+  def build(interpret):
+    def f(x):
+      r = x.shape[0]
+      outs = [S((r,), dtype)] * 3 + [S((r,), jnp.int32)] * 2
+      fill = -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+      return (pl.pallas_call(_reduce_rows_kernel, out_shape=outs, interpret=interpret)(x),
+              pl.pallas_call(functools.partial(_masked_row_max_kernel, fill=fill),
+                             out_shape=S((r,), dtype), grid=(r,), interpret=interpret)(x))
+    return jax.jit(f)
+  return build
+
+
+for _dt in (jnp.bfloat16, jnp.float16, jnp.float32, jnp.int8, jnp.uint8, jnp.int32):
+  CASES.append(Case(f"row_reductions_125_{jnp.dtype(_dt).name}", _row_reductions(_dt),
+                    lambda k, dt=_dt: (_values(dt, (6, 125), k),),
+                    tol=2e-2 if jnp.dtype(_dt).itemsize == 2 else 1e-6))
+
+
+def _masked_swap_kernel(x_ref, y_ref, o_ref, old_ref):
+  o_ref[...] = y_ref[...]
+  keep = jnp.arange(16) % 3 != 0
+  old_ref[...] = pl.swap(o_ref, (pl.ds(0, 16),), x_ref[...], mask=keep)
+
+
+@case("masked_swap", normals(((16,), jnp.float32), ((16,), jnp.float32)), tol=0)
+def _(interpret):
+  return jax.jit(lambda x, y: pl.pallas_call(
+      _masked_swap_kernel, out_shape=[S((16,), jnp.float32)] * 2, interpret=interpret)(x, y))
+
+
+# --- constant arrays captured by a kernel ---------------------------------------------------------
+
+_TABLE = np.linspace(-1.0, 1.0, 24, dtype=np.float32).reshape(4, 6)
+_HALF_TABLE = (np.arange(24, dtype=np.float32).reshape(4, 6) / 7).astype(jnp.bfloat16)
+_LUT = np.array([3, 1, 4, 1, 5, 9, 2, 6], np.int32)
+_FLAGS = np.array([True, False, False, True, True, False, True, False])
+
+
+def _constants_kernel(x_ref, i_ref, o_ref, j_ref):
+  t = jnp.asarray(_TABLE)
+  o_ref[...] = x_ref[...] * t + jnp.asarray(_HALF_TABLE).astype(jnp.float32)
+  def body(k, acc):   # a constant inside a loop body
+    return acc + jnp.where(jnp.asarray(_FLAGS), jnp.asarray(_LUT), -k)
+  j_ref[...] = lax.fori_loop(0, 3, body, i_ref[...])
+
+
+@case("captured_constant_arrays", lambda k: (normal((4, 6))(k)[0], jnp.arange(8, dtype=jnp.int32)), tol=1e-6)
+def _(interpret):
+  return jax.jit(lambda x, i: pl.pallas_call(
+      _constants_kernel, out_shape=[S((4, 6), jnp.float32), S((8,), jnp.int32)],
+      interpret=interpret)(x, i))

@@ -47,3 +47,17 @@ def test_gradients_through_jax_gpu_op_backward_kernels(case):
   want = jax.grad(lambda *a: (ref_f(*a) ** 2).sum(), argnums=argnums)(*args)
   for g, w in zip(got, want):
     assert np.linalg.norm(np.asarray(g) - np.asarray(w)) / np.linalg.norm(np.asarray(w)) < 1e-4
+
+
+@pytest.mark.parametrize("shape", [(1024, 125), (4, 1024, 125)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_jax_softmax_op_at_jax_test_shapes_and_tolerances(shape, dtype):
+  """JAX's own test of its softmax op (tests/pallas/gpu_ops_test.py): rows of 125 elements,
+  masked loads filled with -inf, in 16-bit floats too. Interpreter on a CPU, Triton on a GPU."""
+  import jax.numpy as jnp
+  m = load("softmax")
+  x = jax.random.normal(jax.random.key(0), shape, dtype=jnp.dtype(dtype))
+  atol, rtol = {"bfloat16": (1e-2, 1e-4), "float16": (1e-2, 1e-4), "float32": (1e-7, 1e-6)}[dtype]
+  np.testing.assert_allclose(np.asarray(m.softmax(x, axis=-1).astype(jnp.float32)),
+                             np.asarray(jax.nn.softmax(x, axis=-1).astype(jnp.float32)),
+                             atol=atol, rtol=rtol)

@@ -171,7 +171,7 @@ class Source:
         raise Unsupported(
             f"pallas_call {self.kernel_name}: the kernel uses a constant array of shape "
             f"{v.value.shape} ({v.value.dtype}) at {self.where(eqn)}, closed over or built with "
-            "jnp.array; the GPU backend cannot embed it: pass it as an input")
+            "jnp.array, too large to embed: pass it as an input")
     folded = self.fold(eqn, invals)
     if folded is not None:
       return [folded]

@@ -61,12 +61,13 @@ def _exp2(x):
 
 @triton.jit
 def _max(a, b):
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+    # .to: Triton computes bf16 maxima in f32, and a reduction's combine must keep its type
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL).to(a.dtype)
 
 
 @triton.jit
 def _min(a, b):
-    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
+    return tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL).to(a.dtype)
 '''
 
 
@@ -84,6 +85,7 @@ class KernelSource:
   # for scratch (a slice per concurrent program) and pl.get_global (shared, zeroed).
   hidden: tuple = ()
   accesses: tuple = ()   # every load and store with its mask (writer.Access), for tests
+  constants: tuple = ()  # constant arrays the kernel reads: operands after the call's own
 
 
 # Values beyond this many elements spill out of a program's registers (ptxas then takes
@@ -153,7 +155,13 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
 
 
 def _source(gen, params, ptrs, launch: int) -> KernelSource:
+  """The kernel function. Its parameters follow the launch's buffers: the operands (the call's,
+  then the constant arrays), the outputs, then the hidden buffers (scratch, pl.get_global)."""
   name = _kernel_name(params)
+  gm = params.grid_mapping
+  n_in = gm.num_index_operands + gm.num_inputs
+  consts = [ex.Name(n, dtype=a.dtype) for n, a in gen.constants]
+  ptrs = ptrs[:n_in] + consts + ptrs[n_in:]
   names = [p.name for p in ptrs] + [h[0] for h in gen.hidden]
   dtypes = [p.dtype for p in ptrs] + [h[2] for h in gen.hidden]
   signature = {n: "*" + SIGNATURE[np.dtype(d).name] for n, d in zip(names, dtypes)}
@@ -162,7 +170,7 @@ def _source(gen, params, ptrs, launch: int) -> KernelSource:
   source = PROLOGUE + "\n\n" + header + "\n" + "\n".join(gen.lines) + "\n"
   hidden = tuple((shape, dtype, zeroed) for _, shape, dtype, zeroed in gen.hidden)
   return KernelSource(name, source, signature, (launch, 1, 1), warps, stages, gen.has_checks,
-                      chosen, hidden, tuple(gen.accesses))
+                      chosen, hidden, tuple(gen.accesses), tuple(a for _, a in gen.constants))
 
 
 def _pointers(gen, params) -> list[ex.Name]:

@@ -44,7 +44,10 @@ def triton_lowering(ctx, *args, params):
   # Scratch and pl.get_global buffers are extra outputs of the call, dropped afterwards;
   # the launcher zeroes the ones that must start at zero.
   hidden = [ji.ShapedArray(shape, dtype) for shape, dtype, _ in c.hidden]
-  sizes = [0] * (len(args) + len(ctx.avals_out)) + [
+  # Constant arrays the kernel closed over are operands after the call's own (the compiled
+  # kernel is shared by kernels that differ only in their values: they come from ``ks``).
+  consts = [ji.mlir.ir_constant(a) for a in ks.constants]
+  sizes = [0] * (len(args) + len(consts) + len(ctx.avals_out)) + [
       int(np.prod(shape)) * np.dtype(dtype).itemsize if zeroed else 0 for shape, dtype, zeroed in c.hidden]
   kernel_params = [gpu_triton.create_array_parameter(n, 16) for n in sizes]
   call = gpu_triton.TritonKernelCall(kernel, *c.grid, kernel_params)
@@ -52,7 +55,7 @@ def triton_lowering(ctx, *args, params):
   rule = jax.ffi.ffi_lowering("triton_kernel_call_ffi", api_version=4,
                               operand_output_aliases=dict(params.input_output_aliases))
   n_out = len(ctx.avals_out)
-  if hidden:
-    ctx = ctx.replace(avals_out=[*ctx.avals_out, *hidden])
-  results = rule(ctx, *args, opaque=zlib.compress(call.to_proto(c.name, b"")))
+  const_avals = [ji.ShapedArray(a.shape, a.dtype) for a in ks.constants]
+  ctx = ctx.replace(avals_in=[*ctx.avals_in, *const_avals], avals_out=[*ctx.avals_out, *hidden])
+  results = rule(ctx, *args, *consts, opaque=zlib.compress(call.to_proto(c.name, b"")))
   return results[:n_out]

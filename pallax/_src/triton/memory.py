@@ -190,7 +190,7 @@ def load(gen, ref: RefVal, user_mask=None, other=None, hint="", cache=None, evic
   hint = hint or ref.ptr.name.removesuffix("_ref").removesuffix("_ptr") or "x"
   kwargs = {}
   if mask is not None:
-    kwargs = {"mask": mask, "other": other if other is not None else _zero(ref.dtype)}
+    kwargs = {"mask": mask, "other": _fill(other, ref.dtype)}
   kwargs.update(_hints(cache_modifier=cache, eviction_policy=evict))
   gen.max_numel = max(gen.max_numel, math.prod(ex.pow2(s) for s in shape))
   gen.accesses.append(Access("load", ref.origin, shape, mask))
@@ -198,6 +198,18 @@ def load(gen, ref: RefVal, user_mask=None, other=None, hint="", cache=None, evic
   if ref.dtype == np.bool_:   # bools live in memory as bytes
     value = tl.compare("!=", value, tl.i32(0))
   return gen.bind(value, hint)
+
+
+def _fill(other, dtype) -> ex.Expr:
+  """A masked load's value for masked-off lanes, in the Ref's dtype (an f32 -inf beside bf16
+  data would make the loaded tensor f32)."""
+  if other is None:
+    return _zero(dtype)
+  if np.dtype(other.dtype) == np.dtype(dtype) or np.dtype(dtype) == np.bool_:
+    return other
+  if isinstance(other, ex.Lit) and jnp.issubdtype(dtype, jnp.floating):
+    return ex.Lit(float(other.value), dtype=np.dtype(dtype))
+  return tl.to(other, dtype)
 
 
 def _zero(dtype) -> ex.Lit:

@@ -8,8 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallax._src.gpu import expr as ex
-from pallax._src.gpu.source import RuleTable, Source
+from pallax._src.gpu.source import ConstArray, RuleTable, Source
 from pallax._src.triton import lang as tl
+
+# Constant arrays up to this size are passed to the kernel as inputs; larger ones are refused (a
+# kernel that needs a table that large should take it as an operand).
+MAX_CONSTANT_ELEMENTS = 1 << 16
 
 TABLE: RuleTable = RuleTable({}, {})   # every Triton rule, registered by the modules that define them
 rule = TABLE.register
@@ -37,6 +41,22 @@ class Writer(Source):
     self.lane: ex.Expr = tl.i32(0)      # this program's index among the concurrent programs
     self.lanes = 1                      # how many programs run concurrently
     self.accesses: list[Access] = []    # every load and store, as data (tests check masks here)
+    self.constants: list = []           # (pointer name, array): constant arrays, passed as inputs
+
+  def constant(self, c):
+    """A constant array the kernel closed over (``jnp.array([...])`` in a kernel): an input of
+    the launch, read whole where the (sub)jaxpr that holds it starts."""
+    value = super().constant(c)
+    if not isinstance(value, ConstArray) or value.value.size > MAX_CONSTANT_ELEMENTS:
+      return value
+    a = value.value
+    name = next((n for n, b in self.constants if b is a), None)
+    if name is None:
+      name = self.fresh("const")
+      self.constants.append((name, a))
+    from pallax._src.triton import memory   # memory's rules register with this module's table
+    ref = memory.whole(ex.Name(name, dtype=a.dtype), a.dtype, a.shape, "a constant array")
+    return memory.load(self, ref, hint=name)
 
   def valid(self, shape, axes) -> ex.Expr | None:
     """A mask of the lanes inside the logical ``shape`` along ``axes`` (None: none padded)."""
