@@ -92,3 +92,20 @@ def test_int64_uint64_float64_kernels_with_x64():
   r = subprocess.run([sys.executable, os.path.join(here, "gpu_scripts", "x64_kernels.py")],
                      capture_output=True, text=True, env=env, timeout=300)
   assert "RESULT: x64 kernels agree" in r.stdout, (r.stdout + r.stderr)[-3000:]
+
+
+def test_math_functions_against_lax_in_ulps():
+  """Each float32 math function on Triton against lax on the same GPU, elementwise; the table
+  goes to stdout (pytest -s). Bound: what libdevice and XLA's own expansions differ by."""
+  import gpu_math
+  keys = iter(jax.random.split(jax.random.key(11), 64))
+  rows, worst = [], {}
+  for name, (fn, lo, hi) in gpu_math.UNARY.items():
+    worst[name] = gpu_math.compare(fn, gpu_math.inputs(next(keys), lo, hi))
+  for name, (fn, (lo1, hi1), (lo2, hi2)) in gpu_math.BINARY.items():
+    worst[name] = gpu_math.compare(fn, gpu_math.inputs(next(keys), lo1, hi1),
+                                   gpu_math.inputs(next(keys), lo2, hi2))
+  for name, (d, x, got, want) in worst.items():
+    rows.append(f"{name:10} max {d:>10} ulps at {x}: triton {got!r} lax {want!r}")
+  print("\n" + "\n".join(rows))
+  assert all(d <= gpu_math.MAX_ULPS.get(n, 4) for n, (d, *_) in worst.items()), "\n".join(rows)
