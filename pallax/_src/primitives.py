@@ -214,6 +214,9 @@ def _masked_swap_discharge(ctx, x, val, *args, tree, has_mask, evict=None):
   # Masked-off lanes point past the end and are dropped, so they never clobber a kept lane.
   target = tuple(jnp.where(keep, c, d) for c, d in zip(coords, x.shape))
   new_x = x.at[target].set(val, mode="drop")
+  # The old value of a masked-off lane is undefined (a GPU does not read it): poison, as a
+  # masked load without ``other`` gives.
+  old = jnp.where(keep, old, poison(old.shape, old.dtype))
   return (new_x,) + (None,) * (1 + len(args)), old
 
 

@@ -394,6 +394,39 @@ for _p in MATH:
   RULES[_p] = _math(_p)
 
 
+# XLA's float32 erf_inv (the expansion of chlo.erf_inv): M. Giles' single-precision
+# approximation, "Approximating the erfinv function" (GPU Computing Gems, 2011). Written in lax
+# here, the GPU computes lax's polynomial with its own log1p and sqrt (libdevice's erfinv is
+# another approximation, several ulps away).
+_ERF_INV_W_BELOW_5 = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
+                      0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
+_ERF_INV_W_FROM_5 = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
+                     0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
+
+
+def _erf_inv_f32(x):
+  f = lambda v: _scalar(v, _F32)
+  w = _neg(None, lax.log1p(lax.mul(x, _neg(None, x))))   # sign flips: no float neg remains
+  below = lax.lt(w, f(5.0))
+  w = _where(below, lax.sub(w, f(2.5)), lax.sub(lax.sqrt(w), f(3.0)))
+  p = _where(below, f(_ERF_INV_W_BELOW_5[0]), f(_ERF_INV_W_FROM_5[0]))
+  for a, b in zip(_ERF_INV_W_BELOW_5[1:], _ERF_INV_W_FROM_5[1:]):
+    p = lax.add(_where(below, f(a), f(b)), lax.mul(p, w))
+  return _where(lax.eq(lax.abs(x), f(1.0)), lax.mul(x, f(np.inf)), lax.mul(p, x))
+
+
+def _erf_inv(ctx, x, **params):
+  dtype = _dtype(x)
+  if dtype == _F32:
+    return _erf_inv_f32(x)
+  if dtype in _HALF:   # as lax: in float32, rounded back
+    return _cast(ctx, _erf_inv_f32(_to_f32(x)), dtype)
+  return None          # float64: libdevice's erfinv
+
+
+RULES[lax.erf_inv_p] = _erf_inv
+
+
 # --- 6-9, 13. sign bits, compares and selects -------------------------------------------------
 
 def _neg(ctx, x):
