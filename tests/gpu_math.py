@@ -52,5 +52,15 @@ def compare(fn, *args):
 def inputs(key, low, high, n=4096):
   return jax.random.uniform(key, (n,), jnp.float32, low, high)
 
-# Largest distance allowed per function (4 ulps unless named).
-MAX_ULPS = {}
+# Largest distance allowed per function: 4 ulps unless named. Measured on an H100 (2026-11-23)
+# and explained; a change that moves any function further fails the test.
+MAX_ULPS = {
+    # exp(x) is ex2.approx(x * log2(e)) (7% faster flash attention): the rounded product costs
+    # about |x| ulps (58 at x = 78). exp2: lax computes exp(x * ln 2) and it is lax that loses
+    # them there (62 at x = 114); pallax's ex2.approx(x) is the closer one to 2**x.
+    "exp": 64, "exp2": 64,
+    # libdevice's erfcf against XLA's own expansion, on results below 1e-30 (relative 4e-6).
+    "erfc": 64,
+    # tl.sigmoid through ex2.approx: relative 9e-7 on outputs near 4e-7.
+    "logistic": 16,
+}
