@@ -95,8 +95,11 @@ def _(interpret):
   return jax.jit(functools.partial(_notebook_matmul, interpret=interpret))
 
 
+# tf32 (10-bit mantissas) on both sides, summed in different orders: each output's error has a
+# standard deviation of about sqrt(1024) * 2**-11 ~ 7e-4 of the outputs' scale; the largest of a
+# million, from two independent sides, reaches ~5e-3 (elementwise; the norm-wise error is 1e-3).
 @case("notebook_matmul_1024_tiled", normals(((1024, 1024), jnp.float32), ((1024, 1024), jnp.float32)),
-      tol=2e-3)
+      tol=5e-3)
 def _(interpret):
   return jax.jit(functools.partial(_notebook_matmul, interpret=interpret))
 
@@ -981,7 +984,7 @@ def _(interpret):
 def _exp_kernel(x_ref, o_ref):
   x = x_ref[...]
   s = jnp.exp(x_ref[0] * 0.01) + jnp.exp2(jnp.float32(0.5))    # scalars
-  o_ref[...] = jnp.exp(x) * s + jnp.exp2(x.astype(jnp.bfloat16)).astype(jnp.float32)
+  o_ref[...] = jnp.exp(x) * s + jnp.exp2(x * 0.5)
 
 
 def _exp_args(k):
@@ -993,6 +996,19 @@ def _exp_args(k):
 def _(interpret):
   return jax.jit(lambda x: pl.pallas_call(
       _exp_kernel, out_shape=S((300,), jnp.float32), interpret=interpret)(x))
+
+
+def _exp2_half_kernel(x_ref, o_ref):
+  o_ref[...] = jnp.exp2(x_ref[...])
+
+
+# exp2 of bfloat16: pallax computes 2**x in float32 and rounds once, lax multiplies by log(2)
+# rounded to bfloat16 first: a few bfloat16 ulps apart for |x| up to 8 (README).
+@case("exp2_bfloat16", lambda k: (jnp.clip(jax.random.normal(k, (300,)) * 3, -8, 8).astype(jnp.bfloat16),),
+      tol=3e-2)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _exp2_half_kernel, out_shape=S((300,), jnp.bfloat16), interpret=interpret)(x))
 
 
 # --- debugging on the device ----------------------------------------------------------------------

@@ -136,7 +136,7 @@ def _rewritten_runs(monkeypatch, cc: int):
 
 # Where the GPU's answer is deliberately not lax's (README, "Known differences").
 _NOT_LAX = {
-    "exp_exp2_edges": "exp2 of bfloat16: pallax computes 2**x in float32 and rounds once; lax "
+    "exp2_bfloat16": "exp2 of bfloat16: pallax computes 2**x in float32 and rounds once; lax "
                       "computes exp(x * log(2)) with log(2) and the product rounded to bfloat16 "
                       "(several ulps away for large |x|)",
 }
