@@ -85,3 +85,50 @@ def test_a_literal_negative_index_counts_from_the_end_on_both_backends():
   np.testing.assert_array_equal(_call(_literal_minus_one_kernel, True)(x), np.full(4, 3.0))
   [a] = plgpu.lower(_call(_literal_minus_one_kernel, False), x)
   assert "x_ref + 3)" in a.source
+
+
+def test_addresses_past_two_to_the_31_stay_64_bit():
+  # A stride of 2**31 was written as an int32 constant, which wraps: program 1 read at -2**31.
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1
+  spec = pl.BlockSpec((None, 1024), lambda i: (i, 0))
+  f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((2, 1024), jnp.int8),
+                               grid=(2,), in_specs=[spec], out_specs=spec)(x)
+  [a] = plgpu.lower(f, jax.ShapeDtypeStruct((2, 2**31), jnp.int8))
+  assert "arith.constant 2147483648 : i64" in a.ttir and "-2147483648 : i64" not in a.ttir
+
+
+def test_a_typed_constant_that_does_not_fit_is_refused():
+  from pallax._src.gpu import expr as ex
+  with pytest.raises(ValueError, match="does not fit int32"):
+    ex.Renderer()(ex.Lit(2**31, dtype=np.dtype(np.int32)))
+
+
+def _callback_kernel(s):
+  def scaled(v):
+    return np.asarray(v * s, np.float32)
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = jax.pure_callback(scaled, jax.ShapeDtypeStruct((4,), jnp.float32), x_ref[...])
+  return kernel
+
+
+def _checked_kernel(message):
+  def kernel(x_ref, o_ref):
+    pl.debug_check(jnp.all(x_ref[...] > 5), message)
+    o_ref[...] = x_ref[...]
+  return kernel
+
+
+@pytest.mark.interpreter
+def test_traces_that_print_alike_but_differ_are_not_shared():
+  # A callback's closure and a check's message are not in the printed jaxpr: sharing Params by
+  # the printed text alone ran the first kernel again.
+  x = jnp.ones(4, jnp.float32)
+  out = jax.ShapeDtypeStruct((4,), jnp.float32)
+  for s in (2.0, 3.0):
+    np.testing.assert_array_equal(pl.pallas_call(_callback_kernel(s), out_shape=out,
+                                                 interpret=True)(x), np.full(4, s))
+  for message in ("first message", "second message"):
+    with pl.enable_debug_checks(), pytest.raises(pl.KernelCheckError, match=message):
+      pl.pallas_call(_checked_kernel(message), out_shape=out, interpret=True)(x)

@@ -15,6 +15,7 @@ from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import backends
 from pallax._src import checks
+from pallax._src import jaxpr_util
 from pallax._src.grid_mapping import BlockMapping, GridMapping
 
 
@@ -504,12 +505,34 @@ def _const_key(c):
     return ("id", id(c))
 
 
+def _param_key(v):
+  """An equation parameter as part of a trace's identity. Printed jaxprs leave things out (a
+  callback's closure, a check's message): such values count by equality where they hash, and
+  by identity otherwise (a new closure is a new kernel)."""
+  if isinstance(v, ji.Jaxpr):
+    return None                                   # in str(jaxpr), with its own equations
+  if isinstance(v, (tuple, list)):
+    return tuple(_param_key(x) for x in v)
+  try:
+    hash(v)
+    return v
+  except TypeError:
+    return ("id", id(v))
+
+
+def _params_key(jaxpr) -> tuple:
+  return tuple(tuple((k, _param_key(v)) for k, v in sorted(e.params.items()))
+               for e in jaxpr_util.equations(jaxpr))
+
+
 def _content_key(params: Params):
-  """What determines a trace's meaning: the kernel and index-map jaxprs with their constants."""
+  """What determines a trace's meaning: the kernel and index-map jaxprs with their constants
+  and the parameters of their equations."""
   gm = params.grid_mapping
   maps = tuple((str(bm.index_map_jaxpr), tuple(map(_const_key, bm.index_map_jaxpr.consts)),
                 bm.block_shape, bm.array_aval) for bm in gm.block_mappings)
-  return (str(params.jaxpr), tuple(map(_const_key, params.jaxpr.consts)), maps, gm.grid,
+  return (str(params.jaxpr), tuple(map(_const_key, params.jaxpr.consts)), _params_key(params.jaxpr),
+          maps, gm.grid,
           gm.num_index_operands, tuple(map(str, gm.scratch_avals)), gm.scratch_zeroed,
           tuple(map(str, params.globals_avals)), params.arg_names)
 

@@ -91,25 +91,36 @@ def is_zero(e) -> bool:
   return isinstance(e, Lit) and not isinstance(e.value, bool) and e.value == 0
 
 
+def index_literal(n: int, like=None) -> Lit:
+  """An integer constant of index arithmetic: int32, or int64 where it does not fit (or where
+  ``like`` is int64: an address of an array of 2**31 elements or more)."""
+  wide = not -2**31 <= int(n) < 2**31 or (like is not None and np.dtype(like.dtype) == np.int64)
+  return Lit(int(n), dtype=np.dtype(np.int64 if wide else np.int32))
+
+
+def _fold(a: Lit, b: Lit, value: int) -> Lit:
+  return index_literal(value, a if np.dtype(a.dtype) == np.int64 else b)
+
+
 def add(a: Expr, b: Expr) -> Expr:
   if is_zero(a):
     return b
   if is_zero(b):
     return a
   if isinstance(a, Lit) and isinstance(b, Lit) and isinstance(a.value, int) and isinstance(b.value, int):
-    return Lit(a.value + b.value, dtype=a.dtype)
+    return _fold(a, b, a.value + b.value)
   return Op("+", (a, b), dtype=a.dtype, shape=_broadcast(a.shape, b.shape))
 
 
 def mul(a: Expr, k) -> Expr:
   """``a * k`` for an int or an Expr ``k``, folding 0 and 1."""
-  k = Lit(int(k), dtype=np.dtype(np.int32)) if isinstance(k, (int, np.integer)) else k
+  k = index_literal(k, a) if isinstance(k, (int, np.integer)) else k
   if literal(k) == 1:
     return a
   if is_zero(k) or is_zero(a):
     return Lit(0, dtype=a.dtype)
   if isinstance(a, Lit) and isinstance(k, Lit):
-    return Lit(a.value * k.value, dtype=a.dtype)
+    return _fold(a, k, a.value * k.value)
   return Op("*", (a, k), dtype=a.dtype, shape=_broadcast(a.shape, k.shape))
 
 
@@ -196,6 +207,14 @@ def bare_literal(e: Lit) -> bool:
   return dtype == np.int32 and -2**31 <= int(v) < 2**31
 
 
+def _check_fits(e: Lit):
+  dtype = np.dtype(e.dtype)
+  if np.issubdtype(dtype, np.integer) and not isinstance(e.value, bool):
+    info = np.iinfo(dtype)
+    if not info.min <= e.value <= info.max:   # a typed constant would wrap silently
+      raise ValueError(f"the constant {e.value} does not fit {dtype.name}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Renderer:
   """Writes expressions as Python source for one language namespace (``tl`` or ``gl``)."""
@@ -210,6 +229,7 @@ class Renderer:
     if not isinstance(e, Expr):
       return repr(e), _ATOM                          # a Python value: a keyword argument
     if isinstance(e, Lit):
+      _check_fits(e)
       text, prec = _literal_text(e.value)
       if bare_literal(e):
         return text, prec

@@ -148,7 +148,7 @@ def address(ref: RefVal, user_mask: ex.Expr | None):
       j += 1
     else:
       coord = d.start
-      dim_conds = [tl.compare("<", coord, tl.i32(d.array_size))] if not d.exact and \
+      dim_conds = [tl.compare("<", coord, ex.index_literal(d.array_size))] if not d.exact and \
           not ex.is_zero(coord) else []
       if d.low:
         dim_conds.append(tl.compare(">=", coord, tl.i32(0)))
@@ -172,7 +172,7 @@ def _lane_coord(d: RefDim, j: int, padded, masked_by_user: bool):
   if d.index is not None or d.low:
     conds.append(tl.compare(">=", coord, tl.i32(0)))
   if not d.exact or masked_by_user:
-    conds.append(tl.compare("<", coord, tl.i32(d.array_size)))
+    conds.append(tl.compare("<", coord, ex.index_literal(d.array_size)))
   return coord, conds
 
 
