@@ -520,8 +520,14 @@ def _param_key(v):
     return ("id", id(v))
 
 
+# A kernel evaluates these calls' jaxprs and never differentiates them: their derivative rules
+# (new function objects at every trace) are not part of what it computes.
+_RULES_UNUSED = (ji.custom_jvp_call_p, ji.custom_vjp_call_p)
+
+
 def _params_key(jaxpr) -> tuple:
-  return tuple(tuple((k, _param_key(v)) for k, v in sorted(e.params.items()))
+  return tuple(() if e.primitive in _RULES_UNUSED else
+               tuple((k, _param_key(v)) for k, v in sorted(e.params.items()))
                for e in jaxpr_util.equations(jaxpr))
 
 
