@@ -1113,3 +1113,15 @@ def _(interpret):
   return jax.jit(lambda x, i: pl.pallas_call(
       _constants_kernel, out_shape=[S((4, 6), jnp.float32), S((8,), jnp.int32)],
       interpret=interpret)(x, i))
+
+
+def _running_max_kernel(x_ref, o_ref):
+  def body(i, m):   # a bf16 loop carry through max (Triton computes 16-bit maxima in f32)
+    return jnp.maximum(m, x_ref[i])
+  o_ref[...] = lax.fori_loop(0, x_ref.shape[0], body, jnp.full(o_ref.shape, -jnp.inf, o_ref.dtype))
+
+
+@case("bf16_running_max_in_a_loop", normal((5, 100), jnp.bfloat16), tol=0)
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(
+      _running_max_kernel, out_shape=S((100,), jnp.bfloat16), interpret=interpret)(x))

@@ -132,3 +132,25 @@ def test_traces_that_print_alike_but_differ_are_not_shared():
   for message in ("first message", "second message"):
     with pl.enable_debug_checks(), pytest.raises(pl.KernelCheckError, match=message):
       pl.pallas_call(_checked_kernel(message), out_shape=out, interpret=True)(x)
+
+
+def _negative_slice_kernel(x_ref, o_ref):
+  o_ref[...] = x_ref[pl.ds(-4, 4)]
+
+
+def _computed_negative_slice_kernel(x_ref, o_ref):
+  o_ref[...] = x_ref[pl.ds(jnp.zeros((), jnp.int32) - 4, 4)]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("kernel", [_negative_slice_kernel, _computed_negative_slice_kernel])
+def test_a_slice_starting_before_the_ref_is_out_of_bounds_on_both_backends(kernel):
+  # The interpreter failed inside JAX ("start_indices must be nonnegative") and Triton read the
+  # four elements before the array.
+  x = jnp.arange(16.0)
+  call = lambda interpret: (lambda x: pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((4,), jnp.float32), interpret=interpret)(x))
+  with pytest.raises(IndexError, match=r"out-of-bounds read from args\[0\].*index -4"):
+    call(True)(x)
+  with pytest.raises(IndexError, match=r"out-of-bounds read from args\[0\].*index -4"):
+    plgpu.lower(call(False), x)

@@ -37,7 +37,7 @@ def kind_of(exc) -> int:
 
 
 def violations(transforms, shape, mask):
-  """Yields (in_bounds, dim, size, offending index) for each indexed dimension.
+  """Yields (in_bounds, dim, size, offending index, integer index?) for each indexed dimension.
 
   A masked access (Triton style) is checked on the base Ref's coordinates of its unmasked
   lanes only: its view may run past the Ref where the mask is False.
@@ -48,7 +48,7 @@ def violations(transforms, shape, mask):
     for d, (c, size) in enumerate(zip(prims.base_coords(transforms), shape)):
       ok_lane = (c >= 0) & (c < size)
       bad = jnp.where(ok_lane | ~mask, 0, c)
-      yield jnp.all(ok_lane | ~mask), d, size, jnp.min(bad) if bad.ndim else bad
+      yield jnp.all(ok_lane | ~mask), d, size, jnp.min(bad) if bad.ndim else bad, False
     return
   for t in transforms:
     if not isinstance(t, ji.NDIndexer):
@@ -59,11 +59,11 @@ def violations(transforms, shape, mask):
           continue
         start = jnp.asarray(i.start)
         end = start + (i.size - 1) * i.stride
-        yield (start >= 0) & (end < size), d, size, jnp.where(start < 0, start, end)
+        yield (start >= 0) & (end < size), d, size, jnp.where(start < 0, start, end), False
       else:
         i = jnp.asarray(i)
         ok = jnp.all((i >= 0) & (i < size))
-        yield ok, d, size, (jnp.where((i >= 0) & (i < size), 0, i).min() if i.ndim else i)
+        yield ok, d, size, (jnp.where((i >= 0) & (i < size), 0, i).min() if i.ndim else i), i.ndim == 0
     shape = tuple(t.get_indexer_shape())
 
 
@@ -92,9 +92,10 @@ def has_access(jaxpr) -> bool:
 
 # --- static checks (trace time) -------------------------------------------------------
 
-def _static_ok(ok, bad, size) -> bool:
-  """A static index passes if in range or a negative index from the end (as in NumPy)."""
-  return bool(ok) or (-size <= int(bad) < 0)
+def _static_ok(ok, bad, size, integer: bool) -> bool:
+  """A static index passes if in range, or if it is an integer index counting from the end (as
+  in NumPy; a slice's start does not: ``pl.ds(-4, 4)`` starts before the Ref)."""
+  return bool(ok) or (integer and -size <= int(bad) < 0)
 
 
 def _check_static_access(eqn, kernel: str, names) -> None:
@@ -105,8 +106,8 @@ def _check_static_access(eqn, kernel: str, names) -> None:
   vals = [a.val if isinstance(a, ji.Literal) else None for a in eqn.invars]
   with jax.ensure_compile_time_eval():
     acc = ref_access.split(eqn, vals)
-    for ok, d, size, bad in violations(acc.transforms, ref.aval.shape, acc.mask):
-      if not _static_ok(ok, bad, size):
+    for ok, d, size, bad, integer in violations(acc.transforms, ref.aval.shape, acc.mask):
+      if not _static_ok(ok, bad, size, integer):
         raise IndexError(_describe(kernel, eqn, names.get(ref, "a Ref"), d, size,
                                    ref.aval.shape).format(index=int(bad)))
 
@@ -160,7 +161,7 @@ def _from_end(eqn, invals):
 def _check_access(eqn, invals, names, kernel) -> None:
   ref = eqn.invars[0]
   acc = ref_access.split(eqn, invals)
-  for ok, d, size, bad in violations(acc.transforms, ref.aval.shape, acc.mask):
+  for ok, d, size, bad, _ in violations(acc.transforms, ref.aval.shape, acc.mask):
     check(ok, _describe(kernel, eqn, names.get(ref, "a Ref"), d, size, ref.aval.shape), INDEX,
           index=bad)
 

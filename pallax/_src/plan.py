@@ -266,11 +266,13 @@ def _block_keys(table: np.ndarray, n: int, max_index) -> np.ndarray:
 
 
 def disjoint_axes(table: np.ndarray, grid, max_index) -> tuple[bool, ...]:
-  """Per grid axis: whether programs that differ along it never share a block of ``table``.
+  """Per grid axis: whether all programs that share a block of ``table`` agree along it.
 
-  Programs that differ along a set of axes never share a block exactly when that holds for each
-  axis of the set, so single axes suffice. Each block gets a representative program; an axis is
-  disjoint when every program agrees with its block's representative along it."""
+  A set of axes may run concurrently when programs sharing a block agree on every axis of the
+  set (then no two concurrent programs meet in a block), a condition that holds for the set
+  exactly when it holds for each of its axes: single axes suffice. Each block gets a
+  representative program; an axis qualifies when every program agrees with its block's
+  representative along it."""
   n = math.prod(grid)
   key = _block_keys(table, n, max_index)
   if key.size and int(key.max()) >= 4 * n + 1024:   # sparse keys: number the distinct blocks

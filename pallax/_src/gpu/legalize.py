@@ -33,7 +33,8 @@ What a GPU emitter may assume about ``legalize(jaxpr, cc)`` (sub-jaxprs included
 14. ``reduce_sum``/``cumsum`` see no 8- or 16-bit integers (summed in 32 bits, converted back).
 
 Left to the emitter: NaN-propagating ``max``/``min`` and max/min reductions, padding lanes with
-neutral values, correctly rounded float32 ``div`` (Triton's ``/`` is approximate: ``div_rn``).
+neutral values, float32 ``div`` (Triton's ``/`` is ``div.full.f32``, within 2 ulps, as in
+Triton and JAX Pallas: a documented difference, not rewritten).
 """
 from __future__ import annotations
 

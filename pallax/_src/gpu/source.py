@@ -79,10 +79,6 @@ class RuleTable:
     return add
 
 
-def new_table() -> RuleTable:
-  return RuleTable({}, {})
-
-
 class Source:
   """The statements of one kernel function, and the walk that writes them."""
 

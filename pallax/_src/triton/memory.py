@@ -92,7 +92,8 @@ def _index_dim(gen, ref, d: RefDim, idx, t, gather, static, verb, axis) -> RefDi
   if isinstance(idx, ji.Slice):
     if not isinstance(idx.size, (int, np.integer)):
       raise Unsupported("slices of dynamic size")
-    return dataclasses.replace(d, start=add(d.start, mul(_int(idx.start), d.step)),
+    start = _int(idx.start)
+    return dataclasses.replace(d, start=add(d.start, mul(start, d.step)),
                                size=int(idx.size), step=d.step * int(idx.stride))
   if isinstance(idx, (int, np.integer)) or isinstance(idx, ex.Expr) and idx.shape == ():
     i = _int(idx)
@@ -270,7 +271,25 @@ def view(ctx, invals):
   acc = ref_access.split(eqn, invals)
   span = ref_access.leaf_span(eqn)
   static = {id(v) for a, v in zip(eqn.invars[span], invals[span]) if isinstance(a, ji.Literal)}
-  return index_ref(ctx.gen, acc.ref, acc.transforms, static, ref_access.verb(eqn)), acc
+  v = index_ref(ctx.gen, acc.ref, acc.transforms, static, ref_access.verb(eqn))
+  if acc.mask is None:   # a masked view may run past its Ref (Triton style)
+    _check_known_bounds(ctx.gen, v, ref_access.verb(eqn))
+  return v, acc
+
+
+def _check_known_bounds(gen, ref: RefVal, verb: str):
+  """A view whose extent is known here (constant starts) must lie inside its array, as the
+  interpreter checks: unmasked, a GPU would read or write outside it."""
+  for axis, d in enumerate(x for x in ref.dims if x.kept):
+    lit = ex.literal(d.start)
+    if lit is None or d.index is not None or d.size == 0:
+      continue
+    last = lit + (d.size - 1) * d.step
+    lo, hi = min(lit, last), max(lit, last)
+    if (lo < 0 and not d.low) or (hi >= d.array_size and d.exact):
+      raise IndexError(f"pallas_call {gen.kernel_name}: out-of-bounds {verb} {ref.origin} at "
+                       f"{gen.enclosing_frame}: index {lo if lo < 0 else hi} along dimension "
+                       f"{axis}, which has size {d.array_size}")
 
 
 @rule(ji.get_p)

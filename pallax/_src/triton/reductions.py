@@ -51,9 +51,8 @@ def _reduce_axis(x: ex.Expr, kind: str, a: int, shape) -> ex.Expr:
   boolean = kind in ("and", "or") and x.dtype == np.bool_
   cur = tl.to(x, np.int32) if boolean else x
   if kind == "sum":
+    # (8- and 16-bit integer sums were legalized to 32 bits: tl.sum would widen them)
     e = call("tl.sum", cur, axis=tl.i32(a), dtype=cur.dtype, shape=shape)
-    if not is_float(x.dtype) and np.dtype(x.dtype).itemsize < 4:
-      e = tl.to(e, x.dtype)   # tl.sum widens to 32 bits; lax wraps
   elif kind == "xor":
     e = call("tl.xor_sum", cur, axis=tl.i32(a), dtype=cur.dtype, shape=shape)
   else:
@@ -105,10 +104,8 @@ def _cumulative_rule(kind):
     else:
       e = call("tl.associative_scan", cur, tl.i32(axis), Token(f"_{kind}"), reverse=reverse,
                dtype=x.dtype, shape=x.shape)
-    dtype = np.dtype(x.dtype)
-    if kind in ("sum", "prod") and dtype == np.dtype("bfloat16") or kind == "sum" and \
-        not is_float(dtype) and dtype.itemsize < 4:
-      e = tl.to(e, dtype)   # tl.cumsum/cumprod widen these
+    if kind in ("sum", "prod") and np.dtype(x.dtype) == np.dtype("bfloat16"):
+      e = tl.to(e, x.dtype)   # tl.cumsum/cumprod widen bf16 (narrow ints were legalized)
     return e
   return lower
 

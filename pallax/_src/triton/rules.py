@@ -58,7 +58,10 @@ def _rem(ctx, x, y):
 def _max_min(ctx, x, y):
   fn = "tl.maximum" if ctx.eqn.primitive is lax.max_p else "tl.minimum"
   nan = {"propagate_nan": _NAN_ALL} if is_float(x.dtype) else {}   # NaN wins, as in lax
-  return call(fn, x, y, dtype=x.dtype, **nan)
+  e = call(fn, x, y, dtype=x.dtype, **nan)
+  # Triton computes 16-bit float maxima in f32 and returns f32 (exact: convert back), which a
+  # loop carry of the operands' type would reject
+  return tl.to(e, x.dtype) if is_float(x.dtype) and np.dtype(x.dtype).itemsize == 2 else e
 
 
 @rule(lax.neg_p)
