@@ -1,7 +1,6 @@
 """``pallax.triton``: compiler params, Triton-specific kernel functions, and ``lower``."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -9,7 +8,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallax._src import ref_access
-from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import pallas_call as pcall

@@ -18,7 +18,6 @@ import math
 
 import numpy as np
 
-from pallax._src import jax_internals as ji
 from pallax._src.plan import plan_for
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import legalize, tiling

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
-import numpy as np
 
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.source import ConstArray, RuleTable, Source
