@@ -48,10 +48,6 @@ class RuleContext:
   eqn: object
 
   @property
-  def avals_in(self):
-    return [v.aval for v in self.eqn.invars]
-
-  @property
   def avals_out(self):
     return [v.aval for v in self.eqn.outvars]
 
@@ -209,8 +205,10 @@ class Source:
     return ex.Lit(v, dtype=dtype)
 
   def constant(self, c):
-    """A constant the traced kernel closed over (scalars only: there are no array literals)."""
-    if isinstance(c, ex.Expr) or not hasattr(c, "shape") and not isinstance(c, (int, float, bool)):
+    """A constant the traced kernel closed over: a literal for a scalar, else a ConstArray (an
+    error where used, unless a backend passes arrays in: see the Triton writer). Values that
+    are not numbers (Refs of pl.kernel, already lowered values) pass through."""
+    if isinstance(c, ex.Expr) or (not hasattr(c, "shape") and not isinstance(c, (int, float, bool))):
       return c
     a = np.asarray(c)
     if a.size == 0:   # e.g. the empty index array of a whole-window scatter: its shape is all
