@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-LOWER_FOR = (80, 90)
+LOWER_FOR = (75, 80, 90)
 
 
 def pytest_configure(config):

@@ -1,10 +1,12 @@
-"""CI (no GPU): every kernel of the corpus lowers to PTX for sm_80 and sm_90."""
+"""CI (no GPU): every kernel of the corpus lowers to PTX for sm_70, sm_75, sm_80 and sm_90, or
+is refused with a clear error where the target lacks what it needs."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import pallax.triton as plgpu
+from pallax._src.triton import api
 import kernel_corpus as kc
 from kernel_corpus import CASES, by_name, matmul_inner_loop
 
@@ -14,7 +16,7 @@ def _specs(case):
   return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
 
 
-@pytest.mark.parametrize("cc", [80, 90])
+@pytest.mark.parametrize("cc", [70, 75, 80, 90])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_lowers_to_ptx(case, cc):
   if cc < case.min_cc:
@@ -64,12 +66,34 @@ def test_unsupported_primitive_names_itself_and_the_line():
      jnp.int32, (32,), 90, r"bitcast_convert_type from int32 to int16"),
     ("e4m3fn before sm_89", lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...]),
      jnp.float8_e4m3fn, (32,), 80, r"float8_e4m3fn arrays need compute capability 8.9"),
+    ("e5m2 before sm_89", lambda x_ref, o_ref: o_ref.__setitem__(
+        ..., x_ref[...].astype(jnp.float8_e5m2).astype(jnp.int32)),
+     jnp.float32, (32,), 75, r"float8_e5m2 needs compute capability 8.9 .*sm_75"),
+    ("int8 tensor-core dot before sm_80", lambda x_ref, o_ref: o_ref.__setitem__(
+        ..., jnp.dot(x_ref[...], x_ref[...], preferred_element_type=jnp.int32)),
+     jnp.int8, (32, 32), 75, r"int8 matrix product .* on sm_75.*compute capability 8.0"),
 ])
 def test_constructs_triton_cannot_express_get_clear_errors(what, kernel, dtype, shape, cc, message):
   import pallax as pl
-  f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(shape, x.dtype if cc == 80 else jnp.int32))(x)
+  out = dtype if what.startswith("e4m3fn") else jnp.int32
+  f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(shape, out))(x)
   with pytest.raises(NotImplementedError, match=message):
     plgpu.lower(f, jax.ShapeDtypeStruct(shape, dtype), compute_capability=cc)
+
+
+def test_a_lower_target_than_the_gpu_can_be_asked_for(monkeypatch):
+  import pallax as pl
+  from pallax._src.triton import launch
+  monkeypatch.setattr(launch, "device_compute_capability", lambda: 90)
+  call = lambda cp: pl.pallas_call(lambda x_ref, o_ref: None, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
+                                   compiler_params=cp)
+  params = lambda cp: next(api._pallas_call_params(jax.make_jaxpr(call(cp))(jnp.ones(8)).jaxpr))
+  assert launch.target_compute_capability(params(None)) == 90
+  assert launch.target_compute_capability(params(plgpu.CompilerParams(compute_capability=75))) == 75
+  monkeypatch.setenv("PALLAX_TRITON_COMPUTE_CAPABILITY", "80")
+  assert launch.target_compute_capability(params(None)) == 80
+  with pytest.raises(ValueError, match="compute capability 100 was asked for, but this GPU has 90"):
+    launch.target_compute_capability(params(plgpu.CompilerParams(compute_capability=100)))
 
 
 def test_too_much_shared_memory_says_how_much():
@@ -97,8 +121,8 @@ def test_block_matmul_too_large_for_one_program_is_tiled():
 
 def test_old_gpu_gets_a_clear_message():
   case = by_name("notebook_add_vectors")
-  with pytest.raises(RuntimeError, match="compute capability 8.0.*interpret=True"):
-    plgpu.lower(case.build(False), *_specs(case), compute_capability=75)
+  with pytest.raises(RuntimeError, match="compute capability 7.0.*interpret=True"):
+    plgpu.lower(case.build(False), *_specs(case), compute_capability=61)
 
 
 def test_cache_hints_reach_triton_and_the_interpreter_ignores_them():

@@ -43,7 +43,8 @@ class TiledDot:
 
   def tiles(self) -> tuple[int, int, int]:
     (m, k), n = self.dot.invars[0].aval.shape, self.dot.invars[1].aval.shape[1]
-    return _tile(m, _MN_TILES), _tile(n, _MN_TILES), _tile(k, _k_tiles(self.dot.invars[0].aval.dtype))
+    dtype = self.dot.invars[0].aval.dtype
+    return _tile(m, _mn_tiles(dtype)), _tile(n, _mn_tiles(dtype)), _tile(k, _k_tiles(dtype))
 
   def tile_counts(self) -> tuple[int, int]:
     (m, _), n = self.dot.invars[0].aval.shape, self.dot.invars[1].aval.shape[1]
@@ -53,6 +54,11 @@ class TiledDot:
 
 def _tile(n: int, options) -> int | None:
   return next((t for t in options if n % t == 0), None)
+
+
+def _mn_tiles(dtype) -> tuple[int, ...]:
+  # float64 tiles of 128 would stage 128 KiB of operands: more shared memory than Turing has
+  return _MN_TILES[1:] if jnp.dtype(dtype).itemsize == 8 else _MN_TILES
 
 
 def _k_tiles(dtype) -> tuple[int, ...]:

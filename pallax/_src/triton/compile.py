@@ -16,7 +16,8 @@ import tempfile
 from pallax._src.triton.codegen import KernelSource
 
 # Shared memory a block may use, by compute capability (bytes).
-SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448}
+SHARED_MEMORY_LIMIT = {70: 98304, 75: 65536, 80: 166912, 86: 101376, 87: 166912, 89: 101376,
+                       90: 232448}
 
 
 @dataclasses.dataclass(frozen=True)

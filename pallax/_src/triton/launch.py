@@ -1,6 +1,7 @@
 """Launching compiled kernels inside XLA through jaxlib's Triton kernel call."""
 from __future__ import annotations
 
+import os
 import zlib
 
 import jax
@@ -20,13 +21,34 @@ def device_compute_capability() -> int:
   return int(major) * 10 + int(minor)
 
 
+# The oldest target the official triton package (3.6) still generates code for: Volta. Before
+# Ampere, dots run on FMA units (and int8 dots are refused); fp8 needs Ada (8.9).
+MIN_COMPUTE_CAPABILITY = 70
+
+
 def check_compute_capability(cc: int, name: str):
-  if cc < 80:
+  if cc < MIN_COMPUTE_CAPABILITY:
     major, minor = divmod(cc, 10)
     raise RuntimeError(
-        f"pallas_call {name}: the Triton backend needs an NVIDIA GPU of compute capability 8.0 "
-        f"(Ampere) or newer, but this one has {major}.{minor}. Run the kernel in the interpreter "
+        f"pallas_call {name}: the Triton backend needs an NVIDIA GPU of compute capability 7.0 "
+        f"(Volta) or newer, but this one has {major}.{minor}. Run the kernel in the interpreter "
         "instead: pallas_call(..., interpret=True) (it runs on this GPU through XLA).")
+
+
+def target_compute_capability(params) -> int:
+  """The GPU's own compute capability, or a lower one asked for (to test or to ship code for
+  older GPUs): ``pallax.triton.CompilerParams(compute_capability=75)`` or the environment
+  variable ``PALLAX_TRITON_COMPUTE_CAPABILITY``. PTX runs on newer GPUs than its target."""
+  device = device_compute_capability()
+  asked = getattr(params.compiler_params, "compute_capability", None) or \
+      os.environ.get("PALLAX_TRITON_COMPUTE_CAPABILITY")
+  if not asked:
+    return device
+  asked = int(asked)
+  if asked > device:
+    raise ValueError(f"pallas_call {params.name}: compute capability {asked} was asked for, but "
+                     f"this GPU has {device}; code for a newer GPU cannot run on an older one")
+  return asked
 
 
 LAUNCHES = 0   # how many pallas_calls were lowered to Triton (tests check the backend ran)
@@ -35,7 +57,7 @@ LAUNCHES = 0   # how many pallas_calls were lowered to Triton (tests check the b
 def triton_lowering(ctx, *args, params):
   global LAUNCHES
   gpu_triton = ji.gpu_triton()
-  cc = device_compute_capability()
+  cc = target_compute_capability(params)
   check_compute_capability(cc, params.name)
   ks = codegen.generate(params, cc)
   c = compile_kernel(ks, cc, params.name)

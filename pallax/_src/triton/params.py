@@ -13,6 +13,7 @@ class CompilerParams(pc.CompilerParams):
   BACKEND = "triton"
   num_warps: int | None = None
   num_stages: int | None = None
+  compute_capability: int | None = None   # a target below the GPU's own (75: Turing)
 
 
 def _available() -> bool:

@@ -172,6 +172,11 @@ def _dot_general(ctx, a, b, dimension_numbers, precision, preferred_element_type
   bx = bx if np.dtype(b.dtype) == dt else tl.to(bx, dt)
   acc = (np.dtype(np.float64) if dt == np.float64 else tl.F32) if is_float(dt) else tl.I32
   big = min(m, n, k) >= 16 and (dt.itemsize > 1 or k >= 32)   # 8-bit tensor-core dots need K >= 32
+  if big and dt == np.int8 and ctx.gen.compute_capability < 80:
+    raise NotImplementedError(
+        f"an int8 matrix product of blocks this large on sm_{ctx.gen.compute_capability}: Triton "
+        "multiplies int8 on the tensor cores from compute capability 8.0 only (convert the "
+        "operands to float32, exact while the sums stay below 2**24, or use smaller blocks)")
   if big and not is_float(dt) and dt != np.int8:
     raise NotImplementedError(
         f"an integer matrix product of {np.dtype(a.dtype).name} and {np.dtype(b.dtype).name} "
