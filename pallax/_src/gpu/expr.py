@@ -207,7 +207,7 @@ def bare_literal(e: Lit) -> bool:
   return dtype == np.int32 and -2**31 <= int(v) < 2**31
 
 
-def _check_fits(e: Lit):
+def check_fits(e: Lit):
   dtype = np.dtype(e.dtype)
   if np.issubdtype(dtype, np.integer) and not isinstance(e.value, bool):
     info = np.iinfo(dtype)
@@ -229,7 +229,7 @@ class Renderer:
     if not isinstance(e, Expr):
       return repr(e), _ATOM                          # a Python value: a keyword argument
     if isinstance(e, Lit):
-      _check_fits(e)
+      check_fits(e)
       text, prec = _literal_text(e.value)
       if bare_literal(e):
         return text, prec

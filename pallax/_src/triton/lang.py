@@ -23,6 +23,7 @@ def i32(n: int) -> Lit:
 def tensor(e: ex.Expr) -> ex.Expr:
   """``e`` as a Triton tensor: a literal becomes a typed scalar (Python numbers have no methods)."""
   if isinstance(e, Lit):
+    ex.check_fits(e)   # written out here, not by the renderer: the same check
     return call("tl.full", Token("[]"), Token(ex.literal_text(e.value)), dtype(e.dtype), dtype=e.dtype)
   return e
 
