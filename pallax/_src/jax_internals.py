@@ -21,6 +21,7 @@ from jax._src.interpreters import batching
 from jax._src.interpreters import mlir
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lax import lax as lax_internals
+from jax._src.lax import parallel as lax_parallel
 from jax._src.lax.control_flow import conditionals
 from jax._src.lax.control_flow import loops
 from jax._src import pjit
@@ -64,6 +65,31 @@ copy_p = lax_internals.copy_p
 optimization_barrier_p = lax_internals.optimization_barrier_p
 # Equations whose sub-jaxpr runs once, in place, on the equation's operands.
 CALL_PRIMITIVES = (jit_p, closed_call_p, custom_jvp_call_p, custom_vjp_call_p, remat_p)
+
+# Named axes (grid, cluster and thread names of Mosaic GPU kernels) and run_state.
+axis_index_p = lax_parallel.axis_index_p
+psum_p = lax_parallel.psum_p
+extend_axis_env_nd = core.extend_axis_env_nd
+run_state = state_discharge.run_state
+run_state_p = state_discharge.run_state_p
+uninitialized = state_types.uninitialized
+TransposeRef = state_types.TransposeTransform
+ReshapeRef = state_types.ReshapeTransform
+BitcastRef = state_types.BitcastTransform
+
+
+def register_ref_type(cls, to_aval_and_value):
+  """Lets ``pl.run_state`` take instances of ``cls`` (e.g. ``plgpu.ACC.init(x)``):
+  ``to_aval_and_value(x)`` gives the Ref type and the initial value."""
+  state_types._ref_type_aval_mappings[cls] = to_aval_and_value
+
+
+def allow_effect_in_control_flow(effect_type):
+  """Effects of Mosaic GPU primitives may appear inside loops, conds and custom rules."""
+  for allowed in (effects.control_flow_allowed_effects, effects.custom_derivatives_allowed_effects,
+                  effects.remat_allowed_effects):
+    allowed.add_type(effect_type)
+
 
 discharge_state = state_discharge.discharge_state
 register_discharge_rule = state_discharge.register_discharge_rule

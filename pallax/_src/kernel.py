@@ -29,7 +29,7 @@ def _is_ref(x) -> bool:
 
 
 def _run_one(body, mesh: pc.Mesh, operands, out_avals, scratch, name, interpret, debug,
-             compiler_params, cost_estimate, kernel_args=None):
+             compiler_params, cost_estimate, kernel_args=None, threads=None):
   """Runs ``body`` over ``mesh``; returns (outputs, new values of Ref operands)."""
   rank = len(mesh.grid)
   op_avals = [ji.ShapedArray(jax.typeof(x).shape, jax.typeof(x).dtype) for x in operands]
@@ -39,7 +39,8 @@ def _run_one(body, mesh: pc.Mesh, operands, out_avals, scratch, name, interpret,
   probe, _ = pcall.trace_kernel(body, name, mesh.grid, probe_avals,
                                 [f"args[{i}]" for i in range(len(operands))]
                                 + [f"out[{i}]" for i in range(len(out_avals))], mesh.grid_names,
-                                kernel_args, allow_ref_consts=True)
+                                kernel_args, allow_ref_consts=True,
+                                extra_axes=threads.axis_env() if threads is not None else ())
   closed_refs = [c for c in probe.consts if _is_ref(c)]
   n_ops, n_out, n_closed = len(operands), len(out_avals), len(closed_refs)
   # pallas_call operands: operand values, then closed-over Ref values.
@@ -64,7 +65,7 @@ def _run_one(body, mesh: pc.Mesh, operands, out_avals, scratch, name, interpret,
       replay, out_shape=call_outs, grid=mesh.grid, scratch_shapes=tuple(scratch),
       input_output_aliases=aliases, interpret=interpret, debug=debug, name=name,
       compiler_params=compiler_params, cost_estimate=cost_estimate,
-      _grid_names=mesh.grid_names)(*call_args)
+      _grid_names=mesh.grid_names, _threads=threads)(*call_args)
   outs = results[:n_out]
   for k, i in enumerate(ref_ops):
     operands[i][...] = results[n_out + k]
@@ -74,7 +75,8 @@ def _run_one(body, mesh: pc.Mesh, operands, out_avals, scratch, name, interpret,
 
 
 def kernel(body=_NS, out_type=(), *, mesh, scratch_types=(), compiler_params=None,
-           interpret=False, cost_estimate=None, debug=False, name=None, metadata=None):
+           interpret=False, cost_estimate=None, debug=False, name=None, metadata=None,
+           _threads=None):
   """Runs ``body(*operand_refs, *out_refs, *scratch_refs)`` once per point of ``mesh``.
 
   ``pl.program_id(axis)`` (an index or a mesh axis name) gives the position. A list
@@ -84,13 +86,15 @@ def kernel(body=_NS, out_type=(), *, mesh, scratch_types=(), compiler_params=Non
   if isinstance(body, _NotSpecified):
     return lambda b: kernel(b, out_type, mesh=mesh, scratch_types=scratch_types,
                             compiler_params=compiler_params, interpret=interpret,
-                            cost_estimate=cost_estimate, debug=debug, name=name)
+                            cost_estimate=cost_estimate, debug=debug, name=name, _threads=_threads)
   bodies = list(body) if isinstance(body, (list, tuple)) else [body]
   meshes = list(mesh) if isinstance(mesh, (list, tuple)) else [mesh]
   if len(bodies) != len(meshes):
     raise ValueError(f"pl.kernel: {len(bodies)} bodies but {len(meshes)} meshes; pass one mesh per body")
-  for m in meshes:
-    if not isinstance(m, pc.Mesh):
+  for i, m in enumerate(meshes):
+    if hasattr(m, "as_pallas_mesh"):   # plgpu.Mesh: a grid plus cluster and thread axes
+      meshes[i], _threads = m.as_pallas_mesh()
+    elif not isinstance(m, pc.Mesh):
       raise TypeError(f"pl.kernel: mesh must be a pl.Mesh(grid=..., grid_names=...), got {m!r}")
   kname = name or getattr(bodies[0], "__name__", "kernel")
   flat_types, out_tree = jax.tree.flatten(out_type, is_leaf=lambda s: hasattr(s, "dtype"))
@@ -104,7 +108,7 @@ def kernel(body=_NS, out_type=(), *, mesh, scratch_types=(), compiler_params=Non
     for b, m in zip(bodies, meshes):
       if outs is None:
         outs = _run_one(b, m, flat_ops, out_avals, scratch, kname, interpret, debug,
-                        compiler_params, cost_estimate, kargs)
+                        compiler_params, cost_estimate, kargs, _threads)
       else:
         # Later bodies see the earlier bodies' outputs: run them on Refs holding those.
         out_refs = [jax.new_ref(o) for o in outs]

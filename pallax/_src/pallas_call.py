@@ -260,8 +260,12 @@ class KernelArgs:
 
 
 def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid_names=(),
-                 kernel_args: KernelArgs | None = None, allow_ref_consts: bool = False):
+                 kernel_args: KernelArgs | None = None, allow_ref_consts: bool = False,
+                 extra_axes=()):
   """Traces the kernel on Refs into a jaxpr whose invars are ``*grid_indices, *refs, *globals``.
+
+  Named grid axes and ``extra_axes`` ((name, size) pairs: a Mosaic GPU kernel's cluster and
+  thread axes) are in scope for ``lax.axis_index``/``lax.axis_size``.
 
   Returns (closed jaxpr, global scratch avals). ``pl.get_global`` requests make a
   second trace with those Refs appended.
@@ -289,7 +293,8 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
       return jax.new_ref(jnp.zeros(what.shape, what.dtype))
 
     env = pc.GridEnv(name, tuple(ids), grid, tuple(grid_names), get_global)
-    with pc.grid_env(env):
+    named = [(n, s) for n, s in zip(grid_names, grid) if isinstance(n, str)] + list(extra_axes)
+    with pc.grid_env(env), ji.extend_axis_env_nd(named):
       out = kernel_args.call(kernel, list(refs))
     if out is not None and jax.tree.leaves(out):
       raise ValueError(f"the kernel {name} returned a value; kernels write their results into "
@@ -353,6 +358,7 @@ class Params:
   backend: str | None
   globals_avals: tuple = ()
   arg_names: tuple[str, ...] = ()   # the kernel's parameter names (for generated code)
+  threads: Any = None   # a Mosaic GPU kernel's cluster and thread axes (mosaic_gpu.core.ThreadInfo)
 
   @property
   def out_avals(self):
@@ -379,6 +385,11 @@ ji.ad.primitive_jvps[pallas_call_p] = _jvp
 
 def _lowering(ctx, *args, params: Params, platform: str):
   backend = backends.choose(params, platform)
+  from pallax._src.interpret import eager
+  if eager.applies(params):
+    _no_gpu_backend_yet(params, backend)
+    return ji.mlir.lower_fun(functools.partial(eager.run_traced, params=params),
+                             multiple_results=True)(ctx, *args)
   if backend is not None:
     return backend.lowering(ctx, *args, params=params)
   from pallax._src.interpret import interpreter
@@ -395,9 +406,22 @@ def _impl(*args, params: Params):
   """Eager calls: checked interpretation raises Python errors directly."""
   from pallax._src.interpret import interpreter
   platform = jax.devices()[0].platform
-  if backends.choose(params, platform) is not None or any(isinstance(a, jax.core.Tracer) for a in args):
+  from pallax._src.interpret import eager
+  backend = backends.choose(params, platform)
+  if eager.applies(params) and not any(isinstance(a, jax.core.Tracer) for a in args):
+    _no_gpu_backend_yet(params, backend)
+    return eager.run_now(*args, params=params)
+  if backend is not None or any(isinstance(a, jax.core.Tracer) for a in args):
     return ji.dispatch.apply_primitive(pallas_call_p, *args, params=params)
   return interpreter.run_eager(*args, params=params)
+
+
+def _no_gpu_backend_yet(params: Params, backend):
+  if backend is not None:
+    raise NotImplementedError(
+        f"pallas_call {params.name}: Mosaic GPU kernels (threads, barriers, TMA copies, wgmma) "
+        "run in pallax's interpreter only so far: pass interpret=True. The Gluon backend for "
+        "Hopper is not built yet.")
 
 
 pallas_call_p.def_impl(_impl)
@@ -540,7 +564,7 @@ def _content_key(params: Params):
   return (str(params.jaxpr), tuple(map(_const_key, params.jaxpr.consts)), _params_key(params.jaxpr),
           maps, gm.grid,
           gm.num_index_operands, tuple(map(str, gm.scratch_avals)), gm.scratch_zeroed,
-          tuple(map(str, params.globals_avals)), params.arg_names)
+          tuple(map(str, params.globals_avals)), params.arg_names, params.threads)
 
 
 def _deduplicated(call_key, params: Params) -> Params:
@@ -567,6 +591,7 @@ class _Call:
   cost_estimate: Any
   backend: str | None
   grid_names: tuple
+  threads: Any = None
 
   def key(self):
     """What identifies the call besides its trace's content (None if not hashable). The grid
@@ -607,15 +632,19 @@ def _trace(call: _Call, in_tree, in_avals) -> Params:
   ins_tree = in_tree if nidx == 0 else jax.tree.structure([0] * (len(in_avals) - nidx))
   gm = make_grid_mapping(name, call.grid_spec, in_avals, ins_tree, list(call.out_avals),
                          call.out_tree, call.debug)
+  if call.grid_names:
+    gm = dataclasses.replace(gm, grid_names=tuple(call.grid_names))
   ref_avals = ([ji.ref_aval(a.shape, a.dtype, pc.MemorySpace.INDEX) for a in in_avals[:nidx]]
                + [bm.ref_aval for bm in gm.block_mappings] + list(gm.scratch_avals))
   ref_names = ([f"args[{i}]" for i in range(nidx)] + [bm.origin for bm in gm.block_mappings]
                + [f"scratch[{i}]" for i in range(len(gm.scratch_avals))])
   kargs = _kernel_args(in_tree, call.out_tree, call.grid_spec.scratch_shapes)
+  extra_axes = call.threads.axis_env() if call.threads is not None else ()
   jaxpr, globals_avals = trace_kernel(call.kernel, name, gm.grid, ref_avals, ref_names,
-                                      call.grid_names, kargs)
+                                      call.grid_names, kargs, extra_axes=extra_axes)
   params = Params(jaxpr, gm, name, call.interpret, call.debug, call.aliases, call.compiler_params,
-                  call.cost_estimate, call.backend, globals_avals, kargs.names(call.kernel))
+                  call.cost_estimate, call.backend, globals_avals, kargs.names(call.kernel),
+                  call.threads)
   if call.debug:
     print(f"The kernel jaxpr of pallas_call {name}:\n{jaxpr}\n{gm}")
   return params
@@ -626,7 +655,7 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
                 input_output_aliases: dict[int, int] | None = None, debug: bool = False,
                 interpret: Any = False, name: str | None = None, compiler_params: Any = None,
                 cost_estimate: pc.CostEstimate | None = None, backend: str | None = None,
-                metadata: dict[str, str] | None = None, _grid_names=()):
+                metadata: dict[str, str] | None = None, _grid_names=(), _threads=None):
   """Returns a function that runs ``kernel`` once per point of ``grid`` on blocks of its operands.
 
   Same semantics as JAX Pallas's ``pallas_call``. The kernel is traced at every call (it may
@@ -648,7 +677,7 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
                                    for k, v in compiler_params.items()))
   call = _Call(kernel, name, grid_spec, out_tree, out_avals,
                tuple(sorted((input_output_aliases or {}).items())), interpret, debug,
-               compiler_params, cost_estimate, backend, tuple(_grid_names))
+               compiler_params, cost_estimate, backend, tuple(_grid_names), _threads)
   call_key = call.key()
 
   @functools.wraps(kernel)

@@ -376,7 +376,7 @@ run_scoped_p = ji.Primitive("run_scoped")
 run_scoped_p.multiple_results = True
 
 
-def _run_scoped_abstract_eval(*args, jaxpr, num_consts, zeroed=()):
+def _run_scoped_abstract_eval(*args, jaxpr, num_consts, zeroed=(), **_):
   effects = set()
   for eff in jaxpr.effects:
     if isinstance(eff, ji.effects.JaxprInputEffect):
@@ -391,7 +391,7 @@ def _run_scoped_abstract_eval(*args, jaxpr, num_consts, zeroed=()):
 run_scoped_p.def_effectful_abstract_eval(_run_scoped_abstract_eval)
 
 
-def _run_scoped_discharge(ctx, *args, jaxpr, num_consts, zeroed=()):
+def _run_scoped_discharge(ctx, *args, jaxpr, num_consts, zeroed=(), **_):
   scratch = [(jnp.zeros if z else poison)(v.aval.shape, v.aval.dtype)
              for v, z in zip(jaxpr.invars[num_consts:], zeroed or [False] * len(jaxpr.invars))]
   pure = ji.discharge_state(jaxpr)
@@ -414,9 +414,11 @@ def _ref_aval_of(t):
 
 
 def run_scoped(f: Callable[..., Any], *types, collective_axes=(), **kw_types):
-  """Calls ``f`` with freshly allocated scratch Refs of the given types; returns its result."""
-  del collective_axes
-  flat_types, types_tree = jax.tree.flatten((types, kw_types), is_leaf=lambda t: isinstance(t, pc.MemoryRef))
+  """Calls ``f`` with freshly allocated scratch Refs of the given types; returns its result.
+  With ``collective_axes`` (a Mosaic GPU thread axis), the threads of a block share them."""
+  if isinstance(collective_axes, str):
+    collective_axes = (collective_axes,)
+  flat_types, types_tree = jax.tree.flatten((types, kw_types), is_leaf=lambda t: hasattr(t, "get_ref_aval"))
   avals = [_ref_aval_of(t) for t in flat_types]
   out_tree_box = []
 
@@ -429,7 +431,8 @@ def run_scoped(f: Callable[..., Any], *types, collective_axes=(), **kw_types):
 
   jaxpr, _, consts = ji.trace_to_jaxpr(flat_f, avals, name=getattr(f, "__name__", "run_scoped"))
   zeroed = tuple(getattr(t, "memory_space", None) is pc.MemorySpace.SEMAPHORE for t in flat_types)
-  outs = run_scoped_p.bind(*consts, jaxpr=jaxpr, num_consts=len(consts), zeroed=zeroed)
+  outs = run_scoped_p.bind(*consts, jaxpr=jaxpr, num_consts=len(consts), zeroed=zeroed,
+                           scratch_types=tuple(flat_types), collective_axes=tuple(collective_axes))
   return jax.tree.unflatten(out_tree_box[0], outs)
 
 

@@ -1,0 +1,498 @@
+"""The eager interpreter: kernels whose threads wait on each other (Mosaic GPU kernels).
+
+A block's threads run one body each, as Python generators over the kernel jaxpr: an equation
+that must wait (``barrier_wait`` on a phase not yet complete) yields, and the scheduler runs
+another thread. Blocks run one after another, in row-major grid order (the last axis fastest).
+When every thread of a block waits, that is a deadlock, reported with each thread's wait and
+source line.
+
+Memory is NumPy: each allocation is a ``Buffer`` written in place; Refs inside the evaluator are
+``View``s (a buffer and the chain of ``.at[...]``/``.transpose`` transforms). Pure equations are
+bound eagerly by JAX, so their semantics are lax's own. Control flow that touches Refs is walked
+here, equation by equation. Primitives with their own meaning (barriers, copies, wgmma) register
+a rule in ``RULES``: ``rule(thread, eqn, invals)`` is a generator returning the outputs.
+
+The entry points run a pallas_call's Params: ``run_now`` eagerly (errors raise here) and
+``run_traced`` inside a trace (a host callback).
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallax._src import jax_internals as ji
+from pallax._src import jaxpr_util
+from pallax._src import primitives as prims
+
+
+class KernelCheckError(RuntimeError):
+  """A rule of the programming model broken inside a kernel (raised by the interpreter)."""
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(eq=False)
+class Buffer:
+  """One allocation: its data, where it lives, and what checks need to remember about it."""
+  name: str
+  space: str                 # "gmem", "smem", "regs", "barrier", "semaphore"
+  data: np.ndarray
+  kind: Any = None           # the scratch type it was allocated from
+  state: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class View:
+  """A Ref inside the evaluator: a buffer seen through transforms."""
+  buf: Buffer
+  transforms: tuple = ()
+
+  def at(self, more) -> "View":
+    return View(self.buf, self.transforms + tuple(more))
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return shapes_of(self.buf.data.shape, self.buf.data.dtype, self.transforms)[-1]
+
+
+def shapes_of(shape, dtype, transforms) -> list[tuple[int, ...]]:
+  out = [tuple(shape)]
+  for t in transforms:
+    if isinstance(t, ji.NDIndexer):
+      out.append(tuple(t.get_indexer_shape()))
+    else:
+      out.append(tuple(t.transform_type(ji.ShapedArray(out[-1], dtype)).shape))
+  return out
+
+
+def _np(x):
+  return np.asarray(x)
+
+
+def _parent_coords(indexer, coords):
+  """Coordinates in the indexed array of the elements at ``coords`` of an NDIndexer's result."""
+  slice_dims, int_dims = prims._layout(indexer)
+  shape = coords[0].shape if coords else ()
+  out, k = [], 0
+  for i in indexer.indices:
+    if isinstance(i, ji.Slice):
+      out.append(int(_np(i.start)) + int(i.stride) * coords[slice_dims[k]])
+      k += 1
+    elif np.ndim(i) == 0:
+      out.append(np.broadcast_to(_np(i).astype(np.int64), shape))
+    else:
+      out.append(_np(i).astype(np.int64)[tuple(coords[d] for d in int_dims)])
+  return out
+
+
+def view_coords(view: View) -> list[np.ndarray]:
+  """Per base dimension, the base coordinate of every element of ``view`` (shape: the view's)."""
+  shapes = shapes_of(view.buf.data.shape, view.buf.data.dtype, view.transforms)
+  coords = list(np.indices(shapes[-1], dtype=np.int64)) if shapes[-1] else []
+  for t, inner in zip(reversed(view.transforms), reversed(shapes[:-1])):
+    if isinstance(t, ji.NDIndexer):
+      coords = _parent_coords(t, coords)
+    elif isinstance(t, ji.TransposeRef):
+      base = [None] * len(coords)
+      for k, p in enumerate(t.permutation):
+        base[p] = coords[k]
+      coords = base
+    elif isinstance(t, ji.ReshapeRef):
+      outer = shapes[shapes.index(inner) + 1]
+      flat = np.ravel_multi_index(coords, outer) if coords else np.zeros((), np.int64)
+      coords = list(np.unravel_index(flat, inner))
+    else:
+      raise NotImplementedError(f"the interpreter cannot follow the Ref transform {t}")
+  return coords
+
+
+def in_bounds(coords, shape) -> np.ndarray:
+  ok = np.ones(coords[0].shape if coords else (), bool)
+  for c, d in zip(coords, shape):
+    ok &= (c >= 0) & (c < d)
+  return ok
+
+
+def flat_indices(view: View) -> np.ndarray:
+  """The in-bounds elements of ``view``, as flat indices into its buffer."""
+  coords = view_coords(view)
+  if not coords:
+    return np.zeros(1, np.int64)
+  ok = in_bounds(coords, view.buf.data.shape)
+  return np.ravel_multi_index([c[ok] for c in coords], view.buf.data.shape)
+
+
+def read(view: View, fill=None) -> np.ndarray:
+  """The elements of ``view``; out of bounds: an error, or ``fill`` where given."""
+  coords = view_coords(view)
+  data = view.buf.data
+  if not coords:
+    return data.copy()
+  ok = in_bounds(coords, data.shape)
+  if not ok.all() and fill is None:
+    raise IndexError(_oob_message(view, coords, ok, "read from"))
+  out = data[tuple(np.clip(c, 0, d - 1) for c, d in zip(coords, data.shape))]
+  return out if ok.all() else np.where(ok, out, np.asarray(fill, data.dtype))
+
+
+def write(view: View, value, drop_out_of_bounds=False, accumulate=False) -> None:
+  coords = view_coords(view)
+  data = view.buf.data
+  value = np.broadcast_to(np.asarray(value, data.dtype), coords[0].shape if coords else data.shape)
+  if not coords:
+    data[...] = data + value if accumulate else value
+    return
+  ok = in_bounds(coords, data.shape)
+  if not ok.all():
+    if not drop_out_of_bounds:
+      raise IndexError(_oob_message(view, coords, ok, "write to"))
+    coords, value = [c[ok] for c in coords], value[ok]
+  if accumulate:
+    np.add.at(data, tuple(coords), value)
+  else:
+    data[tuple(coords)] = value
+
+
+def _oob_message(view, coords, ok, verb):
+  bad = tuple(int(c[~ok].ravel()[0]) for c in coords)
+  return (f"out-of-bounds {verb} {view.buf.name} (shape {view.buf.data.shape}): element {bad} "
+          f"of a view of shape {view.shape}")
+
+
+# --- threads and blocks ----------------------------------------------------------------------
+
+@dataclasses.dataclass(eq=False)
+class Block:
+  """One block of the grid: its threads share collective allocations."""
+  axes: dict                 # grid and cluster axis name -> index
+  kernel: str
+  shared: dict = dataclasses.field(default_factory=dict)
+  state: dict = dataclasses.field(default_factory=dict)   # per-block bookkeeping of rules
+
+
+@dataclasses.dataclass(eq=False)
+class Thread:
+  block: Block
+  index: int
+  name: Hashable | None
+  axes: dict                 # every axis name -> this thread's index
+  state: dict = dataclasses.field(default_factory=dict)   # per-thread bookkeeping of rules
+  scoped: dict = dataclasses.field(default_factory=dict)  # run_scoped eqn -> times entered
+  line: str | None = None    # the source line of the equation running now
+
+  def describe(self) -> str:
+    return "the kernel" if self.name is None else f"thread {self.name}={self.index}"
+
+
+@dataclasses.dataclass
+class Wait:
+  """Why a thread cannot go on: ``ready()`` tells when it can."""
+  ready: Callable[[], bool]
+  what: str
+
+
+def fail(th: Thread, msg: str, cls=KernelCheckError):
+  where = f" at {th.line}" if th.line else ""
+  raise cls(f"{th.block.kernel}: {th.describe()} of block {_block_name(th.block)}{where}: {msg}")
+
+
+def _block_name(block: Block) -> str:
+  return "(" + ", ".join(f"{k}={v}" for k, v in block.axes.items()) + ")" if block.axes else "(0)"
+
+
+# --- evaluation ------------------------------------------------------------------------------
+
+RULES: dict = {}              # primitive -> rule(thread, eqn, invals) generator -> outputs
+ALLOCATORS: dict = {}         # scratch type class -> fn(type, name) -> Buffer
+
+
+def rule(*prims_):
+  def register(fn):
+    for p in prims_:
+      RULES[p] = fn
+    return fn
+  return register
+
+
+def _has_view(vals) -> bool:
+  return any(isinstance(v, View) for v in vals)
+
+
+def _bind(eqn, invals):
+  outs = eqn.primitive.bind(*invals, **eqn.params)
+  return list(outs) if eqn.primitive.multiple_results else [outs]
+
+
+def eval_jaxpr(th: Thread, jaxpr, consts, args):
+  """Evaluates ``jaxpr`` for thread ``th`` (a generator; returns the outputs)."""
+  env = {}
+
+  def get(v):
+    return v.val if isinstance(v, ji.Literal) else env[v]
+
+  for v, x in zip(jaxpr.constvars, consts):
+    env[v] = x
+  for v, x in zip(jaxpr.invars, args):
+    env[v] = x
+  for eqn in jaxpr.eqns:
+    invals = [get(v) for v in eqn.invars]
+    th.line = ji.user_frame(eqn.source_info) or th.line
+    fn = RULES.get(eqn.primitive)
+    if fn is not None:
+      outs = yield from fn(th, eqn, invals)
+    elif _has_view(invals) or (eqn.effects and any(True for _ in jaxpr_util.sub_jaxprs(eqn.params))):
+      raise NotImplementedError(f"{th.block.kernel}: the interpreter of Mosaic GPU kernels does "
+                                f"not support {eqn.primitive} on Refs yet (at {th.line})")
+    else:
+      outs = _bind(eqn, invals)
+    for v, x in zip(eqn.outvars, outs):
+      env[v] = x
+  return [get(v) for v in jaxpr.outvars]
+
+
+def call(th, jaxpr, args):
+  return (yield from eval_jaxpr(th, jaxpr, list(getattr(jaxpr, "consts", ()) or ()), args))
+
+
+def _pure(eqn, invals) -> bool:
+  return not _has_view(invals) and not eqn.effects
+
+
+@rule(ji.scan_p)
+def _scan(th, eqn, invals):
+  if _pure(eqn, invals):
+    return _bind(eqn, invals)
+  p = eqn.params
+  nc, ncarry, _ = (len(s) for s in p["ft_in"].unpack())
+  consts, carry, xs = invals[:nc], invals[nc:nc + ncarry], invals[nc + ncarry:]
+  ys = []
+  steps = range(p["length"] - 1, -1, -1) if p["reverse"] else range(p["length"])
+  for i in steps:
+    outs = yield from call(th, p["jaxpr"], [*consts, *carry, *[x[i] for x in xs]])
+    carry, y = outs[:ncarry], outs[ncarry:]
+    ys.append(y)
+  if p["reverse"]:
+    ys.reverse()
+  stacked = [jnp.stack([y[k] for y in ys]) if ys else jnp.zeros((0, *a.shape), a.dtype)
+             for k, a in enumerate(v.aval for v in eqn.outvars[ncarry:])]
+  return [*carry, *stacked]
+
+
+@rule(ji.while_p)
+def _while(th, eqn, invals):
+  if _pure(eqn, invals):
+    return _bind(eqn, invals)
+  p = eqn.params
+  cc, bc = invals[:p["cond_nconsts"]], invals[p["cond_nconsts"]:p["cond_nconsts"] + p["body_nconsts"]]
+  carry = invals[p["cond_nconsts"] + p["body_nconsts"]:]
+  while True:
+    (go,) = yield from call(th, p["cond_jaxpr"], [*cc, *carry])
+    if not bool(go):
+      return carry
+    carry = yield from call(th, p["body_jaxpr"], [*bc, *carry])
+
+
+@rule(ji.cond_p)
+def _cond(th, eqn, invals):
+  if _pure(eqn, invals):
+    return _bind(eqn, invals)
+  branches = eqn.params["branches"]
+  index = int(np.clip(int(_np(invals[0])), 0, len(branches) - 1))
+  return (yield from call(th, branches[index], invals[1:]))
+
+
+@rule(ji.jit_p, ji.closed_call_p, ji.custom_jvp_call_p, ji.custom_vjp_call_p, ji.remat_p)
+def _call(th, eqn, invals):
+  if _pure(eqn, invals):
+    return _bind(eqn, invals)
+  p = eqn.params
+  body = p.get("jaxpr", p.get("call_jaxpr"))
+  return (yield from call(th, body, invals))
+
+
+@rule(ji.axis_index_p)
+def _axis_index(th, eqn, invals):
+  name = eqn.params["axis_name"]
+  if name not in th.axes:
+    fail(th, f"lax.axis_index({name!r}): no such axis; the kernel's axes are {tuple(th.axes)}",
+         ValueError)
+  yield from ()
+  return [jnp.int32(th.axes[name])]
+
+
+# --- Ref access ------------------------------------------------------------------------------
+
+def access_view(eqn, invals):
+  from pallax._src import ref_access
+  a = ref_access.split(eqn, invals)
+  return a, a.ref.at(a.transforms)
+
+
+ON_READ: list = []     # hooks(thread, view, how): checks of rules that watch memory
+ON_WRITE: list = []
+
+
+def _checked(hooks, th, view, how):
+  for h in hooks:
+    h(th, view, how)
+
+
+@rule(ji.get_p, prims.masked_load_p)
+def _get(th, eqn, invals):
+  a, view = access_view(eqn, invals)
+  _checked(ON_READ, th, view, "load")
+  fill = a.other if a.other is not None else (0 if a.mask is not None else None)
+  try:
+    x = read(view, fill=fill)
+  except IndexError as e:
+    fail(th, str(e), IndexError)
+  if a.mask is not None:
+    other = prims.poison(x.shape, x.dtype) if a.other is None else a.other
+    x = np.where(_np(a.mask), x, np.asarray(other, x.dtype))
+  yield from ()
+  return [jnp.asarray(x)]
+
+
+@rule(ji.swap_p, prims.masked_swap_p, ji.addupdate_p)
+def _set(th, eqn, invals):
+  a, view = access_view(eqn, invals)
+  accumulate = eqn.primitive is ji.addupdate_p
+  _checked(ON_WRITE, th, view, "store")
+  try:
+    old = read(view, fill=0 if a.mask is not None else None)
+    new = _np(a.values[0])
+    if a.mask is not None:
+      new = np.where(_np(a.mask), new, old)
+    write(view, new, accumulate=accumulate)
+  except IndexError as e:
+    fail(th, str(e), IndexError)
+  yield from ()
+  return [] if accumulate else [jnp.asarray(old)]
+
+
+# --- allocation ------------------------------------------------------------------------------
+
+def allocate(kind, aval, name: str) -> Buffer:
+  for cls, fn in ALLOCATORS.items():
+    if isinstance(kind, cls):
+      return fn(kind, aval, name)
+  return Buffer(name, "scratch", np.array(prims.poison(aval.shape, aval.dtype)), kind)
+
+
+@rule(prims.run_scoped_p)
+def _run_scoped(th, eqn, invals):
+  p = eqn.params
+  body = p["jaxpr"]
+  types = p.get("scratch_types") or (None,) * (len(body.invars) - p["num_consts"])
+  collective = bool(p.get("collective_axes"))
+  count = th.scoped.get(id(eqn), 0)
+  th.scoped[id(eqn)] = count + 1
+  key = (id(eqn), count)
+  if collective and key in th.block.shared:
+    bufs = th.block.shared[key]
+  else:
+    bufs = [allocate(t, v.aval.inner_aval, f"scratch {_scratch_name(v, i)}")
+            for i, (t, v) in enumerate(zip(types, body.invars[p["num_consts"]:]))]
+    if collective:
+      th.block.shared[key] = bufs
+  return (yield from eval_jaxpr(th, body, [], [*invals, *[View(b) for b in bufs]]))
+
+
+def _scratch_name(var, i) -> str:
+  return f"#{i} ({var.aval.inner_aval.str_short()})"
+
+
+@rule(ji.run_state_p)
+def _run_state(th, eqn, invals):
+  body = eqn.params["jaxpr"]
+  bufs = [Buffer(f"run_state Ref #{i}", "regs", np.array(_np(x))) for i, x in enumerate(invals)]
+  yield from eval_jaxpr(th, body, list(getattr(body, "consts", ()) or ()), [View(b) for b in bufs])
+  return [jnp.asarray(b.data) for b in bufs]
+
+
+# --- the scheduler ---------------------------------------------------------------------------
+
+def _run_block(block: Block, bodies: list) -> None:
+  """Runs the threads' generators until all finish; a deadlock is an error."""
+  live = [(th, gen, None) for th, gen in bodies]
+  while live:
+    progressed, still = False, []
+    for th, gen, wait in live:
+      if wait is not None and not wait.ready():
+        still.append((th, gen, wait))
+        continue
+      progressed = True
+      try:
+        wait = gen.send(None)
+      except StopIteration:
+        continue
+      still.append((th, gen, wait))
+    live = still
+    if not progressed:
+      waits = "; ".join(f"{th.describe()} waits for {w.what} at {th.line}" for th, _, w in live)
+      raise KernelCheckError(f"{block.kernel}: deadlock in block {_block_name(block)}: every "
+                             f"thread waits and nothing can arrive: {waits}")
+
+
+ON_BLOCK_START: list = []   # hooks(block, threads), before a block runs
+
+
+def run_kernel(params, args) -> list[np.ndarray]:
+  """Runs the kernel of ``params`` on NumPy ``args``; returns the outputs."""
+  gm = params.grid_mapping
+  info = getattr(params, "threads", None)
+  names = tuple(gm.grid_names or ()) or tuple(f"axis{i}" for i in range(len(gm.grid)))
+  ins = [Buffer(f"args[{i}]", "gmem", np.array(a)) for i, a in enumerate(args)]
+  outs = [Buffer(f"out[{i}]", "gmem", np.array(prims.poison(bm.array_aval.shape, bm.array_aval.dtype)))
+          for i, bm in enumerate(gm.block_mappings_output)]
+  for i, o in params.input_output_aliases:
+    outs[o].data[...] = ins[i].data
+  n_threads = info.num_threads if info else 1
+  extra = dict(info.cluster) if info else {}
+  for ids in itertools.product(*[range(g) for g in gm.grid]):
+    axes = {**dict(zip(names, ids)), **{k: 0 for k in extra}}
+    block = Block(axes, params.name)
+    threads = [Thread(block, t, info.thread_name if info else None,
+                      {**axes, **({info.thread_name: t} if info and info.thread_name else {})})
+               for t in range(n_threads)]
+    refs = [View(b) for b in ins + outs]
+    bodies = [(th, eval_jaxpr(th, params.jaxpr, params.jaxpr.consts,
+                              [jnp.int32(i) for i in ids] + refs)) for th in threads]
+    for hook in ON_BLOCK_START:
+      hook(block, threads)
+    _run_block(block, bodies)
+  return [o.data for o in outs]
+
+
+def applies(params) -> bool:
+  """Whether ``params``' kernel needs this interpreter (threads, or a rule only it has)."""
+  info = getattr(params, "threads", None)
+  if info is not None:
+    return True
+  return jaxpr_util.uses(params.jaxpr, EAGER_ONLY)
+
+
+EAGER_ONLY: set = set()    # primitives that only this interpreter runs (registered with rules)
+
+
+def run_now(*args, params):
+  outs = run_kernel(params, [np.asarray(a) for a in args])
+  return [jnp.asarray(o) for o in outs]
+
+
+def run_traced(*args, params):
+  """Inside a trace: the kernel runs on the host, through a callback."""
+  shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in params.out_avals]
+  cpu = jax.devices("cpu")[0]
+
+  def host(*xs):
+    with jax.default_device(cpu):
+      return run_kernel(params, [np.asarray(x) for x in xs])
+
+  return jax.pure_callback(host, shapes, *args)

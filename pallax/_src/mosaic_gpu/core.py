@@ -1,0 +1,373 @@
+"""Spec 003's types: memory spaces, barriers, the WGMMA accumulator, SMEM transforms, layouts,
+``BlockSpec``, ``CompilerParams`` and ``Mesh``.
+
+Transforms (tiling, swizzle) and layouts say how data sits in SMEM and registers, never what it
+is: kernels see logical shapes, the interpreter checks the transforms' rules and otherwise ignores
+them, and a GPU backend turns them into its own layouts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallax._src import core as pc
+from pallax._src import jax_internals as ji
+
+
+class LoweringSemantics(enum.Enum):
+  """How Mosaic lowers a kernel; pallax's semantics are the same for both."""
+  Lane = enum.auto()
+  Warpgroup = enum.auto()
+
+
+class TraceScope(enum.Enum):
+  WARP = "warp"
+  WARPGROUP = "warpgroup"
+
+
+class OOBFillMode(enum.IntEnum):
+  """What a GMEM->SMEM copy reads past the array's end (pallax fills zeros for all three)."""
+  UNDEFINED = 0
+  PROMISE_IN_BOUNDS = 1
+  ZEROS = 2
+
+
+class CopyPartition:
+  """Cluster copies that split or replicate a transfer (clusters larger than one: not supported)."""
+
+  @staticmethod
+  def PARTITIONED(axis: int):   # noqa: N802 (JAX's spelling)
+    return ("partitioned", axis)
+
+  REPLICATED = ("replicated",)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CompilerParams(pc.CompilerParams):
+  """Mosaic GPU compiler parameters (``plgpu.CompilerParams``); the same fields as JAX's."""
+  BACKEND = "mosaic_gpu"
+  approx_math: bool = False
+  dimension_semantics: Sequence[str] | None = None
+  max_concurrent_steps: int = 1
+  unsafe_no_auto_barriers: bool = False
+  reduction_scratch_bytes: int = 128 * 4 * 4
+  profile_space: int = 0
+  profile_dir: str = ""
+  profile_trace_scope: TraceScope = TraceScope.WARPGROUP
+  profile_bounds_check: bool = False
+  lowering_semantics: LoweringSemantics = LoweringSemantics.Warpgroup
+  skip_device_barrier: bool = False
+
+  def __post_init__(self):
+    if self.dimension_semantics is not None:
+      object.__setattr__(self, "dimension_semantics", tuple(self.dimension_semantics))
+    if bool(self.profile_space) != bool(self.profile_dir):
+      raise ValueError("plgpu.CompilerParams: set both profile_space and profile_dir, or neither")
+
+  replace = dataclasses.replace
+
+
+# --- SMEM transforms: physical layout, checked -----------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class TilingTransform:
+  """SMEM tiled by ``tiling`` over the trailing dimensions (a layout, not a change of shape)."""
+  tiling: tuple[int, ...]
+
+  def __post_init__(self):
+    object.__setattr__(self, "tiling", tuple(int(t) for t in self.tiling))
+
+  def check(self, shape, dtype, what: str):
+    tail = shape[-len(self.tiling):]
+    if len(shape) < len(self.tiling) or any(d % t for d, t in zip(tail, self.tiling)):
+      raise ValueError(f"{what}: TilingTransform({self.tiling}) needs trailing dimensions that "
+                       f"are multiples of the tiling, but the shape is {tuple(shape)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SwizzleTransform:
+  """128-, 64- or 32-byte swizzled SMEM rows: the trailing dimension spans ``swizzle`` bytes."""
+  swizzle: int
+
+  def __post_init__(self):
+    if self.swizzle not in (32, 64, 128):
+      raise ValueError(f"Swizzle {self.swizzle} is not supported. Only 32, 64 and 128 are accepted.")
+
+  def check(self, shape, dtype, what: str):
+    elems = self.swizzle * 8 // (jnp.dtype(dtype).itemsize * 8)
+    if shape and shape[-1] % elems:
+      raise ValueError(f"{what}: SwizzleTransform({self.swizzle}) needs a trailing dimension that "
+                       f"is a multiple of {elems} {jnp.dtype(dtype).name} elements, but the shape "
+                       f"is {tuple(shape)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransposeTransform:
+  """A transposed SMEM layout (``ref.transpose(perm)`` transposes a Ref's view instead)."""
+  permutation: tuple[int, ...]
+
+  def check(self, shape, dtype, what: str):
+    if sorted(self.permutation) != list(range(len(shape))):
+      raise ValueError(f"{what}: TransposeTransform{self.permutation} is not a permutation of "
+                       f"the {len(shape)} dimensions of {tuple(shape)}")
+
+
+def check_transforms(transforms, shape, dtype, what: str):
+  for t in transforms:
+    if hasattr(t, "check"):
+      t.check(tuple(shape), dtype, what)
+
+
+# --- memory spaces and scratch types ---------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class GPUMemoryRef(pc.MemoryRef):
+  """A scratch buffer in GMEM, SMEM, TMEM or registers, with its SMEM transforms."""
+  transforms: tuple = ()
+
+  def get_ref_aval(self):
+    check_transforms(self.transforms, self.shape, self.dtype, f"plgpu.{self.memory_space}")
+    return ji.ref_aval(self.shape, self.dtype)
+
+
+class MemorySpace(enum.Enum):
+  GMEM = "gmem"
+  SMEM = "smem"
+  TMEM = "tmem"
+  REGS = "regs"
+
+  def __str__(self) -> str:
+    return self.name
+
+  def __call__(self, shape, dtype, *, transforms=(), packed=None, collective=None,
+               layout=None) -> GPUMemoryRef:
+    del packed, collective, layout   # TMEM packing and layouts: not modelled yet
+    return GPUMemoryRef(tuple(int(d) for d in shape), jnp.dtype(dtype), self, tuple(transforms))
+
+  def like(self, shape_dtype):
+    return self(shape_dtype.shape, shape_dtype.dtype)
+
+
+GMEM = MemorySpace.GMEM
+SMEM = MemorySpace.SMEM
+TMEM = MemorySpace.TMEM
+REGS = MemorySpace.REGS
+
+
+class SemaphoreType(enum.Enum):
+  REGULAR = "regular"
+  BARRIER = "barrier"
+
+  def __call__(self, shape=()):
+    return pc.SemaphoreType.REGULAR(tuple(shape))
+
+  def get_ref_aval(self):
+    return self(()).get_ref_aval()
+
+
+BARRIER_DTYPE = jnp.dtype(jnp.int32)   # a barrier Ref's element type (never read as data)
+
+
+def _barrier_shape(num_barriers) -> tuple[int, ...]:
+  return (int(num_barriers),) if isinstance(num_barriers, (int, np.integer)) else tuple(num_barriers)
+
+
+@dataclasses.dataclass(frozen=True)
+class Barrier:
+  """``num_barriers`` mbarriers, each completing a phase after ``num_arrivals`` arrivals (an
+  arrival is a ``barrier_arrive`` or a ``copy_gmem_to_smem`` landing)."""
+  num_arrivals: int = 1
+  num_barriers: Any = ()
+  orders_tensor_core: bool = False
+
+  def __post_init__(self):
+    if self.num_arrivals < 1:
+      raise ValueError(f"Num arrivals must be at least 1, but got {self.num_arrivals}")
+    object.__setattr__(self, "num_barriers", _barrier_shape(self.num_barriers))
+
+  def get_array_aval(self):
+    raise ValueError("Barriers are not arrays")
+
+  def get_ref_aval(self):
+    return ji.ref_aval(self.num_barriers, BARRIER_DTYPE)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClusterBarrier(Barrier):
+  """A barrier shared by the blocks of a cluster (only clusters of one block are supported)."""
+  collective_axes: tuple = ()
+  leader_tracked: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class WGMMAAccumulatorRef:
+  """``plgpu.ACC((m, n))``: a WGMMA accumulator in registers, zero-initialized by ``run_scoped``;
+  ``ACC.init(x)`` starts it at ``x`` inside ``pl.run_state``."""
+  shape: tuple[int, int]
+  dtype: Any = jnp.float32
+  _init: Any = dataclasses.field(default=ji.uninitialized, compare=False)
+
+  def get_ref_aval(self):
+    if self._init is not ji.uninitialized:
+      raise ValueError("ACC.init(...) makes an initialized accumulator for pl.run_state only; "
+                       "in run_scoped use plgpu.ACC(shape) (it starts at zero)")
+    return ji.ref_aval(tuple(self.shape), jnp.dtype(self.dtype))
+
+  @staticmethod
+  def init(array):
+    return WGMMAAccumulatorRef(tuple(array.shape), array.dtype, _init=array)
+
+
+ACC = WGMMAAccumulatorRef
+ji.register_ref_type(WGMMAAccumulatorRef, lambda r: (ji.ref_aval(r.shape, jnp.dtype(r.dtype)), r._init))
+
+
+# --- layouts: hints in pallax's semantics ----------------------------------------------------
+
+class SomeLayout:
+  def reduce(self, axes) -> "SomeLayout":
+    return ReducedLayout(self, (axes,) if isinstance(axes, int) else tuple(axes))
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterizedLayout(SomeLayout):
+  layout_cls: Any
+  args: tuple
+  kwargs: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class ReducedLayout(SomeLayout):
+  layout: SomeLayout
+  axes: tuple
+
+
+class Layout(SomeLayout, enum.Enum):
+  WGMMA = enum.auto()
+  WGMMA_8BIT = enum.auto()
+  WGMMA_UPCAST_2X = enum.auto()
+  WGMMA_UPCAST_4X = enum.auto()
+  WGMMA_TRANSPOSED = enum.auto()
+  WG_SPLAT = enum.auto()
+  WG_STRIDED = enum.auto()
+  TILED = enum.auto()
+  TCGEN05 = enum.auto()
+  TCGEN05_TRANSPOSED = enum.auto()
+  TCGEN05_M64_COLLECTIVE = enum.auto()
+  TCGEN05_TMEM_NATIVE = enum.auto()
+  TCGEN05_M64_COLLECTIVE_NATIVE = enum.auto()
+  SMEM_GMEM_COPY = enum.auto()
+  TMA_INDICES = enum.auto()
+  TMA_INDICES_4 = enum.auto()
+  MMA_LHS = enum.auto()
+  MMA_RHS = enum.auto()
+  MMA_ACC = enum.auto()
+
+  def __call__(self, *args, **kwargs) -> ParameterizedLayout:
+    return ParameterizedLayout(self, tuple(args), tuple(sorted(kwargs.items())))
+
+
+class TMEMLayout(enum.Enum):
+  SCALES_LAYOUT = enum.auto()
+  SPARSE_METADATA_LAYOUT = enum.auto()
+
+  def __call__(self, *args, **kwargs) -> ParameterizedLayout:
+    return ParameterizedLayout(self, tuple(args), tuple(sorted(kwargs.items())))
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+  tiles: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Replicated:
+  times: int
+
+
+# --- specs and meshes ------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class BlockSpec(pc.BlockSpec):
+  """A ``BlockSpec`` with SMEM transforms and pipelining options (``emit_pipeline``'s specs; in
+  ``pallas_call`` the extras are layout hints)."""
+  transforms: Sequence[Any] = ()
+  delay_release: int = 0
+  collective_axes: tuple[Hashable, ...] | None = None
+  oob_fill_mode: OOBFillMode = OOBFillMode.ZEROS
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Mesh:
+  """``plgpu.Mesh``: a grid of blocks, each with ``num_threads`` warpgroup threads."""
+  grid: tuple[int, ...] = ()
+  grid_names: tuple[str, ...] = ()
+  cluster: tuple[int, ...] = ()
+  cluster_names: tuple[str, ...] = ()
+  num_threads: int | None = None
+  thread_name: str | None = None
+  kernel_name: str | None = None
+
+  def __post_init__(self):
+    for f in ("grid", "grid_names", "cluster", "cluster_names"):
+      object.__setattr__(self, f, tuple(getattr(self, f)))
+    if len(self.cluster) > 3:
+      raise ValueError(f"cluster= must be at most 3D, got {self}.")
+    if len(self.grid_names) != len(self.grid):
+      raise ValueError(f"grid_names must have the same length as grid, got {self}.")
+    if len(self.cluster_names) != len(self.cluster):
+      raise ValueError(f"cluster_names must have the same length as cluster, got {self}.")
+    if (self.thread_name is None) != (self.num_threads is None):
+      raise ValueError(f"num_threads and thread_name must be either both set or both None, got {self}")
+    if self.num_threads is not None and not 1 <= self.num_threads <= 16:
+      raise ValueError(f"num_threads must be in [1, 16] (each thread is a warpgroup of 128 CUDA "
+                       f"threads), got {self}")
+
+  def as_pallas_mesh(self):
+    """(the grid as a pl.Mesh, the cluster and thread axes) for pl.kernel."""
+    if any(c != 1 for c in self.cluster):
+      raise NotImplementedError(
+          f"plgpu.Mesh: cluster={self.cluster}: clusters of more than one block (multicast TMA, "
+          "cluster barriers) are not supported by pallax yet; use cluster=(1,) or none")
+    threads = ThreadInfo(tuple(zip(self.cluster_names, self.cluster)), self.num_threads or 1,
+                         self.thread_name)
+    return pc.Mesh(self.grid, self.grid_names), threads
+
+  @property
+  def shape(self) -> dict:
+    names = (*self.grid_names, *self.cluster_names)
+    sizes = (*self.grid, *self.cluster)
+    if self.num_threads is not None:
+      names, sizes = (*names, self.thread_name), (*sizes, self.num_threads)
+    return dict(zip(names, sizes))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WarpMesh:
+  """Per-warp semantics inside a warpgroup (Blackwell kernels): not supported yet."""
+  axis_name: str
+  num_warps: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadInfo:
+  """What a Mosaic GPU kernel adds to a pallas_call: cluster and thread axes (names, sizes)."""
+  cluster: tuple[tuple[str, int], ...] = ()
+  num_threads: int = 1
+  thread_name: str | None = None
+
+  def axis_env(self) -> tuple[tuple[Hashable, int], ...]:
+    thread = ((self.thread_name, self.num_threads),) if self.thread_name is not None else ()
+    return self.cluster + thread
+
+
+def shape_dtype_struct(shape, dtype, layout=None):
+  """``plgpu.ShapeDtypeStruct``: a type with a register layout hint."""
+  del layout
+  return jax.ShapeDtypeStruct(tuple(shape), dtype)

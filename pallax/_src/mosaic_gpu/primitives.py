@@ -1,0 +1,256 @@
+"""Spec 003's primitives: asynchronous copies, barriers, ``wgmma``, commits and waits, layout casts.
+
+Each primitive takes its Refs as ``(ref, *transform leaves)`` with one pytree per Ref in the
+``trees`` param (``None`` for an operand that is a value), like the Ref accesses of
+``ref_access``. Their meaning lives in the interpreter (``interpret/eager.py``, rules registered by
+``mosaic_gpu/semantics.py``); here are their types and effects only.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from pallax._src import jax_internals as ji
+from pallax._src import primitives as prims
+
+
+class MosaicEffect(ji.effects.Effect):
+  """Orders synchronization (commits, waits, arrivals) that touches no Ref operand."""
+
+  def __repr__(self):
+    return "MosaicGPU"
+
+
+mosaic_effect = MosaicEffect()
+ji.allow_effect_in_control_flow(MosaicEffect)
+
+
+def view_shape(aval, transforms) -> tuple[int, ...]:
+  """The shape of ``ref.at[...]``/``ref.transpose(...)`` views of a Ref of type ``aval``."""
+  shape = tuple(aval.shape)
+  for t in transforms:
+    if isinstance(t, ji.NDIndexer):
+      shape = tuple(t.get_indexer_shape())
+    else:
+      shape = tuple(t.transform_type(ji.ShapedArray(shape, aval.dtype)).shape)
+  return shape
+
+
+def flatten_refs(*refs):
+  """(flat operands, trees) for Refs or views; ``None`` contributes nothing."""
+  flat, trees = [], []
+  for r in refs:
+    if r is None:
+      trees.append(None)
+      continue
+    base, transforms = prims._split_ref(r)
+    leaves, tree = ji.tree_util.tree_flatten(transforms)
+    flat += [base, *leaves]
+    trees.append(tree)
+  return flat, tuple(trees)
+
+
+def split_refs(vals, trees):
+  """Inverse of ``flatten_refs``: ([(ref, transforms) or None per tree], the operands after)."""
+  vals, out = list(vals), []
+  for tree in trees:
+    if tree is None:
+      out.append(None)
+      continue
+    ref, n = vals.pop(0), tree.num_leaves
+    out.append((ref, tuple(ji.tree_util.tree_unflatten(tree, vals[:n]))))
+    del vals[:n]
+  return out, vals
+
+
+def _positions(trees):
+  pos, at = [], 0
+  for tree in trees:
+    pos.append(None if tree is None else at)
+    at += 0 if tree is None else 1 + tree.num_leaves
+  return pos
+
+
+def _effects(trees, reads=(), writes=()):
+  pos = _positions(trees)
+  effs = {mosaic_effect}
+  effs |= {ji.ReadEffect(pos[i]) for i in reads if pos[i] is not None}
+  effs |= {ji.WriteEffect(pos[i]) for i in writes if pos[i] is not None}
+  return effs
+
+
+def _shapes(avals, trees):
+  refs, _ = split_refs(avals, trees)
+  return [None if r is None else (view_shape(r[0].inner_aval, r[1]), r[0].inner_aval.dtype)
+          for r in refs]
+
+
+def _primitive(name, abstract_eval):
+  p = ji.Primitive(name)
+  p.multiple_results = True
+  p.def_effectful_abstract_eval(abstract_eval)
+  return p
+
+
+def _bind_refs(p, refs, extra=(), **params):
+  flat, trees = flatten_refs(*refs)
+  return p.bind(*flat, *extra, trees=trees, **params)
+
+
+# --- asynchronous copies ---------------------------------------------------------------------
+
+def _copy_abstract_eval(*avals, trees, what, **_):
+  (src, sdt), (dst, ddt) = _shapes(avals, trees)[:2]
+  if src != dst or sdt != ddt:
+    raise ValueError(f"{what}: the source is {jnp.dtype(sdt).name}{list(src)} but the destination "
+                     f"is {jnp.dtype(ddt).name}{list(dst)}; slice them to one shape and dtype")
+  return [], _effects(trees, reads=(0,), writes=(1, 2))
+
+
+copy_gmem_to_smem_p = _primitive("copy_gmem_to_smem", _copy_abstract_eval)
+copy_smem_to_gmem_p = _primitive("copy_smem_to_gmem", _copy_abstract_eval)
+
+
+def _predicate(predicate):
+  return () if predicate is None else (jnp.asarray(predicate, jnp.bool_),)
+
+
+def copy_gmem_to_smem(src, dst, barrier=None, *, collective_axes=None, leader_tracked=None,
+                      oob_mode=None, predicate=None) -> None:
+  """Starts copying the GMEM view ``src`` into the SMEM view ``dst`` (TMA: elements past the
+  array's end read as zeros); its landing is one arrival on ``barrier``."""
+  if isinstance(collective_axes, str):
+    collective_axes = (collective_axes,)
+  _bind_refs(copy_gmem_to_smem_p, (src, dst, barrier), _predicate(predicate),
+             what="copy_gmem_to_smem", has_predicate=predicate is not None,
+             collective_axes=tuple(collective_axes or ()), leader_tracked=leader_tracked)
+
+
+def copy_smem_to_gmem(src, dst, predicate=None, *, commit_group=True, reduction_op=None) -> None:
+  """Starts copying the SMEM view ``src`` to the GMEM view ``dst`` (elements past the array's end
+  are dropped). ``wait_smem_to_gmem`` awaits it."""
+  _bind_refs(copy_smem_to_gmem_p, (src, dst, None), _predicate(predicate), what="copy_smem_to_gmem",
+             has_predicate=predicate is not None, commit_group=bool(commit_group),
+             reduction_op=reduction_op)
+
+
+def _no_ref_primitive(name):
+  return _primitive(name, lambda **_: ([], {mosaic_effect}))
+
+
+commit_smem_p = _no_ref_primitive("commit_smem")
+commit_smem_to_gmem_group_p = _no_ref_primitive("commit_smem_to_gmem_group")
+wait_smem_to_gmem_p = _no_ref_primitive("wait_smem_to_gmem")
+wait_gmem_to_smem_p = _no_ref_primitive("wait_gmem_to_smem")
+wgmma_wait_p = _no_ref_primitive("wgmma_wait")
+set_max_registers_p = _no_ref_primitive("set_max_registers")
+
+
+def commit_smem() -> None:
+  """Makes this thread's register writes to SMEM visible to TMA and wgmma."""
+  commit_smem_p.bind()
+
+
+def commit_smem_to_gmem_group() -> None:
+  """Groups the SMEM->GMEM copies issued with ``commit_group=False`` so far."""
+  commit_smem_to_gmem_group_p.bind()
+
+
+def wait_smem_to_gmem(n: int, wait_read_only: bool = False) -> None:
+  """Waits until at most the ``n`` most recent SMEM->GMEM copy groups of this thread are in flight."""
+  wait_smem_to_gmem_p.bind(n=int(n), wait_read_only=bool(wait_read_only))
+
+
+def wait_gmem_to_smem(n: int) -> None:
+  """Waits for cp.async copies (pre-Hopper GMEM->SMEM without a barrier)."""
+  wait_gmem_to_smem_p.bind(n=int(n))
+
+
+def wgmma_wait(n: int) -> None:
+  """Waits until at most ``n`` wgmma operations of this thread are in flight."""
+  wgmma_wait_p.bind(n=int(n))
+
+
+def set_max_registers(n: int, *, action: str) -> None:
+  """Sets the registers per lane of this thread (a hint for the GPU; checked here)."""
+  if action not in ("increase", "decrease"):
+    raise ValueError(f"set_max_registers: action must be 'increase' or 'decrease', got {action!r}")
+  if not 24 <= n <= 256 or n % 8:
+    raise ValueError(f"set_max_registers({n}): the count must be a multiple of 8 in [24, 256]")
+  set_max_registers_p.bind(n=int(n), action=action)
+
+
+# --- barriers --------------------------------------------------------------------------------
+
+def _barrier_abstract_eval(*avals, trees, **_):
+  return [], _effects(trees, writes=(0,))
+
+
+barrier_arrive_p = _primitive("barrier_arrive", _barrier_abstract_eval)
+barrier_wait_p = _primitive("barrier_wait", _barrier_abstract_eval)
+
+
+def barrier_arrive(barrier, *, predicate=None) -> None:
+  """One arrival of this thread on ``barrier``."""
+  _bind_refs(barrier_arrive_p, (barrier,), _predicate(predicate), has_predicate=predicate is not None)
+
+
+def barrier_wait(barrier) -> None:
+  """Waits until ``barrier`` completes the phase this thread waits for next."""
+  _bind_refs(barrier_wait_p, (barrier,))
+
+
+# --- wgmma -----------------------------------------------------------------------------------
+
+def _wgmma_abstract_eval(*avals, trees):
+  refs, rest = split_refs(avals, trees)
+  acc = view_shape(refs[0][0].inner_aval, refs[0][1])
+  a = rest[0].shape if refs[1] is None else view_shape(refs[1][0].inner_aval, refs[1][1])
+  b = view_shape(refs[2][0].inner_aval, refs[2][1])
+  if len(a) != 2 or len(b) != 2 or len(acc) != 2 or a[1] != b[0] or acc != (a[0], b[1]):
+    raise ValueError(f"wgmma: acc{list(acc)} += a{list(a)} @ b{list(b)} does not match; a must be "
+                     "(M, K), b (K, N) and the accumulator (M, N)")
+  return [], _effects(trees, reads=(1, 2), writes=(0,))
+
+
+wgmma_p = _primitive("wgmma", _wgmma_abstract_eval)
+
+
+def wgmma(acc, a, b) -> None:
+  """``acc[...] += a @ b`` in float32, asynchronously: ``a`` is an SMEM Ref or a register value,
+  ``b`` an SMEM Ref (``.transpose`` views allowed)."""
+  a_ref = a if (isinstance(a, ji.TransformedRef) or ji.is_ref_aval(jax.typeof(a))) else None
+  flat, trees = flatten_refs(acc, a_ref, b)
+  if a_ref is None:
+    flat.append(a)
+  wgmma_p.bind(*flat, trees=trees)
+
+
+# --- values ----------------------------------------------------------------------------------
+
+layout_cast_p = ji.Primitive("layout_cast")
+layout_cast_p.def_abstract_eval(lambda x, *, new_layout: x)
+layout_cast_p.def_impl(lambda x, *, new_layout: x)
+
+
+def layout_cast(x, new_layout):
+  """Asks for ``x`` in ``new_layout`` (a register layout: the values are unchanged)."""
+  return layout_cast_p.bind(x, new_layout=new_layout)
+
+
+def broadcasted_iota(dtype, shape, dimension, *, layout=None):
+  x = lax.broadcasted_iota(dtype, tuple(shape), dimension)
+  return x if layout is None else layout_cast(x, layout)
+
+
+def load(src, idx=(), *, layout=None, optimized=True):
+  """Reads ``src[idx]`` into registers, in ``layout`` if given."""
+  del optimized
+  x = src[idx if idx != () else ...]
+  return x if layout is None else layout_cast(x, layout)
+
+
+def print_layout(fmt: str, x) -> None:
+  """Prints the layout of ``x``: pallax picks layouts in the GPU backend (``debug=True`` shows them)."""
+  del fmt, x

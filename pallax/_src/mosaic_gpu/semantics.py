@@ -1,0 +1,375 @@
+"""What Mosaic GPU primitives mean, as rules of the eager interpreter, and the checks of the rules
+that the JAX docs leave to the user.
+
+The model: a TMA copy moves its data when issued (GMEM->SMEM zero-fills past the array's end,
+SMEM->GMEM drops it) and its landing is one arrival on its barrier; ``wgmma`` accumulates in
+float32 when issued. What a GPU does later is tracked instead, so that a program relying on an
+order the hardware does not promise is an error:
+
+- a barrier's phases: each thread waits for phase k, then k+1, ...; a barrier completing twice
+  before a waiting thread saw the first completion is an error (on the GPU the phase parity
+  would lie), and so is a deadlock (every thread waits);
+- SMEM filled by a copy may be read by a thread only after it waited on the copy's barrier;
+- SMEM written from registers must be committed (``commit_smem``) before TMA or wgmma reads it;
+- SMEM may not be overwritten while an un-awaited TMA store or wgmma still reads it.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallax._src.interpret import eager
+from pallax._src.interpret.eager import Buffer, View, fail, flat_indices, rule
+from pallax._src.mosaic_gpu import core as mc
+from pallax._src.mosaic_gpu import primitives as mp
+
+
+# --- per-thread and per-buffer bookkeeping -----------------------------------------------------
+
+@dataclasses.dataclass
+class ThreadState:
+  observed: dict = dataclasses.field(default_factory=dict)   # (barrier buf, i) -> phases seen
+  dirty: dict = dataclasses.field(default_factory=dict)      # smem buf -> (mask, line)
+  stores: list = dataclasses.field(default_factory=list)     # groups of (buf, mask, line)
+  uncommitted: list = dataclasses.field(default_factory=list)
+  wgmmas: list = dataclasses.field(default_factory=list)     # (acc buf, [(buf, mask)], line)
+
+
+def _ts(th) -> ThreadState:
+  return th.state.setdefault("mosaic_gpu", ThreadState())
+
+
+def _mask(view: View) -> np.ndarray:
+  m = np.zeros(view.buf.data.size, bool)
+  m[flat_indices(view)] = True
+  return m
+
+
+def _threads(th):
+  return th.block.state.get("threads", [th])
+
+
+# --- allocation ------------------------------------------------------------------------------
+
+def _barrier(kind, aval, name):
+  shape = tuple(aval.shape)
+  buf = Buffer(name.replace("scratch", "barrier"), "barrier", np.zeros(shape, np.int32), kind)
+  buf.state.update(arrivals=np.zeros(shape, np.int64), completions=np.zeros(shape, np.int64),
+                   waiters=[set() for _ in range(max(1, int(np.prod(shape))))])
+  return buf
+
+
+def _memory(kind, aval, name):
+  space = {mc.MemorySpace.SMEM: "smem", mc.MemorySpace.GMEM: "gmem", mc.MemorySpace.TMEM: "tmem",
+           mc.MemorySpace.REGS: "regs"}[kind.memory_space]
+  from pallax._src import primitives as prims
+  return Buffer(f"{space.upper()} {name}", space, np.array(prims.poison(aval.shape, aval.dtype)), kind,
+                {"loads": []})
+
+
+def _accumulator(kind, aval, name):
+  return Buffer(f"accumulator {name}", "regs", np.zeros(aval.shape, aval.dtype), kind)
+
+
+eager.ALLOCATORS.update({mc.Barrier: _barrier, mc.GPUMemoryRef: _memory,
+                         mc.WGMMAAccumulatorRef: _accumulator})
+
+
+# --- barriers --------------------------------------------------------------------------------
+
+def _barrier_index(th, view: View, what: str) -> int:
+  if view.buf.space != "barrier":
+    fail(th, f"{what} takes a barrier (plgpu.Barrier), but {view.buf.name} is a buffer")
+  idx = flat_indices(view)
+  if idx.size != 1:
+    fail(th, f"{what} takes one barrier; index the barrier array ({view.buf.name}[i])")
+  return int(idx[0])
+
+
+def _where(buf, i) -> str:
+  return f"{buf.name}[{i}]" if buf.data.size > 1 else buf.name
+
+
+def arrive(th, view: View, what: str) -> int:
+  """One arrival; returns the phase it belongs to."""
+  i = _barrier_index(th, view, what)
+  st, n = view.buf.state, view.buf.kind.num_arrivals
+  flat_arr, flat_done = st["arrivals"].reshape(-1), st["completions"].reshape(-1)
+  phase = int(flat_done[i])
+  flat_arr[i] += 1
+  if flat_arr[i] == n:
+    flat_arr[i] = 0
+    flat_done[i] += 1
+    for waiter in st["waiters"][i]:
+      seen = _ts(waiter).observed.get((id(view.buf), i), 0)
+      if flat_done[i] - seen >= 2:
+        fail(th, f"{what} completes barrier {_where(view.buf, i)} (num_arrivals={n}) a second time "
+                 f"before {waiter.describe()} waited for its previous completion: on the GPU that "
+                 "wait would see the wrong phase. Wait on every completion, or give the barrier "
+                 "as many arrivals per phase as its users make")
+  return phase
+
+
+@rule(mp.barrier_arrive_p)
+def _barrier_arrive(th, eqn, invals):
+  (bar,), rest = mp.split_refs(invals, eqn.params["trees"])
+  if not eqn.params["has_predicate"] or bool(rest[0]):
+    arrive(th, bar[0].at(bar[1]), "barrier_arrive")
+  yield from ()
+  return []
+
+
+@rule(mp.barrier_wait_p)
+def _barrier_wait(th, eqn, invals):
+  (bar,), _ = mp.split_refs(invals, eqn.params["trees"])
+  view = bar[0].at(bar[1])
+  i = _barrier_index(th, view, "barrier_wait")
+  key, done = (id(view.buf), i), view.buf.state["completions"].reshape(-1)
+  view.buf.state["waiters"][i].add(th)
+  seen = _ts(th).observed.get(key, 0)
+  if done[i] - seen >= 2:
+    fail(th, f"barrier_wait on {_where(view.buf, i)}: the barrier completed {done[i] - seen} times "
+             "since this thread last waited on it; on the GPU the wait would see the wrong phase")
+  if done[i] <= seen:
+    n = view.buf.kind.num_arrivals
+    yield eager.Wait(lambda: done[i] > seen,
+                     f"barrier {_where(view.buf, i)} (phase {seen}, "
+                     f"{view.buf.state['arrivals'].reshape(-1)[i]}/{n} arrivals)")
+  _ts(th).observed[key] = seen + 1
+  return []
+
+
+# --- memory hazards --------------------------------------------------------------------------
+
+def _check_loaded(th, view: View, mask, what: str):
+  """SMEM filled by a copy is readable by a thread once it waited on the copy's barrier."""
+  for m, key, phase, line in view.buf.state.get("loads", ()):
+    if (m & mask).any() and _ts(th).observed.get(key, 0) <= phase:
+      fail(th, f"{what} reads {view.buf.name} before waiting on the barrier of the "
+               f"copy_gmem_to_smem into it (issued at {line}); call plgpu.barrier_wait first")
+
+
+def _check_committed(th, view: View, mask, what: str):
+  for other in _threads(th):
+    m, line = _ts(other).dirty.get(view.buf, (None, None))
+    if m is not None and (m & mask).any():
+      fail(th, f"{what} reads {view.buf.name}, written from registers by {other.describe()} at "
+               f"{line} without plgpu.commit_smem() in between; TMA and wgmma may not see that "
+               "write")
+
+
+def _check_not_in_use(th, view: View, mask, what: str):
+  for other in _threads(th):
+    ts = _ts(other)
+    for buf, m, line in [e for g in ts.stores for e in g] + ts.uncommitted:
+      if buf is view.buf and (m & mask).any():
+        fail(th, f"{what} overwrites {buf.name} while a copy_smem_to_gmem issued by "
+                 f"{other.describe()} at {line} may still read it; call "
+                 "plgpu.wait_smem_to_gmem(...) first")
+    for _, operands, line in ts.wgmmas:
+      if any(buf is view.buf and (m & mask).any() for buf, m in operands):
+        fail(th, f"{what} overwrites {view.buf.name} while a wgmma issued by {other.describe()} "
+                 f"at {line} may still read it; call plgpu.wgmma_wait(...) first (or raise "
+                 "delay_release)")
+  for m, _, _, line in view.buf.state.get("loads", ()):
+    if (m & mask).any() and what != "copy_gmem_to_smem" and _pending(th, view.buf, m):
+      fail(th, f"{what} writes {view.buf.name} while the copy_gmem_to_smem into it (issued at "
+               f"{line}) has not been awaited")
+
+
+def _pending(th, buf, mask) -> bool:
+  return any((m & mask).any() and _ts(th).observed.get(key, 0) <= phase
+             for m, key, phase, _ in buf.state.get("loads", ()))
+
+
+def _on_read(th, view: View, how):
+  if view.buf.space == "barrier":
+    fail(th, f"{view.buf.name} is a barrier: use barrier_wait/barrier_arrive, not a load")
+  ts = _ts(th)
+  if any(acc is view.buf for acc, _, _ in ts.wgmmas):
+    ts.wgmmas.clear()   # reading an accumulator waits for its wgmmas
+  if view.buf.space == "smem":
+    _check_loaded(th, view, _mask(view), "a load")
+
+
+def _on_write(th, view: View, how):
+  if view.buf.space == "barrier":
+    fail(th, f"{view.buf.name} is a barrier: use barrier_arrive, not a store")
+  if view.buf.space != "smem":
+    return
+  mask = _mask(view)
+  _check_not_in_use(th, view, mask, "a store")
+  old, _ = _ts(th).dirty.get(view.buf, (np.zeros_like(mask), None))
+  _ts(th).dirty[view.buf] = (old | mask, th.line)
+
+
+eager.ON_READ.append(_on_read)
+eager.ON_WRITE.append(_on_write)
+
+
+@rule(mp.commit_smem_p)
+def _commit_smem(th, eqn, invals):
+  _ts(th).dirty.clear()
+  yield from ()
+  return []
+
+
+# --- TMA copies ------------------------------------------------------------------------------
+
+def _space(th, view: View, space: str, what: str, role: str):
+  if view.buf.space != space:
+    fail(th, f"{what}: the {role} must be in {space.upper()}, but {view.buf.name} is in "
+             f"{view.buf.space.upper()}")
+
+
+def _check_box(th, smem: View, gmem: View, what: str):
+  """The TMA rules: at most 256 elements a box dimension (after tiling), 16-byte inner rows,
+  16-byte-aligned GMEM strides."""
+  shape, itemsize = list(smem.shape), smem.buf.data.dtype.itemsize
+  tiling = next((t.tiling for t in getattr(smem.buf.kind, "transforms", ())
+                 if isinstance(t, mc.TilingTransform)), ())
+  if tiling and len(shape) >= len(tiling):
+    lead, tail = shape[:-len(tiling)], shape[-len(tiling):]
+    shape = lead + [-(-d // t) for d, t in zip(tail, tiling)] + list(tiling)
+  if shape and max(shape) > 256:
+    fail(th, f"{what}: TMA copies at most 256 elements along each dimension, but the box of "
+             f"{smem.buf.name} is {tuple(shape)}; tile it (plgpu.TilingTransform) or copy in parts")
+  if shape and shape[-1] * itemsize % 16:
+    fail(th, f"{what}: a TMA box's rows must be multiples of 16 bytes, but {smem.buf.name}'s are "
+             f"{shape[-1]} x {itemsize} bytes")
+  gshape = gmem.buf.data.shape
+  for k in range(len(gshape) - 1):
+    if int(np.prod(gshape[k + 1:])) * itemsize % 16:
+      fail(th, f"{what}: TMA needs GMEM strides that are multiples of 16 bytes, but {gmem.buf.name} "
+               f"of shape {gshape} has a stride of {int(np.prod(gshape[k + 1:])) * itemsize} bytes")
+
+
+def _predicated_off(eqn, rest) -> bool:
+  return eqn.params.get("has_predicate") and not bool(rest[0])
+
+
+@rule(mp.copy_gmem_to_smem_p)
+def _copy_gmem_to_smem(th, eqn, invals):
+  (src, dst, bar), rest = mp.split_refs(invals, eqn.params["trees"])
+  yield from ()
+  if _predicated_off(eqn, rest):
+    return []
+  what = "copy_gmem_to_smem"
+  src, dst = src[0].at(src[1]), dst[0].at(dst[1])
+  _space(th, src, "gmem", what, "source")
+  _space(th, dst, "smem", what, "destination")
+  if bar is None:
+    fail(th, f"{what} needs a barrier on Hopper GPUs (TMA): pass plgpu.Barrier scratch and "
+             "barrier_wait on it before reading the data")
+  _check_box(th, dst, src, what)
+  mask = _mask(dst)
+  _check_not_in_use(th, dst, mask, what)
+  eager.write(dst, eager.read(src, fill=0))
+  bar_view = bar[0].at(bar[1])
+  phase = arrive(th, bar_view, what)
+  key = (id(bar_view.buf), _barrier_index(th, bar_view, what))
+  loads = [e for e in dst.buf.state["loads"] if (e[0] & ~mask).any()]
+  dst.buf.state["loads"] = loads + [(mask, key, phase, th.line)]
+  return []
+
+
+@rule(mp.copy_smem_to_gmem_p)
+def _copy_smem_to_gmem(th, eqn, invals):
+  (src, dst, _), rest = mp.split_refs(invals, eqn.params["trees"])
+  yield from ()
+  if _predicated_off(eqn, rest):
+    return []
+  what = "copy_smem_to_gmem"
+  src, dst = src[0].at(src[1]), dst[0].at(dst[1])
+  _space(th, src, "smem", what, "source")
+  _space(th, dst, "gmem", what, "destination")
+  _check_box(th, src, dst, what)
+  mask = _mask(src)
+  _check_committed(th, src, mask, what)
+  _check_loaded(th, src, mask, what)
+  data = eager.read(src)
+  if eqn.params["reduction_op"] is not None:
+    data = _reduce(th, eqn.params["reduction_op"], eager.read(dst, fill=0), data)
+  eager.write(dst, data, drop_out_of_bounds=True)
+  ts = _ts(th)
+  ts.uncommitted.append((src.buf, mask, th.line))
+  if eqn.params["commit_group"]:
+    ts.stores.append(ts.uncommitted)
+    ts.uncommitted = []
+  return []
+
+
+def _reduce(th, op, old, new):
+  fns = {"add": np.add, "min": np.minimum, "max": np.maximum, "and": np.bitwise_and,
+         "or": np.bitwise_or, "xor": np.bitwise_xor}
+  if op not in fns:
+    fail(th, f"copy_smem_to_gmem: unknown reduction_op {op!r}; use one of {sorted(fns)}")
+  return fns[op](old, new).astype(old.dtype)
+
+
+@rule(mp.commit_smem_to_gmem_group_p)
+def _commit_group(th, eqn, invals):
+  ts = _ts(th)
+  ts.stores.append(ts.uncommitted)
+  ts.uncommitted = []
+  yield from ()
+  return []
+
+
+@rule(mp.wait_smem_to_gmem_p)
+def _wait_smem_to_gmem(th, eqn, invals):
+  ts, n = _ts(th), eqn.params["n"]
+  ts.stores = ts.stores[len(ts.stores) - n:] if n else []
+  yield from ()
+  return []
+
+
+@rule(mp.wait_gmem_to_smem_p, mp.set_max_registers_p)
+def _nothing(th, eqn, invals):
+  yield from ()
+  return []
+
+
+# --- wgmma -----------------------------------------------------------------------------------
+
+@rule(mp.wgmma_p)
+def _wgmma(th, eqn, invals):
+  (acc, a, b), rest = mp.split_refs(invals, eqn.params["trees"])
+  yield from ()
+  acc, b = acc[0].at(acc[1]), b[0].at(b[1])
+  operands = [b] + ([a[0].at(a[1])] if a is not None else [])
+  for v in operands:
+    _space(th, v, "smem", "wgmma", "operand Ref")
+    m = _mask(v)
+    _check_committed(th, v, m, "wgmma")
+    _check_loaded(th, v, m, "wgmma")
+  a_val = eager.read(operands[1]) if a is not None else np.asarray(rest[0])
+  prod = lax.dot_general(jnp.asarray(a_val), jnp.asarray(eager.read(b)), (((1,), (0,)), ((), ())),
+                         preferred_element_type=jnp.float32)
+  total = np.asarray(eager.read(acc), np.float32) + np.asarray(prod)
+  eager.write(acc, total.astype(acc.buf.data.dtype))
+  _ts(th).wgmmas.append((acc.buf, [(v.buf, _mask(v)) for v in operands], th.line))
+  return []
+
+
+@rule(mp.wgmma_wait_p)
+def _wgmma_wait(th, eqn, invals):
+  ts, n = _ts(th), eqn.params["n"]
+  ts.wgmmas = ts.wgmmas[len(ts.wgmmas) - n:] if n else []
+  yield from ()
+  return []
+
+
+eager.EAGER_ONLY.update({mp.copy_gmem_to_smem_p, mp.copy_smem_to_gmem_p, mp.barrier_arrive_p,
+                         mp.barrier_wait_p, mp.wgmma_p, mp.commit_smem_p, mp.wgmma_wait_p,
+                         mp.wait_smem_to_gmem_p, mp.commit_smem_to_gmem_group_p})
+
+
+def _remember_threads(block, threads):
+  block.state["threads"] = threads
+
+
+eager.ON_BLOCK_START.append(_remember_threads)
