@@ -29,3 +29,4 @@ from pallax._src.mosaic_gpu.unsupported import (
     try_cluster_cancel, wait_load_tmem, warp_map, wgmma_accumulator_load)
 
 GPUMemorySpace = MemorySpace   # the docs' older name
+from pallax._src.mosaic_gpu.pipeline import emit_pipeline, emit_pipeline_warp_specialized  # noqa: E402
