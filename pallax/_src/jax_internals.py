@@ -126,11 +126,14 @@ def ref_aval(shape, dtype, memory_space=None):
   return AbstractRef(ShapedArray(tuple(shape), dtype))
 
 
+_JAX_KERNELS = os.path.join("jax", "experimental", "pallas", "ops", "")
 _PALLAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def is_library_file(f: str) -> bool:
   """Frames of JAX, jaxlib, pallax itself or generated code: not the user's source line."""
+  if _JAX_KERNELS in f:   # JAX's shipped kernels are user code when pallax runs them
+    return False
   return (f.startswith(_PALLAX_DIR) or f.startswith("<") or f"{os.sep}jax{os.sep}" in f
           or f"{os.sep}jaxlib{os.sep}" in f)
 

@@ -410,10 +410,22 @@ def _scratch_name(var, i) -> str:
 
 @rule(ji.run_state_p)
 def _run_state(th, eqn, invals):
-  body = eqn.params["jaxpr"]
-  bufs = [Buffer(f"run_state Ref #{i}", "regs", np.array(_np(x))) for i, x in enumerate(invals)]
-  yield from eval_jaxpr(th, body, list(getattr(body, "consts", ()) or ()), [View(b) for b in bufs])
-  return [jnp.asarray(b.data) for b in bufs]
+  body, given = eqn.params["jaxpr"], iter(invals)
+  refs = []
+  for i, (init, v) in enumerate(zip(eqn.params["is_initialized"], body.invars)):
+    x = next(given) if init else None
+    if isinstance(x, View):   # a Ref the body closes over (hoisted to an operand): itself
+      refs.append(x)
+      continue
+    aval = v.aval.inner_aval
+    data = np.array(_np(x)) if init else np.array(prims.poison(aval.shape, aval.dtype))
+    refs.append(View(Buffer(f"run_state Ref #{i}", "regs", data)))
+  yield from eval_jaxpr(th, body, list(getattr(body, "consts", ()) or ()), refs)
+  owned = [not r.transforms and r.buf.name.startswith("run_state") for r in refs]
+  for r, own in zip(refs, owned):
+    if own:
+      _checked(ON_READ, th, r, "run_state result")   # the final values are read out
+  return [jnp.asarray(r.buf.data) if own else r for r in refs]
 
 
 # --- the scheduler ---------------------------------------------------------------------------
@@ -435,7 +447,8 @@ def _run_block(block: Block, bodies: list) -> None:
       still.append((th, gen, wait))
     live = still
     if not progressed:
-      waits = "; ".join(f"{th.describe()} waits for {w.what} at {th.line}" for th, _, w in live)
+      waits = "; ".join(f"{th.describe()} waits for {w.what} at {th.line or 'a line of library code'}"
+                        for th, _, w in live)
       raise KernelCheckError(f"{block.kernel}: deadlock in block {_block_name(block)}: every "
                              f"thread waits and nothing can arrive: {waits}")
 

@@ -42,6 +42,10 @@ def _ts(th) -> ThreadState:
   return th.state.setdefault("mosaic_gpu", ThreadState())
 
 
+def _at(line) -> str:
+  return line or "a line of library code"
+
+
 def _mask(view: View) -> np.ndarray:
   m = np.zeros(view.buf.data.size, bool)
   m[flat_indices(view)] = True
@@ -149,7 +153,7 @@ def _check_loaded(th, view: View, mask, what: str):
   for m, key, phase, line in view.buf.state.get("loads", ()):
     if (m & mask).any() and _ts(th).observed.get(key, 0) <= phase:
       fail(th, f"{what} reads {view.buf.name} before waiting on the barrier of the "
-               f"copy_gmem_to_smem into it (issued at {line}); call plgpu.barrier_wait first")
+               f"copy_gmem_to_smem into it (issued at {_at(line)}); call plgpu.barrier_wait first")
 
 
 def _check_committed(th, view: View, mask, what: str):
@@ -157,7 +161,7 @@ def _check_committed(th, view: View, mask, what: str):
     m, line = _ts(other).dirty.get(view.buf, (None, None))
     if m is not None and (m & mask).any():
       fail(th, f"{what} reads {view.buf.name}, written from registers by {other.describe()} at "
-               f"{line} without plgpu.commit_smem() in between; TMA and wgmma may not see that "
+               f"{_at(line)} without plgpu.commit_smem() in between; TMA and wgmma may not see that "
                "write")
 
 
@@ -167,17 +171,17 @@ def _check_not_in_use(th, view: View, mask, what: str):
     for buf, m, line in [e for g in ts.stores for e in g] + ts.uncommitted:
       if buf is view.buf and (m & mask).any():
         fail(th, f"{what} overwrites {buf.name} while a copy_smem_to_gmem issued by "
-                 f"{other.describe()} at {line} may still read it; call "
+                 f"{other.describe()} at {_at(line)} may still read it; call "
                  "plgpu.wait_smem_to_gmem(...) first")
     for _, operands, line in ts.wgmmas:
       if any(buf is view.buf and (m & mask).any() for buf, m in operands):
         fail(th, f"{what} overwrites {view.buf.name} while a wgmma issued by {other.describe()} "
-                 f"at {line} may still read it; call plgpu.wgmma_wait(...) first (or raise "
+                 f"at {_at(line)} may still read it; call plgpu.wgmma_wait(...) first (or raise "
                  "delay_release)")
   for m, _, _, line in view.buf.state.get("loads", ()):
     if (m & mask).any() and what != "copy_gmem_to_smem" and _pending(th, view.buf, m):
       fail(th, f"{what} writes {view.buf.name} while the copy_gmem_to_smem into it (issued at "
-               f"{line}) has not been awaited")
+               f"{_at(line)}) has not been awaited")
 
 
 def _pending(th, buf, mask) -> bool:
