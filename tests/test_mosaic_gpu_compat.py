@@ -1,0 +1,46 @@
+"""Code written for JAX's Mosaic GPU ``pallas_call`` path (``plgpu.BlockSpec`` with transforms,
+``plgpu.CompilerParams``) runs on pallax's other backends: the interpreter, and Triton on a GPU
+(CI lowers it to PTX), where the transforms are layout hints."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallax as pl
+import pallax.mosaic_gpu as plgpu
+
+
+def _add_with_mosaic_specs(x, y):
+  def kernel(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] + 2 * y_ref[...]
+  transforms = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+  spec = plgpu.BlockSpec((64, 64), lambda i, j: (i, j), transforms=transforms)
+  return pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(pl.cdiv(x.shape[0], 64), pl.cdiv(x.shape[1], 64)),
+      in_specs=[spec, spec], out_specs=spec,
+      compiler_params=plgpu.CompilerParams(max_concurrent_steps=2,
+                                           dimension_semantics=("parallel", "parallel")))(x, y)
+
+
+@pytest.mark.parametrize("shape", [(128, 192), (100, 70)], ids=["exact", "partial_blocks"])
+def test_pallas_call_with_mosaic_gpu_specs(shape):
+  kx, ky = jax.random.split(jax.random.key(shape[0]))
+  x = jax.random.normal(kx, shape, jnp.float16)
+  y = jax.random.normal(ky, shape, jnp.float16)
+  got = np.asarray(_add_with_mosaic_specs(x, y), np.float32)
+  want = np.asarray(x, np.float32) + 2 * np.asarray(y, np.float32)
+  np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+
+
+def test_mosaic_gpu_kernel_asks_for_the_interpreter_where_a_gpu_backend_would_run_it(monkeypatch):
+  from pallax._src import backends
+  from pallax._src import pallas_call as pcall
+  fake = backends.Backend("triton", ("cpu",), object, None, lambda: True)
+  monkeypatch.setattr(pcall.backends, "choose", lambda params, platform: None if params.interpret else fake)
+  f = plgpu.kernel(lambda o_ref: o_ref.__setitem__(..., jnp.ones(128)),
+                   out_type=jax.ShapeDtypeStruct((128,), jnp.float32))
+  with pytest.raises(NotImplementedError, match="interpreter only so far: pass interpret=True"):
+    f()
+  g = plgpu.kernel(lambda o_ref: o_ref.__setitem__(..., jnp.ones(128)),
+                   out_type=jax.ShapeDtypeStruct((128,), jnp.float32), interpret=True)
+  np.testing.assert_array_equal(np.asarray(g()), np.ones(128))
