@@ -44,3 +44,36 @@ def test_mosaic_gpu_kernel_asks_for_the_interpreter_where_a_gpu_backend_would_ru
   g = plgpu.kernel(lambda o_ref: o_ref.__setitem__(..., jnp.ones(128)),
                    out_type=jax.ShapeDtypeStruct((128,), jnp.float32), interpret=True)
   np.testing.assert_array_equal(np.asarray(g()), np.ones(128))
+
+
+@pytest.mark.interpreter
+def test_vmap_of_a_mosaic_gpu_kernel_adds_a_grid_axis():
+  from jax import lax
+
+  def body(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(lax.axis_index("x") * 64, 64)], smem, bar)
+    plgpu.barrier_wait(bar)
+    o_ref[pl.ds(lax.axis_index("x") * 64, 64)] = smem[...] * 3 + lax.axis_index("x").astype(jnp.float32)
+
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((192,), jnp.float32), grid=(3,),
+                   grid_names=("x",), scratch_types=[plgpu.SMEM((64,), jnp.float32), plgpu.Barrier()])
+  x = jax.random.normal(jax.random.key(1), (5, 192))
+  want = np.asarray(x) * 3 + np.repeat(np.arange(3, dtype=np.float32), 64)
+  np.testing.assert_allclose(np.asarray(jax.vmap(f)(x)), want, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(jax.jit(jax.vmap(f))(x)), want, rtol=1e-6)
+
+
+@pytest.mark.interpreter
+def test_core_map_over_a_mosaic_gpu_mesh_with_threads():
+  from jax import lax
+  out = jax.new_ref(jnp.zeros((3, 128), jnp.float32))
+
+  @pl.core_map(plgpu.Mesh(grid=(3,), grid_names=("b",), num_threads=2, thread_name="t"))
+  def _():
+    t, b = lax.axis_index("t"), lax.axis_index("b")
+
+    @pl.when(t == 1)
+    def _():
+      out[b] = jnp.full((128,), b * 10 + lax.axis_size("t"), jnp.float32)
+
+  np.testing.assert_array_equal(np.asarray(out[...])[:, 0], [2, 12, 22])

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import primitives as prims
@@ -474,13 +475,32 @@ def run_kernel(params, args) -> list[np.ndarray]:
     threads = [Thread(block, t, info.thread_name if info else None,
                       {**axes, **({info.thread_name: t} if info and info.thread_name else {})})
                for t in range(n_threads)]
-    refs = [View(b) for b in ins + outs]
+    refs = [_block_view(bm, b, ids, params.name) for bm, b in zip(gm.block_mappings, ins + outs)]
     bodies = [(th, eval_jaxpr(th, params.jaxpr, params.jaxpr.consts,
                               [jnp.int32(i) for i in ids] + refs)) for th in threads]
     for hook in ON_BLOCK_START:
       hook(block, threads)
     _run_block(block, bodies)
   return [o.data for o in outs]
+
+
+def _block_view(bm, buf: Buffer, ids, kernel: str) -> View:
+  """The block of ``buf`` that the program at grid position ``ids`` sees (a view)."""
+  idx = [int(_np(i)) for i in ji.eval_jaxpr(bm.index_map_jaxpr, bm.index_map_jaxpr.consts,
+                                             *[jnp.int32(i) for i in ids])]
+  if all(isinstance(d, pc.Blocked) and d.block_size == n and i == 0
+         for d, n, i in zip(bm.block_shape, buf.data.shape, idx)):
+    return View(buf)
+  parts = []
+  for d, i in zip(bm.block_shape, idx):
+    if isinstance(d, pc.Squeezed):
+      parts.append(np.int32(i))
+    elif isinstance(d, pc.Blocked):
+      parts.append(ji.Slice(i * d.block_size, d.block_size))
+    else:
+      raise NotImplementedError(f"{kernel}: the interpreter of Mosaic GPU kernels does not take "
+                                f"{d} block dimensions")
+  return View(buf, (ji.NDIndexer(tuple(parts), buf.data.shape, (), validate=False),))
 
 
 def applies(params) -> bool:
