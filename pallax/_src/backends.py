@@ -19,6 +19,8 @@ class Backend:
   params_type: type                   # its CompilerParams class
   lowering: Callable                  # (ctx, *args, params) -> MLIR values
   available: Callable[[], bool]       # whether its compiler can be imported here
+  kind: str = "pallas"                # the kernels it compiles: "pallas", or "mosaic_gpu" (threads,
+                                      # barriers, TMA): a second registry, chosen by the kernel
 
 
 _REGISTRY: dict[str, Backend] = {}    # filled at import time, like JAX's lowering tables
@@ -35,7 +37,7 @@ def _requested(params) -> str | None:
   if params.backend is not None:
     return params.backend
   for b in _REGISTRY.values():
-    if isinstance(cp, b.params_type):
+    if b.kind == "pallas" and isinstance(cp, b.params_type):
       return b.name
   if isinstance(cp, tuple):   # the dict form, frozen into sorted pairs
     names = [k for k, _ in cp if k in _REGISTRY]
@@ -51,11 +53,20 @@ def choose(params, platform: str) -> Backend | None:
   if name is not None and name not in _REGISTRY:
     raise ValueError(f"pallas_call {params.name}: unknown backend {name!r}; use one of "
                      f"{sorted(_REGISTRY)} or interpret=True")
-  candidates = [_REGISTRY[name]] if name is not None else list(_REGISTRY.values())
+  candidates = [_REGISTRY[name]] if name is not None else \
+      [b for b in _REGISTRY.values() if b.kind == "pallas"]
   for b in candidates:
     if platform in b.platforms and b.available():
       return b
   _note_interpreter(platform)
+  return None
+
+
+def for_kind(kind: str, platform: str) -> Backend | None:
+  """The backend of ``kind`` (e.g. "mosaic_gpu") for ``platform``, if one is available."""
+  for b in _REGISTRY.values():
+    if b.kind == kind and platform in b.platforms and b.available():
+      return b
   return None
 
 

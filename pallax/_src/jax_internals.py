@@ -62,6 +62,7 @@ custom_vjp_call_p = custom_derivatives.custom_vjp_call_p
 remat_p = ad_checkpoint.remat_p
 check_p = checkify_internals.check_p
 copy_p = lax_internals.copy_p
+add_p = lax_internals.add_p
 optimization_barrier_p = lax_internals.optimization_barrier_p
 # Equations whose sub-jaxpr runs once, in place, on the equation's operands.
 CALL_PRIMITIVES = (jit_p, closed_call_p, custom_jvp_call_p, custom_vjp_call_p, remat_p)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import numpy as np
+
 from pallax._src import jax_internals as ji
 
 
@@ -57,3 +59,18 @@ def rebind(eqn, invals, params=None):
   with ji.source_info_util.user_context(eqn.source_info.traceback):
     ans = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
   return list(ans) if eqn.primitive.multiple_results else [ans]
+
+
+def fori_index(body, num_consts: int) -> bool:
+  """Whether a loop body's first carry is an index that the body increments by one."""
+  if len(body.outvars) == 0 or len(body.invars) <= num_consts:
+    return False
+  i_in, i_out = body.invars[num_consts], body.outvars[0]
+  if i_in.aval.dtype != np.int32:   # Triton's range() counts in int32: others loop on a carry
+    return False
+  for eqn in body.eqns:
+    if eqn.outvars and eqn.outvars[0] is i_out and eqn.primitive is ji.add_p:
+      a, b = eqn.invars
+      return (a is i_in and isinstance(b, ji.Literal) and b.val == 1) or \
+             (b is i_in and isinstance(a, ji.Literal) and a.val == 1)
+  return False

@@ -387,9 +387,10 @@ def _lowering(ctx, *args, params: Params, platform: str):
   backend = backends.choose(params, platform)
   from pallax._src.interpret import eager
   if eager.applies(params):
-    _no_gpu_backend_yet(params, backend)
-    return ji.mlir.lower_fun(functools.partial(eager.run_traced, params=params),
-                             multiple_results=True)(ctx, *args)
+    if backend is None:
+      return ji.mlir.lower_fun(functools.partial(eager.run_traced, params=params),
+                               multiple_results=True)(ctx, *args)
+    return _mosaic_backend(params, platform).lowering(ctx, *args, params=params)
   if backend is not None:
     return backend.lowering(ctx, *args, params=params)
   from pallax._src.interpret import interpreter
@@ -408,20 +409,21 @@ def _impl(*args, params: Params):
   platform = jax.devices()[0].platform
   from pallax._src.interpret import eager
   backend = backends.choose(params, platform)
-  if eager.applies(params) and not any(isinstance(a, jax.core.Tracer) for a in args):
-    _no_gpu_backend_yet(params, backend)
+  if eager.applies(params) and backend is None and not any(isinstance(a, jax.core.Tracer) for a in args):
     return eager.run_now(*args, params=params)
   if backend is not None or any(isinstance(a, jax.core.Tracer) for a in args):
     return ji.dispatch.apply_primitive(pallas_call_p, *args, params=params)
   return interpreter.run_eager(*args, params=params)
 
 
-def _no_gpu_backend_yet(params: Params, backend):
-  if backend is not None:
+def _mosaic_backend(params: Params, platform: str):
+  backend = backends.for_kind("mosaic_gpu", platform)
+  if backend is None:
     raise NotImplementedError(
-        f"pallas_call {params.name}: Mosaic GPU kernels (threads, barriers, TMA copies, wgmma) "
-        "run in pallax's interpreter only so far: pass interpret=True. The Gluon backend for "
-        "Hopper is not built yet.")
+        f"pallas_call {params.name}: Mosaic GPU kernels (threads, barriers, TMA copies, wgmma) need "
+        f"the Gluon backend, which is not available on platform {platform!r} here; pass "
+        "interpret=True to run them in pallax's interpreter")
+  return backend
 
 
 pallas_call_p.def_impl(_impl)

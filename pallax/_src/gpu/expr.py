@@ -189,6 +189,15 @@ DTYPE_NAMES = {
 }
 
 
+# Triton's names of kernel parameter types (``*fp16``: a pointer to float16).
+SIGNATURE = {
+    "float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64",
+    "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", "int8": "i8", "int16": "i16",
+    "int32": "i32", "int64": "i64", "uint8": "u8", "uint16": "u16", "uint32": "u32",
+    "uint64": "u64", "bool": "i1",
+}
+
+
 def dtype_name(dtype, ns: str = "tl") -> str:
   name = np.dtype(dtype).name
   if name not in DTYPE_NAMES:

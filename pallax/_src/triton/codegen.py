@@ -91,12 +91,6 @@ class KernelSource:
 # minutes and gigabytes, and the kernel would crawl): refuse them with a clear message.
 MAX_VALUE_ELEMENTS = 128 * 512
 
-SIGNATURE = {
-    "float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64",
-    "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", "int8": "i8", "int16": "i16",
-    "int32": "i32", "int64": "i64", "uint8": "u8", "uint16": "u16", "uint32": "u32",
-    "uint64": "u64", "bool": "i1",
-}
 
 
 # --- the kernel -------------------------------------------------------------------------------
@@ -163,7 +157,7 @@ def _source(gen, params, ptrs, launch: int) -> KernelSource:
   ptrs = ptrs[:n_in] + consts + ptrs[n_in:]
   names = [p.name for p in ptrs] + [h[0] for h in gen.hidden]
   dtypes = [p.dtype for p in ptrs] + [h[2] for h in gen.hidden]
-  signature = {n: "*" + SIGNATURE[np.dtype(d).name] for n, d in zip(names, dtypes)}
+  signature = {n: "*" + ex.SIGNATURE[np.dtype(d).name] for n, d in zip(names, dtypes)}
   warps, stages, chosen = _default_warps_stages(params, gen)
   header = f"@triton.jit\ndef {name}({', '.join(names)}):"
   source = PROLOGUE + "\n\n" + header + "\n" + "\n".join(gen.lines) + "\n"

@@ -6,26 +6,12 @@ import numpy as np
 from jax import lax
 
 from pallax._src import jax_internals as ji
+from pallax._src import jaxpr_util
 from pallax._src import primitives as prims
 from pallax._src.gpu import expr as ex
 from pallax._src.triton import lang as tl
 from pallax._src.triton import memory, movement
 from pallax._src.triton.writer import rule
-
-
-def _fori_index(body, num_consts: int) -> bool:
-  """Whether a loop body's first carry is an index that the body increments by one."""
-  if len(body.outvars) == 0 or len(body.invars) <= num_consts:
-    return False
-  i_in, i_out = body.invars[num_consts], body.outvars[0]
-  if i_in.aval.dtype != np.int32:   # Triton's range() counts in int32: others loop on a carry
-    return False
-  for eqn in body.eqns:
-    if eqn.outvars and eqn.outvars[0] is i_out and eqn.primitive is lax.add_p:
-      a, b = eqn.invars
-      return (a is i_in and isinstance(b, ji.Literal) and b.val == 1) or \
-             (b is i_in and isinstance(a, ji.Literal) and a.val == 1)
-  return False
 
 
 def _loop(gen, header: str, body, args) -> list:
@@ -47,7 +33,7 @@ def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
   if len(xs_spec) or len(body.outvars) != ncarry:
     return _scan_arrays(gen, invals, body, length, reverse, nc, ncarry, ctx.avals_out)
   consts, init = invals[:nc], invals[nc:]
-  if ncarry and _fori_index(body, nc) and not reverse:
+  if ncarry and jaxpr_util.fori_index(body, nc) and not reverse:
     # A fori_loop: a Triton for loop (static bounds when the start is a constant, which lets
     # Triton pipeline it fully).
     carry = [gen.materialize(v, "carry") for v in init[1:]]

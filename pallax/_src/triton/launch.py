@@ -8,17 +8,9 @@ import jax
 import numpy as np
 
 from pallax._src import jax_internals as ji
+from pallax._src.gpu.device import device_compute_capability
 from pallax._src.triton import codegen
 from pallax._src.triton.compile import compile_kernel
-
-
-def device_compute_capability() -> int:
-  dev = jax.devices("gpu")[0]
-  cc = getattr(dev, "compute_capability", None)
-  if cc is None:
-    raise RuntimeError("cannot read the GPU's compute capability")
-  major, minor = str(cc).split(".")[:2]
-  return int(major) * 10 + int(minor)
 
 
 # The oldest target the official triton package (3.6) still generates code for: Volta. Before

@@ -1,0 +1,169 @@
+"""A one-warpgroup Mosaic GPU kernel as ``@gluon.jit`` source for Hopper (sm_90a).
+
+The kernel jaxpr is walked by the shared ``gpu/source.py`` writer with the rules of
+``gluon_rules.py``. Refs become objects the rules understand: GMEM operands (a pointer and a TMA
+descriptor per box shape, made in the prologue), SMEM buffers (a shared-memory descriptor and its
+views: ``.index``, ``.permute``), barriers (mbarriers with a phase bitfield per allocation, which
+Gluon carries through loops like any variable) and wgmma accumulators (a register variable that
+wgmmas reassign). The grid is flattened onto launch axis 0 with the last axis fastest, as Mosaic
+promises.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from pallax._src import jax_internals as ji
+from pallax._src.gpu import expr as ex
+from pallax._src.gpu import source as src
+from pallax._src.gpu.legalize import legalize
+
+TABLE = src.RuleTable({}, {})
+rule = TABLE.register
+
+
+@dataclasses.dataclass
+class GmemRef:
+  """A kernel operand in GMEM: its pointer parameter and static shape."""
+  ptr: str
+  shape: tuple
+  dtype: np.dtype
+  origin: str
+
+
+@dataclasses.dataclass
+class SmemRef:
+  """An SMEM buffer or a view of it: ``text`` is its Gluon expression."""
+  text: str
+  shape: tuple
+  dtype: np.dtype
+  layout: str
+
+
+@dataclasses.dataclass
+class BarrierRef:
+  name: str               # the mbarrier array
+  phase: str              # the phase bitfield variable
+  count: int
+  index: ex.Expr | None = None
+
+
+@dataclasses.dataclass
+class AccRef:
+  name: str               # the register variable holding the accumulator
+  shape: tuple
+  layout: str
+
+
+@dataclasses.dataclass
+class GluonSource:
+  name: str
+  source: str
+  signature: dict
+  grid: tuple
+  num_warps: int = 4
+
+
+class Writer(src.Source):
+  """The Gluon kernel being written: the statements, the layouts of register values, and the
+  TMA descriptors the body asked for (emitted in the prologue)."""
+
+  def __init__(self, kernel_name: str):
+    super().__init__(kernel_name, TABLE, ex.Renderer("gl"))
+    self.layouts: dict[str, str] = {}        # register value name -> layout source
+    self.constexprs: dict[str, str] = {}     # layout source -> constexpr name
+    self.descriptors: dict = {}              # (ptr, box) -> descriptor name
+    self.descriptor_lines: list[str] = []
+    self.axes: dict = {}                     # axis name -> index expression
+
+  def layout(self, text: str) -> str:
+    """A name for a layout (``L0: gl.constexpr = ...`` in the prologue)."""
+    if text not in self.constexprs:
+      self.constexprs[text] = f"L{len(self.constexprs)}"
+    return self.constexprs[text]
+
+  def value(self, e: ex.Expr, layout: str | None, hint="v") -> ex.Name:
+    name = self.bind(e, hint)
+    if layout is not None and isinstance(name, ex.Name):
+      self.layouts[name.name] = layout
+    return name
+
+  def layout_of(self, e) -> str | None:
+    return self.layouts.get(e.name) if isinstance(e, ex.Name) else None
+
+  def descriptor(self, ref: GmemRef, box: tuple, smem_layout: str) -> str:
+    key = (ref.ptr, box)
+    if key not in self.descriptors:
+      name = self.fresh(f"{ref.ptr}_desc")
+      strides = [int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape))]
+      self.descriptors[key] = name
+      self.descriptor_lines.append(
+          f"{name} = tma.make_tensor_descriptor({ref.ptr}, {list(ref.shape)}, {strides}, "
+          f"{list(box)}, {smem_layout})")
+    return self.descriptors[key]
+
+  def unsupported(self, what: str):
+    raise NotImplementedError(f"{what}: not supported by the Gluon backend yet")
+
+
+def _grid_ids(gen: Writer, grid) -> list[ex.Expr]:
+  """Program coordinates from launch axis 0, the last grid axis fastest (Mosaic's order)."""
+  pid = ex.Name("pid", dtype=np.dtype(np.int32))
+  gen.emit("pid = gl.program_id(0)")
+  ids, stride = [], 1
+  for k in range(len(grid) - 1, -1, -1):
+    e = pid if stride == 1 else ex.binary("//", pid, ex.Lit(stride, dtype=np.dtype(np.int32)))
+    if k > 0:
+      e = ex.binary("%", e, ex.Lit(grid[k], dtype=np.dtype(np.int32)))
+    ids.append(gen.bind(e, f"id{k}"))
+    stride *= grid[k]
+  return ids[::-1]
+
+
+def generate(params) -> GluonSource:
+  """The Gluon source of ``params``' kernel (one warpgroup)."""
+  from pallax._src.mosaic_gpu import gluon_rules  # noqa: F401 (fills TABLE)
+  info = params.threads
+  if info is not None and info.num_threads > 1:
+    raise NotImplementedError(f"{params.name}: kernels with num_threads > 1 (warp specialization) "
+                              "are not supported by the Gluon backend yet; run with interpret=True")
+  gm = params.grid_mapping
+  name = src.identifier(params.name)
+  gen = Writer(name)
+  names = tuple(gm.grid_names or ())
+  axes = [(n, g) for n, g in zip(names, gm.grid)] + list(info.axis_env() if info else ())
+  with ji.extend_axis_env_nd(axes):   # legalizing retraces lax.axis_index
+    jaxpr = legalize(params.jaxpr, 90)
+  ids = _grid_ids(gen, gm.grid)
+  gen.axes = dict(zip(names, ids))
+  if info is not None:
+    gen.axes.update({n: ex.Lit(0, dtype=np.dtype(np.int32)) for n, _ in info.cluster})
+    if info.thread_name is not None:
+      gen.axes[info.thread_name] = ex.Lit(0, dtype=np.dtype(np.int32))
+  refs, signature = [], {}
+  for k, bm in enumerate(gm.block_mappings):
+    if tuple(bm.ref_aval.shape) != tuple(bm.array_aval.shape):
+      gen.unsupported(f"{params.name}: blocked operand {bm.origin}")
+    ptr = src.identifier(f"{'in' if bm.origin.startswith('args') else 'out'}{k}_ptr")
+    refs.append(GmemRef(ptr, tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), bm.origin))
+    signature[ptr] = "*" + ex.SIGNATURE[np.dtype(bm.array_aval.dtype).name]
+  gen.lower_jaxpr(jaxpr, [*ids, *refs])
+  return GluonSource(name, _module(gen, name, list(signature)), signature, (math.prod(gm.grid), 1, 1))
+
+
+_HEADER = """from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import hopper
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+"""
+
+
+def _module(gen: Writer, name: str, params: list[str]) -> str:
+  lines = [_HEADER, "@gluon.jit", f"def {name}({', '.join(params)}):"]
+  lines += [f"    {n}: gl.constexpr = {text}" for text, n in gen.constexprs.items()]
+  lines += [f"    {d}" for d in gen.descriptor_lines]
+  lines += gen.lines
+  return "\n".join(lines) + "\n"

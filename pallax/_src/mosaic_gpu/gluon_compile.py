@@ -1,0 +1,107 @@
+"""Gluon source -> PTX (triton 3.6's Gluon front end), and the launch inside XLA through jaxlib's
+Triton kernel call. Gluon kernels have no TTIR: the launch is given the TTGIR in its place, and
+the warp count the compiler reports (warp specialization can add warps)."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import os
+import tempfile
+import zlib
+
+import jax
+
+from pallax._src import jax_internals as ji
+from pallax._src.mosaic_gpu.gluon_codegen import GluonSource, generate
+
+SHARED_MEMORY_LIMIT = 232448   # sm_90
+TARGET = 90
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+  name: str
+  source: str
+  ttgir: str
+  ptx: str
+  shared_mem_bytes: int
+  num_warps: int
+  global_scratch_size: int
+  global_scratch_align: int
+  grid: tuple
+
+
+def _module_dir() -> str:
+  root = os.environ.get("PALLAX_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pallax"))
+  return os.path.join(root, "gluon")
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_source(name: str, source: str, signature: tuple, grid: tuple, num_warps: int) -> Compiled:
+  import triton
+  from triton.backends.compiler import GPUTarget
+  from triton.experimental.gluon._runtime import GluonASTSource
+  # gluon.jit reads the function's source from its file, so the module is written to disk.
+  key = hashlib.sha256(source.encode()).hexdigest()[:24]
+  os.makedirs(_module_dir(), exist_ok=True)
+  path = os.path.join(_module_dir(), f"{name}_{key}.py")
+  if not os.path.exists(path):
+    fd, tmp = tempfile.mkstemp(dir=_module_dir(), prefix=".tmp-")
+    with os.fdopen(fd, "w") as f:
+      f.write(source)
+    os.replace(tmp, path)
+  spec = importlib.util.spec_from_file_location(f"pallax_gluon_{key}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  sig = dict(signature)
+  attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(sig))}   # XLA aligns buffers
+  k = triton.compile(GluonASTSource(getattr(module, name), sig, {}, attrs),
+                     target=GPUTarget("cuda", TARGET, 32), options={"num_warps": num_warps})
+  md = k.metadata
+  return Compiled(name, source, k.asm["ttgir"], k.asm["ptx"], int(md.shared), int(md.num_warps),
+                  int(getattr(md, "global_scratch_size", 0) or 0),
+                  int(getattr(md, "global_scratch_align", 1) or 1), grid)
+
+
+def compile_source(gs: GluonSource, kernel_name: str) -> Compiled:
+  c = _compile_source(gs.name, gs.source, tuple(gs.signature.items()), gs.grid, gs.num_warps)
+  if c.shared_mem_bytes > SHARED_MEMORY_LIMIT:
+    raise ValueError(f"plgpu kernel {kernel_name}: it needs {c.shared_mem_bytes} bytes of shared "
+                     f"memory but sm_90 offers {SHARED_MEMORY_LIMIT}; allocate less SMEM")
+  return c
+
+
+def compile_params(params) -> Compiled:
+  return compile_source(generate(params), params.name)
+
+
+LAUNCHES = 0   # how many kernels were lowered to Gluon (tests check the backend ran)
+
+
+def gluon_lowering(ctx, *args, params):
+  """The pallas_call of a Mosaic GPU kernel as a call of its compiled Gluon kernel."""
+  global LAUNCHES
+  lib = ji.gpu_triton()
+  c = compile_params(params)
+  kernel = lib.TritonKernel(c.name, c.num_warps, 1, c.shared_mem_bytes, c.ptx, c.ttgir, TARGET,
+                            c.global_scratch_size, c.global_scratch_align)
+  kernel_params = [lib.create_array_parameter(0, 16) for _ in range(len(args) + len(ctx.avals_out))]
+  call = lib.TritonKernelCall(kernel, *c.grid, kernel_params)
+  LAUNCHES += 1
+  rule = jax.ffi.ffi_lowering("triton_kernel_call_ffi", api_version=4,
+                              operand_output_aliases=dict(params.input_output_aliases))
+  return rule(ctx, *args, opaque=zlib.compress(call.to_proto(c.name, b"")))
+
+
+def lower(fun, *args, **kwargs) -> list[Compiled]:
+  """Traces ``fun(*args)`` (arrays or ``jax.ShapeDtypeStruct``s) and compiles every Mosaic GPU
+  kernel in it for sm_90a: per kernel its Gluon source, TTGIR, PTX, shared memory and warp count.
+  Needs no GPU."""
+  from pallax._src import jaxpr_util
+  from pallax._src import pallas_call as pcall
+  from pallax._src.interpret import eager
+  closed = jax.make_jaxpr(functools.partial(fun, **kwargs))(*args)
+  return [compile_params(e.params["params"]) for e in jaxpr_util.equations(closed.jaxpr)
+          if e.primitive is pcall.pallas_call_p and eager.applies(e.params["params"])]

@@ -1,0 +1,54 @@
+"""The Gluon layouts pallax chooses for a one-warpgroup kernel (4 warps), as source text.
+
+Layouts say where data sits, never what it is. This first version picks them locally: a
+coalesced blocked layout for register tiles read from memory, the wgmma layout for accumulators,
+an NVMMA-swizzled layout for every SMEM buffer (the widest swizzle its rows allow); a binary
+operation between two layouts converts its second operand to the first's.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+WARPS = 4
+
+
+def _pow2(n: int) -> bool:
+  return n >= 1 and n & (n - 1) == 0
+
+
+def check_shape(shape, what: str):
+  if not all(_pow2(d) for d in shape):
+    raise NotImplementedError(f"{what}: register tiles of shape {tuple(shape)} (Gluon needs "
+                              "powers of two in every dimension; padding is not done yet)")
+
+
+def blocked(shape, dtype) -> str:
+  """A coalesced layout: 16-byte vectors along the last dimension, warps along the first."""
+  shape = tuple(shape)
+  vec = max(1, min(shape[-1] if shape else 1, 16 // np.dtype(dtype).itemsize))
+  if len(shape) <= 1:
+    return f"gl.BlockedLayout([{vec}], [32], [{WARPS}], [0])"
+  lanes_c = max(1, min(32, shape[-1] // vec))
+  lanes_r = 32 // lanes_c
+  lead = len(shape) - 2
+  spt = [1] * lead + [1, vec]
+  tpw = [1] * lead + [lanes_r, lanes_c]
+  wpc = [1] * lead + [WARPS, 1]
+  order = list(range(len(shape) - 1, -1, -1))
+  return f"gl.BlockedLayout({spt}, {tpw}, {wpc}, {order})"
+
+
+def wgmma(n: int, in_bits: int) -> str:
+  """The accumulator layout of a wgmma with N = ``n`` (one instruction up to 256 wide)."""
+  k = 256 // in_bits
+  return f"gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[{WARPS}, 1], instr_shape=[16, {n}, {k}])"
+
+
+def shared(shape, dtype) -> str:
+  """The NVMMA (swizzled) layout of an SMEM matrix: the widest swizzle its rows allow."""
+  from pallax._src.gpu import expr as ex
+  block = list(shape[-2:])
+  return f"gl.NVMMASharedLayout.get_default_for({block}, {ex.dtype_name(dtype, 'gl')})"
+
+
+BARRIER = "mbarrier.MBarrierLayout()"

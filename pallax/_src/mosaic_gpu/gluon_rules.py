@@ -1,0 +1,498 @@
+"""Gluon rules, one per primitive of a one-warpgroup Mosaic GPU kernel: ``rule(ctx, *operands,
+**params)`` as in ``gpu/source.py``. The Refs are the objects of ``gluon_codegen.py``."""
+from __future__ import annotations
+
+import numpy as np
+from jax import lax
+
+from pallax._src import jax_internals as ji
+from pallax._src import jaxpr_util
+from pallax._src import primitives as prims
+from pallax._src import ref_access
+from pallax._src.gpu import expr as ex
+from pallax._src.gpu.expr import Lit, binary, call, method
+from pallax._src.mosaic_gpu import core as mc
+from pallax._src.mosaic_gpu import gluon_layouts as L
+from pallax._src.mosaic_gpu import primitives as mp
+from pallax._src.mosaic_gpu.gluon_codegen import AccRef, BarrierRef, GmemRef, SmemRef, rule
+
+I32 = np.dtype(np.int32)
+
+
+def _i32(v) -> Lit:
+  return Lit(int(v), dtype=I32)
+
+
+def _dtype(d) -> ex.Token:
+  return ex.Token(ex.dtype_name(d, "gl"))
+
+
+def _text(gen, e) -> str:
+  return gen.render(e)
+
+
+# --- scalars and register tiles ----------------------------------------------------------------
+
+_BINARY = {lax.add_p: "+", lax.sub_p: "-", lax.mul_p: "*", lax.and_p: "&", lax.or_p: "|",
+           lax.xor_p: "^", lax.shift_left_p: "<<", lax.shift_right_arithmetic_p: ">>"}
+_COMPARE = {lax.eq_p: "==", lax.ne_p: "!=", lax.lt_p: "<", lax.le_p: "<=", lax.gt_p: ">",
+            lax.ge_p: ">="}
+
+
+def _same_layout(gen, x, y):
+  """``y`` in ``x``'s layout (register tiles of two layouts cannot meet in one operation)."""
+  lx, ly = gen.layout_of(x), gen.layout_of(y)
+  if lx is None or ly is None or lx == ly or not y.shape:
+    return y, lx or ly
+  return gen.value(call("gl.convert_layout", y, ex.Token(lx), dtype=y.dtype, shape=y.shape), lx), lx
+
+
+def _binary_rule(op, compare=False):
+  def lower(ctx, x, y, **_):
+    gen = ctx.gen
+    y, layout = _same_layout(gen, x, y)
+    dtype = np.dtype(np.bool_) if compare else None
+    return gen.value(binary(op, x, y, dtype=dtype), layout)
+  return lower
+
+
+for _p, _op in _BINARY.items():
+  rule(_p)(_binary_rule(_op))
+for _p, _op in _COMPARE.items():
+  rule(_p)(_binary_rule(_op, compare=True))
+
+
+@rule(lax.div_p)
+def _div(ctx, x, y):
+  y, layout = _same_layout(ctx.gen, x, y)
+  return ctx.gen.value(binary("/" if np.issubdtype(x.dtype, np.floating) else "//", x, y), layout)
+
+
+@rule(lax.rem_p)
+def _rem(ctx, x, y):
+  if np.issubdtype(x.dtype, np.floating):
+    ctx.gen.unsupported("floating-point rem")
+  y, layout = _same_layout(ctx.gen, x, y)
+  return ctx.gen.value(binary("%", x, y), layout)
+
+
+@rule(lax.max_p, lax.min_p)
+def _max_min(ctx, x, y):
+  y, layout = _same_layout(ctx.gen, x, y)
+  fn = "gl.maximum" if ctx.eqn.primitive is lax.max_p else "gl.minimum"
+  return ctx.gen.value(call(fn, x, y, dtype=x.dtype, shape=ctx.out.shape), layout)
+
+
+@rule(lax.not_p)
+def _not(ctx, x):
+  return ctx.gen.value(ex.Op("~", (x,), dtype=x.dtype, shape=x.shape), ctx.gen.layout_of(x))
+
+
+@rule(lax.neg_p)
+def _neg(ctx, x):
+  return ctx.gen.value(ex.Op("-", (x,), dtype=x.dtype, shape=x.shape), ctx.gen.layout_of(x))
+
+
+@rule(lax.select_n_p)
+def _select(ctx, pred, *cases):
+  if len(cases) != 2:
+    ctx.gen.unsupported("select_n with more than two cases")
+  gen = ctx.gen
+  b, layout = _same_layout(gen, cases[0], cases[1])
+  return gen.value(call("gl.where", pred, b, cases[0], dtype=cases[0].dtype, shape=ctx.out.shape), layout)
+
+
+@rule(lax.convert_element_type_p)
+def _convert(ctx, x, *, new_dtype, **_):
+  if np.dtype(new_dtype) == x.dtype:
+    return x
+  return ctx.gen.value(method(x, "to", _dtype(new_dtype), dtype=new_dtype), ctx.gen.layout_of(x))
+
+
+@rule(lax.exp2_p)
+def _exp2(ctx, x, **_):
+  return ctx.gen.value(call("gl.exp2", x, dtype=x.dtype, shape=x.shape), ctx.gen.layout_of(x))
+
+
+@rule(lax.exp_p)
+def _exp(ctx, x, **_):
+  return ctx.gen.value(call("gl.exp", x, dtype=x.dtype, shape=x.shape), ctx.gen.layout_of(x))
+
+
+@rule(lax.broadcast_in_dim_p)
+def _broadcast(ctx, x, *, shape, broadcast_dimensions, **_):
+  if x.shape:
+    ctx.gen.unsupported("broadcasting a register tile")
+  L.check_shape(shape, ctx.gen.kernel_name)
+  layout = ctx.gen.layout(L.blocked(shape, x.dtype))
+  return ctx.gen.value(call("gl.full", ex.Token(str(list(shape))), x, _dtype(x.dtype),
+                            layout=ex.Token(layout), dtype=x.dtype, shape=tuple(shape)), layout)
+
+
+@rule(ji.axis_index_p)
+def _axis_index(ctx, *, axis_name):
+  if axis_name not in ctx.gen.axes:
+    raise NotImplementedError(f"lax.axis_index({axis_name!r}): no such axis")
+  return ctx.gen.axes[axis_name]
+
+
+@rule(mp.layout_cast_p, ji.optimization_barrier_p)
+def _identity(ctx, *xs, **_):
+  return list(xs) if ctx.eqn.primitive.multiple_results else xs[0]
+
+
+@rule(prims.hint_p)
+def _hint(ctx, x, **_):
+  return x
+
+
+# --- control flow ------------------------------------------------------------------------------
+
+def _carry(gen, v: ex.Expr, hint="c") -> ex.Name:
+  """A fresh variable holding ``v`` (loop and branch carries need names of their own)."""
+  name = gen.fresh_name(hint, v.dtype, v.shape)
+  text = gen.render(v) if v.shape or not isinstance(v, Lit) else \
+      gen.render(call("gl.full", ex.Token("[]"), v, _dtype(v.dtype), dtype=v.dtype))
+  gen.emit(f"{name.name} = {text}")
+  if gen.layout_of(v):
+    gen.layouts[name.name] = gen.layout_of(v)
+  return name
+
+
+@rule(ji.scan_p)
+def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
+  gen, body = ctx.gen, jaxpr
+  nc, ncarry, nxs = (len(s) for s in ft_in.unpack())
+  if nxs or len(body.outvars) != ncarry or reverse:
+    gen.unsupported("lax.scan over arrays")
+  consts, init = list(invals[:nc]), list(invals[nc:])
+  if ncarry and jaxpr_util.fori_index(body, nc):
+    carry = [_carry(gen, v) for v in init[1:]]
+    i = gen.fresh_name("i", I32, ())
+    stop = ex.add(init[0], _i32(length))
+    gen.emit(f"for {i.name} in range({gen.render(init[0])}, {gen.render(stop)}):")
+    gen.depth += 1
+    new = gen.lower_jaxpr(body, [*consts, i, *carry])
+    gen.assign(carry, new[1:])
+    gen.depth -= 1
+    return [gen.bind(stop, "i_end"), *carry]
+  carry = [_carry(gen, v) for v in init]
+  gen.emit(f"for _ in range({length}):")
+  gen.depth += 1
+  gen.assign(carry, gen.lower_jaxpr(body, [*consts, *carry]))
+  gen.depth -= 1
+  return carry
+
+
+@rule(ji.cond_p)
+def _cond(ctx, index, *ops, branches, **_):
+  gen = ctx.gen
+  if len(branches) != 2:
+    gen.unsupported("lax.switch with more than two branches")
+  results = [gen.fresh_name("r", a.dtype, a.shape) for a in ctx.avals_out]
+  idx = index if index.dtype != np.bool_ else method(index, "to", _dtype(np.int32), dtype=I32)
+  for head, k in ((f"if {gen.render(binary('!=', idx, _i32(0)))}:", 1), ("else:", 0)):
+    gen.emit(head)
+    gen.depth += 1
+    before = len(gen.lines)
+    gen.assign(results, gen.lower_jaxpr(branches[k], list(ops)))
+    if len(gen.lines) == before:
+      gen.emit("pass")
+    gen.depth -= 1
+  return results
+
+
+def _inline(param):
+  return lambda ctx, *invals, **params: ctx.gen.lower_jaxpr(params[param], list(invals))
+
+
+for _p, _param in ((ji.jit_p, "jaxpr"), (ji.closed_call_p, "call_jaxpr"),
+                   (ji.custom_jvp_call_p, "call_jaxpr"), (ji.custom_vjp_call_p, "call_jaxpr"),
+                   (ji.remat_p, "jaxpr")):
+  rule(_p)(_inline(_param))
+
+
+# --- allocation ----------------------------------------------------------------------------
+
+@rule(prims.run_scoped_p)
+def _run_scoped(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
+  gen = ctx.gen
+  refs = [_allocate(gen, t, v.aval.inner_aval) for t, v in zip(scratch_types, jaxpr.invars[num_consts:])]
+  return gen.lower_jaxpr(jaxpr, [*consts, *refs])
+
+
+def _allocate(gen, kind, aval):
+  shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
+  if isinstance(kind, mc.WGMMAAccumulatorRef):
+    layout = gen.layout(L.wgmma(shape[1], 16))
+    name = gen.fresh("acc")
+    gen.emit(f"{name} = gl.zeros({list(shape)}, {ex.dtype_name(dtype, 'gl')}, layout={layout})")
+    return AccRef(name, shape, layout)
+  if gen.depth != 1:
+    gen.unsupported("SMEM or barrier allocations inside loops or branches")
+  if isinstance(kind, mc.Barrier):
+    name, phase = gen.fresh("bar"), gen.fresh("phase")
+    n = int(np.prod(shape)) if shape else 1
+    gen.emit(f"{name} = gl.allocate_shared_memory(gl.int64, [{n}, 1], {L.BARRIER})")
+    gen.emit(f"for _b in gl.static_range({n}):")
+    gen.emit(f"    mbarrier.init({name}.index(_b), count={kind.num_arrivals})")
+    gen.emit(f"{phase} = 0")
+    return BarrierRef(name, phase, n)
+  if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
+    layout = gen.layout(L.shared(shape, dtype))
+    name = gen.fresh("smem")
+    gen.emit(f"{name} = gl.allocate_shared_memory({ex.dtype_name(dtype, 'gl')}, {list(shape)}, {layout})")
+    return SmemRef(name, shape, dtype, layout)
+  gen.unsupported(f"scratch of type {kind}")
+
+
+# --- views -------------------------------------------------------------------------------------
+
+def _smem_view(gen, ref: SmemRef, transforms) -> SmemRef:
+  text, shape = ref.text, list(ref.shape)
+  for t in transforms:
+    if isinstance(t, ji.TransposeRef):
+      text = f"{text}.permute({tuple(t.permutation)})"
+      shape = [shape[p] for p in t.permutation]
+      continue
+    if not isinstance(t, ji.NDIndexer):
+      gen.unsupported(f"the SMEM view {t}")
+    new_shape, dim = [], 0
+    for idx, size in zip(t.indices, shape):
+      if isinstance(idx, ji.Slice):
+        if not (isinstance(idx.start, Lit) or isinstance(idx.start, int)) or idx.stride != 1:
+          gen.unsupported("dynamic or strided slices of SMEM")
+        start = idx.start.value if isinstance(idx.start, Lit) else idx.start
+        if (start, idx.size) != (0, size):
+          text = f"{text}.slice({start}, {idx.size}, {dim})"
+        new_shape.append(idx.size)
+        dim += 1
+      elif not getattr(idx, "shape", ()):
+        if dim != 0:
+          gen.unsupported("indexing an inner dimension of SMEM")
+        text = f"{text}.index({gen.render(idx)})"
+      else:
+        gen.unsupported("gathers from SMEM")
+    shape = new_shape
+  return SmemRef(text, tuple(shape), ref.dtype, ref.layout)
+
+
+def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:
+  """(the box's starting coordinates in the operand, the box shape) of a GMEM view."""
+  starts = [_i32(0) for _ in ref.shape]
+  dims = list(range(len(ref.shape)))       # view dimension -> operand dimension
+  box = list(ref.shape)
+  for t in transforms:
+    if not isinstance(t, ji.NDIndexer):
+      gen.unsupported(f"the GMEM view {t}")
+    new_dims, new_box = [], []
+    for idx, d, size in zip(t.indices, dims, box):
+      if not isinstance(idx, ji.Slice) or idx.stride != 1:
+        gen.unsupported("TMA copies of GMEM views with integer or strided indices")
+      start = idx.start if isinstance(idx.start, ex.Expr) else _i32(idx.start)
+      starts[d] = gen.bind(ex.add(starts[d], start), "c")
+      new_dims.append(d)
+      new_box.append(idx.size)
+    dims, box = new_dims, new_box
+  return starts, tuple(box)
+
+
+def _barrier_view(gen, ref: BarrierRef, transforms) -> BarrierRef:
+  if not transforms:
+    return BarrierRef(ref.name, ref.phase, ref.count, _i32(0))
+  (t,) = transforms
+  (idx,) = t.indices
+  return BarrierRef(ref.name, ref.phase, ref.count, idx)
+
+
+def _view(gen, ref, transforms):
+  if isinstance(ref, SmemRef):
+    return _smem_view(gen, ref, transforms)
+  if isinstance(ref, BarrierRef):
+    return _barrier_view(gen, ref, transforms)
+  return ref, transforms
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+@rule(ji.get_p)
+def _get(ctx, *invals, **_):
+  gen = ctx.gen
+  a = ref_access.split(ctx.eqn, invals)
+  if isinstance(a.ref, AccRef):
+    _wait_all(gen, [a.ref])
+    value = gen.fresh_name("acc_value", ctx.out.dtype, a.ref.shape)
+    gen.emit(f"{value.name} = {a.ref.name}")   # a copy: later wgmmas reassign the accumulator
+    gen.layouts[value.name] = a.ref.layout
+    return value
+  if not isinstance(a.ref, SmemRef):
+    gen.unsupported("register loads from GMEM (copy to SMEM with plgpu.copy_gmem_to_smem)")
+  view = _smem_view(gen, a.ref, a.transforms)
+  L.check_shape(view.shape, gen.kernel_name)
+  layout = gen.layout(L.blocked(view.shape, view.dtype))
+  smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
+  return gen.value(method(smem, "load", ex.Token(layout)), layout)
+
+
+@rule(ji.swap_p)
+def _swap(ctx, ref, value, *leaves, **_):
+  gen = ctx.gen
+  a = ref_access.split(ctx.eqn, [ref, value, *leaves])
+  if isinstance(a.ref, AccRef):
+    v, _ = _same_layout(gen, ex.Name(a.ref.name, dtype=value.dtype, shape=a.ref.shape), value)
+    gen.layouts[a.ref.name] = a.ref.layout
+    gen.emit(f"{a.ref.name} = {gen.render(v)}")
+    return None
+  if not isinstance(a.ref, SmemRef):
+    gen.unsupported("register stores to GMEM (store to SMEM and use plgpu.copy_smem_to_gmem)")
+  if ctx.is_used(0):
+    gen.unsupported("using the old value of a store into SMEM")
+  view = _smem_view(gen, a.ref, a.transforms)
+  if not value.shape:
+    L.check_shape(view.shape, gen.kernel_name)
+    layout = gen.layout(L.blocked(view.shape, view.dtype))
+    value = gen.value(call("gl.full", ex.Token(str(list(view.shape))), value, _dtype(view.dtype),
+                           layout=ex.Token(layout), dtype=view.dtype, shape=view.shape), layout)
+  gen.emit(f"{view.text}.store({gen.render(value)})")
+  return None
+
+
+# --- TMA, barriers, wgmma --------------------------------------------------------------------
+
+def _refs(ctx, invals):
+  refs, rest = mp.split_refs(invals, ctx.eqn.params["trees"])
+  return refs, rest
+
+
+def _predicated(gen, eqn, rest):
+  """Opens ``if predicate:`` when the primitive has one (close with _end)."""
+  if not eqn.params.get("has_predicate"):
+    return False
+  gen.emit(f"if {gen.render(rest[0])}:")
+  gen.depth += 1
+  return True
+
+
+def _end(gen, opened):
+  if opened:
+    gen.depth -= 1
+
+
+@rule(mp.copy_gmem_to_smem_p)
+def _copy_gmem_to_smem(ctx, *invals, **params):
+  gen = ctx.gen
+  (src, dst, bar), rest = _refs(ctx, invals)
+  if params["collective_axes"]:
+    gen.unsupported("collective (multicast) copies")
+  if bar is None:
+    raise NotImplementedError("copy_gmem_to_smem needs a barrier on Hopper")
+  smem = _smem_view(gen, *dst)
+  starts, box = _gmem_coords(gen, *src)
+  barrier = _barrier_view(gen, *bar)
+  desc = gen.descriptor(src[0], box, smem.layout)
+  nbytes = int(np.prod(box)) * smem.dtype.itemsize
+  b = f"{barrier.name}.index({gen.render(barrier.index)})"
+  opened = _predicated(gen, ctx.eqn, rest)
+  gen.emit(f"mbarrier.expect({b}, {nbytes})")
+  gen.emit(f"tma.async_copy_global_to_shared({desc}, [{', '.join(gen.render(s) for s in starts)}], {b}, {smem.text})")
+  _end(gen, opened)
+  return []
+
+
+@rule(mp.copy_smem_to_gmem_p)
+def _copy_smem_to_gmem(ctx, *invals, **params):
+  gen = ctx.gen
+  (src, dst, _), rest = _refs(ctx, invals)
+  if params["reduction_op"] is not None:
+    gen.unsupported("TMA reduce-stores (reduction_op)")
+  if not params["commit_group"]:
+    gen.unsupported("copy_smem_to_gmem(commit_group=False)")
+  smem = _smem_view(gen, *src)
+  starts, box = _gmem_coords(gen, *dst)
+  desc = gen.descriptor(dst[0], box, smem.layout)
+  opened = _predicated(gen, ctx.eqn, rest)
+  gen.emit(f"tma.async_copy_shared_to_global({desc}, [{', '.join(gen.render(s) for s in starts)}], {smem.text})")
+  _end(gen, opened)
+  return []
+
+
+@rule(mp.barrier_wait_p)
+def _barrier_wait(ctx, *invals, **_):
+  gen = ctx.gen
+  (bar,), _ = _refs(ctx, invals)
+  b = _barrier_view(gen, *bar)
+  i = gen.render(b.index)
+  gen.emit(f"mbarrier.wait({b.name}.index({i}), ({b.phase} >> {i}) & 1)")
+  gen.emit(f"{b.phase} = {b.phase} ^ (1 << {i})")
+  return []
+
+
+@rule(mp.barrier_arrive_p)
+def _barrier_arrive(ctx, *invals, **_):
+  gen = ctx.gen
+  (bar,), rest = _refs(ctx, invals)
+  b = _barrier_view(gen, *bar)
+  opened = _predicated(gen, ctx.eqn, rest)
+  gen.emit(f"mbarrier.arrive({b.name}.index({gen.render(b.index)}))")
+  _end(gen, opened)
+  return []
+
+
+@rule(mp.commit_smem_p)
+def _commit_smem(ctx):
+  ctx.gen.emit("hopper.fence_async_shared()")
+  return []
+
+
+@rule(mp.wait_smem_to_gmem_p)
+def _wait_smem_to_gmem(ctx, *, n, wait_read_only):
+  ctx.gen.emit(f"tma.store_wait({n})")   # waits for the reads of SMEM (see the module notes)
+  return []
+
+
+@rule(mp.wgmma_p)
+def _wgmma(ctx, *invals, trees):
+  gen = ctx.gen
+  (acc, a, b), rest = mp.split_refs(invals, trees)
+  if a is None:
+    gen.unsupported("wgmma with a register operand a")
+  acc_ref = acc[0]
+  if acc[1]:
+    gen.unsupported("wgmma into a view of an accumulator")
+  a_view, b_view = _smem_view(gen, *a), _smem_view(gen, *b)
+  bits = a_view.dtype.itemsize * 8
+  layout = gen.layout(L.wgmma(acc_ref.shape[1], bits))
+  if layout != acc_ref.layout:
+    gen.emit(f"{acc_ref.name} = gl.convert_layout({acc_ref.name}, {layout})")
+    acc_ref.layout = layout
+  gen.emit(f"{acc_ref.name} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc_ref.name}, is_async=True)")
+  # plgpu.wgmma returns with at most this wgmma in flight.
+  # The operands stay alive (and unwritten) while the wgmma may read them.
+  gen.emit(f"{acc_ref.name}, _, _ = hopper.warpgroup_mma_wait(1, deps=[{acc_ref.name}, {a_view.text}, "
+           f"{b_view.text}])")
+  pending = gen.__dict__.setdefault("pending_accs", [])
+  if acc_ref not in pending:
+    pending.append(acc_ref)
+  return []
+
+
+def _wait_all(gen, accs):
+  """Waits for every wgmma into ``accs`` (reading an accumulator, or wgmma_wait(0))."""
+  pending = gen.__dict__.setdefault("pending_accs", [])
+  for acc in accs:
+    gen.emit(f"{acc.name} = hopper.warpgroup_mma_wait(0, deps=[{acc.name}])")
+    if acc in pending:
+      pending.remove(acc)
+
+
+@rule(mp.wgmma_wait_p)
+def _wgmma_wait(ctx, *, n):
+  # After each wgmma at most that one is in flight (see _wgmma): only n = 0 waits here.
+  if n == 0:
+    _wait_all(ctx.gen, list(ctx.gen.__dict__.get("pending_accs", [])))
+  return []
+
+
+@rule(mp.set_max_registers_p)
+def _set_max_registers(ctx, **_):
+  return []

@@ -1,0 +1,128 @@
+"""The Gluon backend for one-warpgroup Mosaic GPU kernels: generated source and sm_90a PTX on any
+machine (``plgpu.lower``), and on a Hopper GPU the same results as the interpreter."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import pallax as pl
+import pallax.mosaic_gpu as plgpu
+
+BLOCK = 64
+
+
+def _scale_rows(x_ref, o_ref, smem, bar):
+  """TMA in, registers, TMA out: one 64-row block a program."""
+  i = lax.axis_index("m")
+  plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(i * BLOCK, BLOCK)], smem, bar)
+  plgpu.barrier_wait(bar)
+  smem[...] = smem[...] * 2 + 1
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(smem, o_ref.at[pl.ds(i * BLOCK, BLOCK)])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def scale_rows(x, interpret=False):
+  return plgpu.kernel(
+      _scale_rows, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(pl.cdiv(x.shape[0], BLOCK),),
+      grid_names=("m",), scratch_types=[plgpu.SMEM((BLOCK, x.shape[1]), x.dtype), plgpu.Barrier()],
+      interpret=interpret)(x)
+
+
+def _matmul(a_ref, b_ref, o_ref, a_smem, b_smem, o_smem, bar):
+  """A K loop of TMA copies and wgmmas into an accumulator; one 64x64 output tile a program."""
+  m, n = lax.axis_index("m"), lax.axis_index("n")
+
+  def scope(acc_ref):
+    def step(k, _):
+      plgpu.copy_gmem_to_smem(a_ref.at[pl.ds(m * BLOCK, BLOCK), pl.ds(k * BLOCK, BLOCK)], a_smem, bar)
+      plgpu.copy_gmem_to_smem(b_ref.at[pl.ds(k * BLOCK, BLOCK), pl.ds(n * BLOCK, BLOCK)], b_smem, bar)
+      plgpu.barrier_wait(bar)
+      plgpu.wgmma(acc_ref, a_smem, b_smem)
+      plgpu.wgmma_wait(0)
+    lax.fori_loop(0, pl.cdiv(a_ref.shape[1], BLOCK), step, None)
+    o_smem[...] = acc_ref[...].astype(o_smem.dtype)
+
+  pl.run_scoped(scope, plgpu.ACC((BLOCK, BLOCK)))
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(o_smem, o_ref.at[pl.ds(m * BLOCK, BLOCK), pl.ds(n * BLOCK, BLOCK)])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def matmul(a, b, interpret=False):
+  (m, _), (_, n) = a.shape, b.shape
+  tile = lambda: plgpu.SMEM((BLOCK, BLOCK), a.dtype)
+  return plgpu.kernel(
+      _matmul, out_type=jax.ShapeDtypeStruct((m, n), a.dtype),
+      grid=(pl.cdiv(m, BLOCK), pl.cdiv(n, BLOCK)), grid_names=("m", "n"),
+      scratch_types=[tile(), tile(), tile(), plgpu.Barrier(num_arrivals=2)], interpret=interpret)(a, b)
+
+
+PTX_MUST_HAVE = ("cp.async.bulk.tensor", "mbarrier.try_wait.parity", "fence.proxy.async")
+
+
+def test_lowers_to_sm90a_ptx_without_a_gpu():
+  x = jax.ShapeDtypeStruct((192, 64), jnp.float16)
+  (k,) = plgpu.lower(scale_rows, x)
+  assert ".target sm_90a" in k.ptx and all(s in k.ptx for s in PTX_MUST_HAVE)
+  assert "tma.async_copy_global_to_shared" in k.source and "mbarrier.wait" in k.source
+  assert "test_mosaic_gpu_gluon.py" in k.source   # comments name the kernel's lines
+  assert k.num_warps == 4 and k.shared_mem_bytes >= BLOCK * 64 * 2
+  a = jax.ShapeDtypeStruct((128, 192), jnp.bfloat16)
+  b = jax.ShapeDtypeStruct((192, 128), jnp.bfloat16)
+  (k,) = plgpu.lower(matmul, a, b)
+  assert "wgmma.mma_async" in k.ptx and all(s in k.ptx for s in PTX_MUST_HAVE)
+
+
+def test_what_the_gluon_backend_cannot_express_says_so():
+  def two_threads(o_ref):
+    o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+  f = plgpu.kernel(two_threads, out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                   num_threads=2, thread_name="wg")
+  with pytest.raises(NotImplementedError, match="num_threads > 1.*interpret=True"):
+    plgpu.lower(f)
+
+  def register_store(o_ref):
+    o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+  g = plgpu.kernel(register_store, out_type=jax.ShapeDtypeStruct((128,), jnp.float32))
+  with pytest.raises(NotImplementedError, match="register stores to GMEM.*copy_smem_to_gmem"):
+    plgpu.lower(g)
+
+
+def _on_hopper() -> bool:
+  d = jax.devices()[0]
+  return d.platform == "gpu" and float(getattr(d, "compute_capability", "0")) >= 9.0
+
+
+gpu = pytest.mark.skipif(not _on_hopper(), reason="needs a Hopper GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("rows", [192, 100], ids=["whole_blocks", "partial_block"])
+def test_scale_rows_on_the_gpu_matches_the_interpreter(dtype, rows):
+  from pallax._src.mosaic_gpu import gluon_compile
+  before = gluon_compile.LAUNCHES
+  x = jax.random.normal(jax.random.key(rows), (rows, 64), dtype)
+  got = np.asarray(jax.jit(scale_rows)(x), np.float32)
+  want = np.asarray(scale_rows(x, interpret=True), np.float32)
+  np.testing.assert_array_equal(got, want)
+  assert gluon_compile.LAUNCHES > before, "the Gluon backend was not used"
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype,tol", [(jnp.float16, 2e-3), (jnp.bfloat16, 1e-2), (jnp.float32, 2e-3)])
+@pytest.mark.parametrize("m,k,n", [(128, 192, 128), (100, 70, 130)], ids=["whole_tiles", "partial_tiles"])
+def test_matmul_on_the_gpu_matches_the_interpreter(dtype, tol, m, k, n):
+  ka, kb = jax.random.split(jax.random.key(m + k + n))
+  a = jax.random.normal(ka, (m, k), dtype)
+  b = jax.random.normal(kb, (k, n), dtype)
+  got = np.asarray(jax.jit(matmul)(a, b), np.float32)
+  want = np.asarray(matmul(a, b, interpret=True), np.float32)
+  # wgmma sums in float32 in its own order (tf32 products for float32 inputs): elementwise,
+  # relative to the output's scale.
+  scale = float(np.sqrt(np.mean(want.astype(np.float64) ** 2)))
+  np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale)
