@@ -21,6 +21,7 @@ from pallax._src.mosaic_gpu.primitives import (
     copy_gmem_to_smem, copy_smem_to_gmem, layout_cast, load, print_layout, set_max_registers,
     wait_gmem_to_smem, wait_smem_to_gmem, wgmma, wgmma_wait)
 from pallax._src.mosaic_gpu.unsupported import (
+    SemaphoreSignal,
     as_torch_kernel, async_copy_scales_to_tmem, async_copy_smem_to_tmem,
     async_copy_sparse_metadata_to_tmem, async_load_tmem, async_prefetch, async_store_smem,
     async_store_tmem, atomic_add, atomic_and, atomic_max, atomic_min, atomic_or, atomic_xor,

@@ -32,8 +32,7 @@ from pallax._src import jaxpr_util
 from pallax._src import primitives as prims
 
 
-class KernelCheckError(RuntimeError):
-  """A rule of the programming model broken inside a kernel (raised by the interpreter)."""
+from pallax._src.interpret.interpreter import KernelCheckError  # noqa: E402 (one error class)
 
 
 # --- memory ----------------------------------------------------------------------------------
@@ -364,6 +363,10 @@ def _get(th, eqn, invals):
 def _set(th, eqn, invals):
   a, view = access_view(eqn, invals)
   accumulate = eqn.primitive is ji.addupdate_p
+  coords = view_coords(view)
+  ok = in_bounds(coords, view.buf.data.shape) if coords else np.ones((), bool)
+  if not ok.all() and a.mask is None:
+    fail(th, _oob_message(view, coords, ok, "write to"), IndexError)
   _checked(ON_WRITE, th, view, "store")
   try:
     old = read(view, fill=0 if a.mask is not None else None)

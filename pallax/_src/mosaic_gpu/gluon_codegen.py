@@ -136,6 +136,7 @@ def generate(params) -> GluonSource:
   axes = [(n, g) for n, g in zip(names, gm.grid)] + list(info.axis_env() if info else ())
   with ji.extend_axis_env_nd(axes):   # legalizing retraces lax.axis_index
     jaxpr = legalize(params.jaxpr, 90)
+  gen.mma_bits = _mma_bits(jaxpr)
   ids = _grid_ids(gen, gm.grid)
   gen.axes = dict(zip(names, ids))
   if info is not None:
@@ -151,6 +152,21 @@ def generate(params) -> GluonSource:
     signature[ptr] = "*" + ex.SIGNATURE[np.dtype(bm.array_aval.dtype).name]
   gen.lower_jaxpr(jaxpr, [*ids, *refs])
   return GluonSource(name, _module(gen, name, list(signature)), signature, (math.prod(gm.grid), 1, 1))
+
+
+def _mma_bits(jaxpr) -> int:
+  """The operand width of the kernel's wgmmas: it fixes the accumulators' layout (their
+  instruction shape), which must not change inside the loops that accumulate."""
+  from pallax._src import jaxpr_util
+  from pallax._src.mosaic_gpu import primitives as mp
+  bits = set()
+  for e in jaxpr_util.equations(jaxpr):
+    if e.primitive is mp.wgmma_p:
+      refs, rest = mp.split_refs(e.invars, e.params["trees"])
+      a = rest[0] if refs[1] is None else refs[1][0]
+      dtype = a.aval.inner_aval.dtype if hasattr(a.aval, "inner_aval") else a.aval.dtype
+      bits.add(np.dtype(dtype).itemsize * 8)
+  return bits.pop() if len(bits) == 1 else 16
 
 
 _HEADER = """from triton.experimental import gluon

@@ -224,7 +224,7 @@ def _run_scoped(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
 def _allocate(gen, kind, aval):
   shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
   if isinstance(kind, mc.WGMMAAccumulatorRef):
-    layout = gen.layout(L.wgmma(shape[1], 16))
+    layout = gen.layout(L.wgmma(shape[1], gen.mma_bits))
     name = gen.fresh("acc")
     gen.emit(f"{name} = gl.zeros({list(shape)}, {ex.dtype_name(dtype, 'gl')}, layout={layout})")
     return AccRef(name, shape, layout)
@@ -461,6 +461,10 @@ def _wgmma(ctx, *invals, trees):
     gen.unsupported("wgmma into a view of an accumulator")
   a_view, b_view = _smem_view(gen, *a), _smem_view(gen, *b)
   bits = a_view.dtype.itemsize * 8
+  if bits == 32 and ".permute((1, 0))" not in b_view.text:
+    raise NotImplementedError(
+        "wgmma of float32 operands (tf32) reads b in K-major order only: keep b as an (N, K) SMEM "
+        "buffer and pass b_smem.transpose((1, 0)), or use 16-bit operands")
   layout = gen.layout(L.wgmma(acc_ref.shape[1], bits))
   if layout != acc_ref.layout:
     gen.emit(f"{acc_ref.name} = gl.convert_layout({acc_ref.name}, {layout})")

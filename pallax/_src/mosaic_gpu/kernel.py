@@ -16,9 +16,9 @@ class _NotSpecified:
 _NS = _NotSpecified()
 
 
-def kernel(body=_NS, *, out_type=(), scratch_types=(), compiler_params=None, grid=(),
+def kernel(body=_NS, out_shape=None, *, out_type=(), scratch_types=(), compiler_params=None, grid=(),
            grid_names=(), cluster=(), cluster_names=(), num_threads=None, thread_name=None,
-           interpret=None, debug=False, out_shape=None, scratch_shapes=None, **mesh_kwargs):
+           interpret=None, debug=False, scratch_shapes=None, **mesh_kwargs):
   """Runs ``body(*operand_refs, *out_refs, *scratch_refs)`` on every block of ``grid``; with
   ``num_threads``, each block runs it once per thread (``lax.axis_index(thread_name)``), the
   threads sharing the scratch. ``out_shape``/``scratch_shapes`` are accepted for ``out_type``/

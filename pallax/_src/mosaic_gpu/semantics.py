@@ -33,9 +33,26 @@ from pallax._src.mosaic_gpu import primitives as mp
 class ThreadState:
   observed: dict = dataclasses.field(default_factory=dict)   # (barrier buf, i) -> phases seen
   dirty: dict = dataclasses.field(default_factory=dict)      # smem buf -> (mask, line)
-  stores: list = dataclasses.field(default_factory=list)     # groups of (buf, mask, line)
+  stores: list = dataclasses.field(default_factory=list)     # groups of Stores, oldest first
   uncommitted: list = dataclasses.field(default_factory=list)
+  unwritten: list = dataclasses.field(default_factory=list)  # Stores done reading SMEM only
   wgmmas: list = dataclasses.field(default_factory=list)     # (acc buf, [(buf, mask)], line)
+
+
+@dataclasses.dataclass
+class Store:
+  """A copy_smem_to_gmem in flight: it reads ``src`` and writes ``dst`` (masks of elements)."""
+  src: Buffer
+  src_mask: np.ndarray
+  dst: Buffer
+  dst_mask: np.ndarray
+  line: str | None
+
+  def reads(self, buf, mask) -> bool:
+    return self.src is buf and bool((self.src_mask & mask).any())
+
+  def writes(self, buf, mask) -> bool:
+    return self.dst is buf and bool((self.dst_mask & mask).any())
 
 
 def _ts(th) -> ThreadState:
@@ -88,6 +105,9 @@ def _barrier_index(th, view: View, what: str) -> int:
   if view.buf.space != "barrier":
     fail(th, f"{what} takes a barrier (plgpu.Barrier), but {view.buf.name} is a buffer")
   idx = flat_indices(view)
+  if idx.size == 0 or (idx.size == 1 and np.prod(view.shape) == 0):
+    fail(th, f"{what}: out-of-bounds barrier index, past the end of {view.buf.name} "
+             f"({view.buf.data.size} barriers)", IndexError)
   if idx.size != 1:
     fail(th, f"{what} takes one barrier; index the barrier array ({view.buf.name}[i])")
   return int(idx[0])
@@ -108,7 +128,7 @@ def arrive(th, view: View, what: str) -> int:
     flat_arr[i] = 0
     flat_done[i] += 1
     for waiter in st["waiters"][i]:
-      seen = _ts(waiter).observed.get((id(view.buf), i), 0)
+      seen = _ts(waiter).observed.get((view.buf, i), 0)
       if flat_done[i] - seen >= 2:
         fail(th, f"{what} completes barrier {_where(view.buf, i)} (num_arrivals={n}) a second time "
                  f"before {waiter.describe()} waited for its previous completion: on the GPU that "
@@ -131,7 +151,7 @@ def _barrier_wait(th, eqn, invals):
   (bar,), _ = mp.split_refs(invals, eqn.params["trees"])
   view = bar[0].at(bar[1])
   i = _barrier_index(th, view, "barrier_wait")
-  key, done = (id(view.buf), i), view.buf.state["completions"].reshape(-1)
+  key, done = (view.buf, i), view.buf.state["completions"].reshape(-1)
   view.buf.state["waiters"][i].add(th)
   seen = _ts(th).observed.get(key, 0)
   if done[i] - seen >= 2:
@@ -168,10 +188,10 @@ def _check_committed(th, view: View, mask, what: str):
 def _check_not_in_use(th, view: View, mask, what: str):
   for other in _threads(th):
     ts = _ts(other)
-    for buf, m, line in [e for g in ts.stores for e in g] + ts.uncommitted:
-      if buf is view.buf and (m & mask).any():
-        fail(th, f"{what} overwrites {buf.name} while a copy_smem_to_gmem issued by "
-                 f"{other.describe()} at {_at(line)} may still read it; call "
+    for st in [e for g in ts.stores for e in g] + ts.uncommitted:
+      if st.reads(view.buf, mask):
+        fail(th, f"{what} overwrites {view.buf.name} while a copy_smem_to_gmem issued by "
+                 f"{other.describe()} at {_at(st.line)} may still read it; call "
                  "plgpu.wait_smem_to_gmem(...) first")
     for _, operands, line in ts.wgmmas:
       if any(buf is view.buf and (m & mask).any() for buf, m in operands):
@@ -197,6 +217,19 @@ def _on_read(th, view: View, how):
     ts.wgmmas.clear()   # reading an accumulator waits for its wgmmas
   if view.buf.space == "smem":
     _check_loaded(th, view, _mask(view), "a load")
+  elif view.buf.space == "gmem":
+    _check_written(th, view, _mask(view))
+
+
+def _check_written(th, view: View, mask):
+  """GMEM that a TMA store writes is readable once the store completed (a full wait)."""
+  for other in _threads(th):
+    ts = _ts(other)
+    for st in [e for g in ts.stores for e in g] + ts.uncommitted + ts.unwritten:
+      if st.writes(view.buf, mask):
+        fail(th, f"a load reads {view.buf.name} while the copy_smem_to_gmem into it issued by "
+                 f"{other.describe()} at {_at(st.line)} may still be writing; call "
+                 "plgpu.wait_smem_to_gmem(0) (without wait_read_only) first")
 
 
 def _on_write(th, view: View, how):
@@ -271,10 +304,15 @@ def _copy_gmem_to_smem(th, eqn, invals):
   _check_box(th, dst, src, what)
   mask = _mask(dst)
   _check_not_in_use(th, dst, mask, what)
+  for m, key, phase, line in dst.buf.state["loads"]:
+    if (m & mask).any() and all(_ts(t).observed.get(key, 0) <= phase for t in _threads(th)):
+      fail(th, f"{what} into {dst.buf.name} while the copy_gmem_to_smem into it issued at "
+               f"{_at(line)} may not have landed (no thread waited on its barrier): on the GPU "
+               "either could land last")
   eager.write(dst, eager.read(src, fill=0))
   bar_view = bar[0].at(bar[1])
   phase = arrive(th, bar_view, what)
-  key = (id(bar_view.buf), _barrier_index(th, bar_view, what))
+  key = (bar_view.buf, _barrier_index(th, bar_view, what))
   loads = [e for e in dst.buf.state["loads"] if (e[0] & ~mask).any()]
   dst.buf.state["loads"] = loads + [(mask, key, phase, th.line)]
   return []
@@ -299,7 +337,7 @@ def _copy_smem_to_gmem(th, eqn, invals):
     data = _reduce(th, eqn.params["reduction_op"], eager.read(dst, fill=0), data)
   eager.write(dst, data, drop_out_of_bounds=True)
   ts = _ts(th)
-  ts.uncommitted.append((src.buf, mask, th.line))
+  ts.uncommitted.append(Store(src.buf, mask, dst.buf, _mask(dst), th.line))
   if eqn.params["commit_group"]:
     ts.stores.append(ts.uncommitted)
     ts.uncommitted = []
@@ -326,7 +364,11 @@ def _commit_group(th, eqn, invals):
 @rule(mp.wait_smem_to_gmem_p)
 def _wait_smem_to_gmem(th, eqn, invals):
   ts, n = _ts(th), eqn.params["n"]
-  ts.stores = ts.stores[len(ts.stores) - n:] if n else []
+  done, ts.stores = (ts.stores[:len(ts.stores) - n], ts.stores[len(ts.stores) - n:]) if n else (ts.stores, [])
+  if eqn.params["wait_read_only"]:
+    ts.unwritten += [st for g in done for st in g]   # their GMEM writes may still be going on
+  else:
+    ts.unwritten = []
   yield from ()
   return []
 
@@ -351,6 +393,10 @@ def _wgmma(th, eqn, invals):
     _check_committed(th, v, m, "wgmma")
     _check_loaded(th, v, m, "wgmma")
   a_val = eager.read(operands[1]) if a is not None else np.asarray(rest[0])
+  (m, _), (_, n) = a_val.shape, b.shape
+  if m % 64 or n % 8 or n > 256:
+    fail(th, f"wgmma of an ({m}, {n}) result: Hopper's wgmma needs M a multiple of 64 and N a "
+             "multiple of 8 up to 256; split the product")
   prod = lax.dot_general(jnp.asarray(a_val), jnp.asarray(eager.read(b)), (((1,), (0,)), ((), ())),
                          preferred_element_type=jnp.float32)
   total = np.asarray(eager.read(acc), np.float32) + np.asarray(prod)

@@ -1,6 +1,9 @@
 """Spec 003 names pallax does not run yet: each says what it is, why, and what works instead."""
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 
 def _unsupported(name: str, why: str, instead: str):
   def fn(*args, **kwargs):
@@ -62,3 +65,11 @@ atomic_or = _unsupported("atomic_or", "Mosaic GPU atomics", "use pallax.triton.a
 atomic_xor = _unsupported("atomic_xor", "Mosaic GPU atomics", "use pallax.triton.atomic_xor in a pallas_call")
 as_torch_kernel = _unsupported("as_torch_kernel", "PyTorch entry points",
                                "call the kernel from JAX (the PyTorch issue adds this)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SemaphoreSignal:
+  """One signal of ``semaphore_signal_parallel`` (signals to other devices: not supported yet)."""
+  ref: Any
+  device_id: Any = None
+  inc: Any = 1

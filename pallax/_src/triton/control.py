@@ -77,7 +77,7 @@ def _scan_arrays(gen, invals, body, length, reverse, nc, ncarry, avals_out):
 
 def _is_dynamic_fori(cond, body, cn: int, bn: int, ncarry: int) -> bool:
   """lax.fori_loop with dynamic bounds: carry (i, upper, ...), cond i < upper, i += 1."""
-  return (ncarry >= 2 and _fori_index(body, bn) and len(cond.eqns) == 1 and
+  return (ncarry >= 2 and jaxpr_util.fori_index(body, bn) and len(cond.eqns) == 1 and
           cond.eqns[0].primitive is lax.lt_p and cond.eqns[0].invars[0] is cond.invars[cn] and
           cond.eqns[0].invars[1] is cond.invars[cn + 1] and body.outvars[1] is body.invars[bn + 1])
 
