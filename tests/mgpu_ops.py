@@ -9,6 +9,8 @@ import types
 IMPORTS = {
     "import jax.experimental.pallas as pl": "import pallax as pl",
     "import jax.experimental.pallas.mosaic_gpu as plgpu": "import pallax.mosaic_gpu as plgpu",
+    "from jax.experimental import pallas as pl": "import pallax as pl",
+    "from jax.experimental.pallas import mosaic_gpu as plgpu": "import pallax.mosaic_gpu as plgpu",
     "from jax._src.lib import cuda_versions  # noqa: F401": "cuda_versions = _CUDA_VERSIONS",
     "from jax._src import test_util as jtu  # noqa: F401": "jtu = None  # unused; it needs absl",
 }

@@ -95,6 +95,15 @@ class Writer(src.Source):
 
   def descriptor(self, ref: GmemRef, box: tuple, smem_layout: str) -> str:
     key = (ref.ptr, box)
+    itemsize = ref.dtype.itemsize
+    for k in range(len(ref.shape) - 1):
+      if int(np.prod(ref.shape[k + 1:])) * itemsize % 16:
+        raise NotImplementedError(
+            f"TMA needs GMEM strides that are multiples of 16 bytes, but {ref.origin} of shape "
+            f"{ref.shape} has a stride of {int(np.prod(ref.shape[k + 1:])) * itemsize} bytes")
+    if box[-1] * itemsize < 16 or max(box) > 256:
+      raise NotImplementedError(f"the TMA box {box} of {ref.origin}: at most 256 elements a "
+                                "dimension and rows of at least 16 bytes")
     if key not in self.descriptors:
       name = self.fresh(f"{ref.ptr}_desc")
       strides = [int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape))]

@@ -24,11 +24,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from pallax._src import core as pc
@@ -111,7 +112,8 @@ def _varies_with_grid(spec, rank: int) -> bool:
 # --- steps and grids -------------------------------------------------------------------------
 
 def _check_grid(grid) -> tuple:
-  grid = tuple(grid)
+  """The grid, its static sizes as Python ints (dynamic sizes are int32 scalars)."""
+  grid = tuple(int(g) if isinstance(g, (int, np.integer)) else g for g in grid)
   if any(isinstance(g, int) and g <= 0 for g in grid):
     raise ValueError(f"All elements in the grid must be strictly positive, but got grid={grid}")
   return grid
@@ -134,6 +136,43 @@ def _grid_index(step, grid) -> tuple:
     index.append(step % size)
     step = step // size
   return tuple(reversed(index))
+
+
+def _is_ref(x) -> bool:
+  if isinstance(x, ji.TransformedRef):
+    return True
+  try:
+    return ji.is_ref_aval(jax.typeof(x))
+  except TypeError:
+    return False
+
+
+def _loop(lower, upper, step_fn, carry):
+  """``lax.fori_loop`` over steps whose carry may hold Refs (an accumulator, say): loops cannot
+  carry Refs, so those stay the same Refs and only the values go around the loop."""
+  leaves, tree = jax.tree.flatten(carry)
+  refs = [_is_ref(x) for x in leaves]
+
+  def merge(values):
+    it = iter(values)
+    return jax.tree.unflatten(tree, [x if r else next(it) for x, r in zip(leaves, refs)])
+
+  def body(step, values):
+    out = step_fn(jnp.asarray(step, jnp.int32), merge(values))
+    out_leaves, out_tree = jax.tree.flatten(out)
+    if out_tree != tree:
+      raise ValueError(f"the pipeline body must return a carry of the structure of the initial "
+                       f"carry, {tree}, but returned {out_tree}")
+    return [y for y, r in zip(out_leaves, refs) if not r]
+
+  return merge(lax.fori_loop(lower, upper, body, [x for x, r in zip(leaves, refs) if not r]))
+
+
+def _slots(max_concurrent_steps: int, num_steps) -> int:
+  """SMEM slots per input: no more than the steps of a static grid (extra ones go unused)."""
+  if isinstance(num_steps, int):
+    return min(max_concurrent_steps, num_steps)
+  return max_concurrent_steps
 
 
 def _min(a, b):
@@ -184,9 +223,10 @@ class _Operand:
     """What the body gets: the slot's SMEM block, or the GMEM operand itself."""
     return self.smem.at[slot] if self.staged else self.gmem
 
-  def fetch(self, slot, index, barrier):
+  def fetch(self, slot, index, barriers):
+    """Copies the block at ``index`` into ``slot``: one arrival on ``barriers[slot]``."""
     if self.staged:
-      mp.copy_gmem_to_smem(self.block(index), self.smem.at[slot], barrier,
+      mp.copy_gmem_to_smem(self.block(index), self.smem.at[slot], barriers.at[slot],
                            oob_mode=self.spec.oob_fill_mode)
 
   def store(self, slot, index, predicate=None):
@@ -244,8 +284,7 @@ def emit_pipeline(body: Callable[..., Any], *, grid, in_specs=(), out_specs=(),
     raise ValueError("max_concurrent_steps must be greater than all delay_release values, but "
                      f"max_concurrent_steps={max_concurrent_steps} and delay_release={delays}")
   num_steps = _num_steps(grid)
-  # No more slots than steps: the extra ones would never be used.
-  slots = _min(max_concurrent_steps, num_steps) if isinstance(num_steps, int) else max_concurrent_steps
+  slots = _slots(max_concurrent_steps, num_steps)
 
   def pipeline(*gmem_refs):
     if len(gmem_refs) != len(in_specs) + len(out_specs):
@@ -276,7 +315,7 @@ def _run_pipeline(body, grid, num_steps, slots, delays, ins, outs, barrier, init
     slot, index = step % slots, _grid_index(step, grid)
     for op in ins:
       if delay is None or op.spec.delay_release == delay:
-        op.fetch(slot, index, barrier.at[slot])
+        op.fetch(slot, index, barrier)
 
   # Prologue: the first `slots` steps' inputs, before anything is released.
   lax.fori_loop(0, _min(slots, num_steps), lambda step, _: fetch(step), None)
@@ -289,7 +328,10 @@ def _run_pipeline(body, grid, num_steps, slots, delays, ins, outs, barrier, init
       # The store of this slot's previous use (slots steps ago) must have read it.
       mp.wait_smem_to_gmem(slots - 1, wait_read_only=True)
     refs = [op.ref_for(slot) for op in ins + outs]
-    carry = body(index, *refs, carry) if has_carry else (body(index, *refs), None)[1]
+    if has_carry:
+      carry = body(index, *refs, carry)
+    else:
+      body(index, *refs)
     if stores_in_loop:
       mp.commit_smem()
       _store_outputs(outs, slot, step, grid, True, num_steps)
@@ -302,8 +344,7 @@ def _run_pipeline(body, grid, num_steps, slots, delays, ins, outs, barrier, init
         fetch(later, delay)
     return carry
 
-  carry = lax.fori_loop(0, num_steps, lambda s, c: step_fn(jnp.asarray(s, jnp.int32), c),
-                        init_carry)
+  carry = _loop(0, num_steps, step_fn, init_carry)
   _store_fixed_outputs(outs, (num_steps - 1) % slots, grid, num_steps)
   if any(op.staged for op in outs):
     mp.wait_smem_to_gmem(0)
@@ -388,7 +429,7 @@ def emit_pipeline_warp_specialized(body: Callable[..., Any], *, grid, memory_reg
     raise NotImplementedError("Only inputs with a dependency on the grid are supported.")
   out_varies = [_varies_with_grid(s, len(grid)) for s in flat_out]
   num_steps = _num_steps(grid)
-  slots = _min(max_concurrent_steps, num_steps) if isinstance(num_steps, int) else max_concurrent_steps
+  slots = _slots(max_concurrent_steps, num_steps)
 
   def flat_gmem(gmem_refs):
     ins, outs = gmem_refs[:len(in_specs)], gmem_refs[len(in_specs):]
@@ -457,7 +498,7 @@ class _WarpSpecialized:
       # Every compute thread would store the same blocks, unsynchronized with the others.
       raise NotImplementedError("SMEM outputs are not supported with multiple compute warpgroups")
     if compute_context is None:
-      lax.fori_loop(0, self.num_steps, lambda s, c: self.step(s, c, False), None)
+      _loop(0, self.num_steps, lambda s, c: self.step(s, c, False), None)
     else:
       calls = []
 
@@ -465,7 +506,7 @@ class _WarpSpecialized:
         if calls:
           raise ValueError("Cannot call pipeline more than once in `compute_context`")
         calls.append(True)
-        return lax.fori_loop(0, self.num_steps, lambda s, c: self.step(s, c, True), init_carry)
+        return _loop(0, self.num_steps, lambda s, c: self.step(s, c, True), init_carry)
 
       compute_context(run)
       if not calls:
@@ -490,7 +531,10 @@ class _WarpSpecialized:
       args += jax.tree.unflatten(self.in_tree, [b.at[slot] for b in self.produced])
     if self.manual_consumed:
       args += jax.tree.unflatten(self.in_tree, [b.at[released] for b in self.consumed])
-    carry = self.body(index, *args, carry) if has_carry else (self.body(index, *args), None)[1]
+    if has_carry:
+      carry = self.body(index, *args, carry)
+    else:
+      self.body(index, *args)
     if not self.manual_consumed:
       # The first `delay` steps release nothing: their slots are released `delay` steps later.
       prims.when(step >= self.delay)(lambda: mp.barrier_arrive(self.consumed[0].at[released]))
@@ -501,19 +545,20 @@ class _WarpSpecialized:
 
   def memory(self, memory_registers):
     mp.set_max_registers(memory_registers, action="decrease")
-    producers = self.produced if self.manual_produced else self.produced * len(self.ins)
-    consumers = self.consumed if self.manual_consumed else self.consumed[:1] * len(self.ins)
+    n = len(self.ins)
+    producers = self.produced if self.manual_produced else self.produced * n
+    # Before each input's copy into a slot, the barrier saying the slot was released (the
+    # automatic one covers all inputs at once).
+    releases = self.consumed if self.manual_consumed else self.consumed + [None] * (n - 1)
     prologue = _min(self.slots, self.num_steps)
 
     def fetch(step, wait_released):
       step = jnp.asarray(step, jnp.int32)
       slot, index = step % self.slots, _grid_index(step, self.grid)
-      if wait_released and not self.manual_consumed:
-        mp.barrier_wait(self.consumed[0].at[slot])
-      for op, produced, consumed in zip(self.ins, producers, consumers):
-        if wait_released and self.manual_consumed:
-          mp.barrier_wait(consumed.at[slot])
-        op.fetch(slot, index, produced.at[slot])
+      for op, produced, released in zip(self.ins, producers, releases):
+        if wait_released and released is not None:
+          mp.barrier_wait(released.at[slot])
+        op.fetch(slot, index, produced)
 
     # The first `slots` steps fill free slots; every later step waits until its slot, used
     # `slots` steps before, is released by all compute threads.
@@ -523,6 +568,6 @@ class _WarpSpecialized:
     # Wait for the releases nobody waited for yet (all but the last `delay` steps'), so that the
     # consumed barriers end in the phase the next use of these allocations expects.
     def drain(step, _):
-      for b in (self.consumed if self.manual_consumed else self.consumed[:1]):
+      for b in self.consumed:
         mp.barrier_wait(b.at[step % self.slots])
     lax.fori_loop(self.num_steps - prologue, self.num_steps - self.delay, drain, None)
