@@ -140,3 +140,29 @@ def test_matmul_on_the_gpu_matches_the_interpreter(dtype, tol, m, k, n):
   # relative to the output's scale.
   scale = float(np.sqrt(np.mean(want.astype(np.float64) ** 2)))
   np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+@pytest.mark.parametrize("max_concurrent_steps", [2, 3])
+def test_emit_pipeline_matmul_on_the_gpu_matches_the_interpreter(dtype, max_concurrent_steps, monkeypatch):
+  from pallax._src import backends
+  from test_mosaic_gpu_pipeline import quickstart_matmul
+  ka, kb = jax.random.split(jax.random.key(max_concurrent_steps))
+  a = jax.random.normal(ka, (128, 320), dtype)
+  b = jax.random.normal(kb, (320, 192), dtype)
+  run = lambda x, y: quickstart_matmul(x, y, max_concurrent_steps=max_concurrent_steps)
+  got = np.asarray(jax.jit(run)(a, b))
+  monkeypatch.setattr(backends, "choose", lambda params, platform: None)   # the interpreter
+  want = np.asarray(run(a, b))
+  scale = float(np.sqrt(np.mean(want.astype(np.float64) ** 2)))
+  np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3 * scale)
+
+
+def test_emit_pipeline_matmul_lowers_to_sm90a_ptx():
+  from test_mosaic_gpu_pipeline import quickstart_matmul
+  a = jax.ShapeDtypeStruct((128, 320), jnp.bfloat16)
+  b = jax.ShapeDtypeStruct((320, 128), jnp.bfloat16)
+  (k,) = plgpu.lower(quickstart_matmul, a, b)
+  assert "wgmma.mma_async" in k.ptx and all(s in k.ptx for s in PTX_MUST_HAVE)
