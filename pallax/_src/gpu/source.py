@@ -150,6 +150,8 @@ class Source:
     self._live = {a for e in jaxpr.eqns for a in e.invars if isinstance(a, ji.Var)}
     self._live |= {a for a in jaxpr.outvars if isinstance(a, ji.Var)}
     for eqn in jaxpr.eqns:
+      if self.skips(eqn):
+        continue
       self.comment_source(eqn)
       outs = self._lower_eqn(eqn, [read(a) for a in eqn.invars])
       env.update(zip(eqn.outvars, outs))
@@ -191,6 +193,10 @@ class Source:
 
   def is_used(self, var) -> bool:
     return var in self._live
+
+  def skips(self, eqn) -> bool:
+    """Whether to leave ``eqn`` out (a backend may drop equations whose results go unused)."""
+    return False
 
   # --- constants ------------------------------------------------------------------------------
   def literal(self, value, dtype) -> ex.Lit:

@@ -113,6 +113,10 @@ class Writer(src.Source):
           f"{list(box)}, {smem_layout})")
     return self.descriptors[key]
 
+  def skips(self, eqn) -> bool:
+    # Index arithmetic the kernel computes but never uses (a loop's next index, say).
+    return not eqn.effects and not any(self.is_used(v) for v in eqn.outvars)
+
   def unsupported(self, what: str):
     raise NotImplementedError(f"{what}: not supported by the Gluon backend yet")
 

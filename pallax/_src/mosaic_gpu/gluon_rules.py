@@ -197,6 +197,10 @@ def _cond(ctx, index, *ops, branches, **_):
     before = len(gen.lines)
     gen.assign(results, gen.lower_jaxpr(branches[k], list(ops)))
     if len(gen.lines) == before:
+      if k == 0:   # an empty else (pl.when): leave it out
+        del gen.lines[-1]
+        gen.depth -= 1
+        break
       gen.emit("pass")
     gen.depth -= 1
   return results

@@ -127,14 +127,24 @@ def _num_steps(grid):
                           jnp.int32(1))
 
 
+def _nonneg_mod(a, n):
+  """``a % n`` for ``a >= 0``: lax's truncating rem (no sign fix-up), ``n`` a literal if static."""
+  if isinstance(a, int) and isinstance(n, int):
+    return a % n
+  return lax.rem(jnp.asarray(a, jnp.int32), np.int32(n) if isinstance(n, int) else jnp.asarray(n, jnp.int32))
+
+
+def _nonneg_div(a, n):
+  return lax.div(jnp.asarray(a, jnp.int32), np.int32(n) if isinstance(n, int) else jnp.asarray(n, jnp.int32))
+
+
 def _grid_index(step, grid) -> tuple:
   """The grid indices of pipeline step ``step`` (row-major: the last axis moves fastest)."""
   step = jnp.asarray(step, jnp.int32)
   index = []
   for size in reversed(grid):
-    size = jnp.asarray(size, jnp.int32)
-    index.append(step % size)
-    step = step // size
+    index.append(_nonneg_mod(step, size))
+    step = _nonneg_div(step, size)
   return tuple(reversed(index))
 
 
@@ -312,7 +322,7 @@ def _run_pipeline(body, grid, num_steps, slots, delays, ins, outs, barrier, init
 
   def fetch(step, delay=None):
     """Issues the copies of ``step``'s input blocks (those released with ``delay``, or all)."""
-    slot, index = step % slots, _grid_index(step, grid)
+    slot, index = _nonneg_mod(step, slots), _grid_index(step, grid)
     for op in ins:
       if delay is None or op.spec.delay_release == delay:
         op.fetch(slot, index, barrier)
@@ -321,7 +331,7 @@ def _run_pipeline(body, grid, num_steps, slots, delays, ins, outs, barrier, init
   lax.fori_loop(0, _min(slots, num_steps), lambda step, _: fetch(step), None)
 
   def step_fn(step, carry):
-    slot, index = step % slots, _grid_index(step, grid)
+    slot, index = _nonneg_mod(step, slots), _grid_index(step, grid)
     if barrier is not None:
       mp.barrier_wait(barrier.at[slot])          # this step's inputs have landed
     if stores_in_loop:
@@ -345,7 +355,7 @@ def _run_pipeline(body, grid, num_steps, slots, delays, ins, outs, barrier, init
     return carry
 
   carry = _loop(0, num_steps, step_fn, init_carry)
-  _store_fixed_outputs(outs, (num_steps - 1) % slots, grid, num_steps)
+  _store_fixed_outputs(outs, _nonneg_mod(num_steps - 1, slots), grid, num_steps)
   if any(op.staged for op in outs):
     mp.wait_smem_to_gmem(0)
   return carry if has_carry else None
@@ -517,7 +527,7 @@ class _WarpSpecialized:
 
   def step(self, step, carry, has_carry):
     step = jnp.asarray(step, jnp.int32)
-    slot, index = step % self.slots, _grid_index(step, self.grid)
+    slot, index = _nonneg_mod(step, self.slots), _grid_index(step, self.grid)
     released = (step - self.delay) % self.slots    # the slot this step releases
     stores_in_loop = any(op.staged and op.varies for op in self.outs)
     if not self.manual_produced:
@@ -554,7 +564,7 @@ class _WarpSpecialized:
 
     def fetch(step, wait_released):
       step = jnp.asarray(step, jnp.int32)
-      slot, index = step % self.slots, _grid_index(step, self.grid)
+      slot, index = _nonneg_mod(step, self.slots), _grid_index(step, self.grid)
       for op, produced, released in zip(self.ins, producers, releases):
         if wait_released and released is not None:
           mp.barrier_wait(released.at[slot])
@@ -569,5 +579,5 @@ class _WarpSpecialized:
     # consumed barriers end in the phase the next use of these allocations expects.
     def drain(step, _):
       for b in self.consumed:
-        mp.barrier_wait(b.at[step % self.slots])
+        mp.barrier_wait(b.at[_nonneg_mod(step, self.slots)])
     lax.fori_loop(self.num_steps - prologue, self.num_steps - self.delay, drain, None)
