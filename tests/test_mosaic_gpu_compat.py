@@ -78,3 +78,16 @@ def test_core_map_over_a_mosaic_gpu_mesh_with_threads():
       out[b] = jnp.full((128,), b * 10 + lax.axis_size("t"), jnp.float32)
 
   np.testing.assert_array_equal(np.asarray(out[...])[:, 0], [2, 12, 22])
+
+
+@pytest.mark.interpreter
+def test_lax_axis_index_in_pl_kernel_over_a_named_mesh():
+  from jax import lax
+
+  @pl.kernel(out_type=jax.ShapeDtypeStruct((4, 8), jnp.float32), mesh=pl.Mesh((4,), ("x",)))
+  def k(o_ref):
+    i = lax.axis_index("x")
+    o_ref[i] = jnp.full((8,), i * 10 + lax.axis_size("x"), jnp.float32)
+
+  np.testing.assert_array_equal(np.asarray(k())[:, 0], [4, 14, 24, 34])
+  np.testing.assert_array_equal(np.asarray(jax.jit(k)())[:, 0], [4, 14, 24, 34])

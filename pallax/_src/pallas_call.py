@@ -386,10 +386,10 @@ ji.ad.primitive_jvps[pallas_call_p] = _jvp
 def _lowering(ctx, *args, params: Params, platform: str):
   backend = backends.choose(params, platform)
   from pallax._src.interpret import eager
-  if eager.applies(params):
-    if backend is None:
-      return ji.mlir.lower_fun(functools.partial(eager.run_traced, params=params),
-                               multiple_results=True)(ctx, *args)
+  if backend is None and eager.applies(params):
+    return ji.mlir.lower_fun(functools.partial(eager.run_traced, params=params),
+                             multiple_results=True)(ctx, *args)
+  if backend is not None and eager.is_mosaic_gpu(params):
     return _mosaic_backend(params, platform).lowering(ctx, *args, params=params)
   if backend is not None:
     return backend.lowering(ctx, *args, params=params)

@@ -506,12 +506,18 @@ def _block_view(bm, buf: Buffer, ids, kernel: str) -> View:
   return View(buf, (ji.NDIndexer(tuple(parts), buf.data.shape, (), validate=False),))
 
 
-def applies(params) -> bool:
-  """Whether ``params``' kernel needs this interpreter (threads, or a rule only it has)."""
-  info = getattr(params, "threads", None)
-  if info is not None:
+def is_mosaic_gpu(params) -> bool:
+  """Whether ``params``' kernel is a Mosaic GPU kernel (threads, or a primitive only they have)."""
+  if getattr(params, "threads", None) is not None:
     return True
   return jaxpr_util.uses(params.jaxpr, EAGER_ONLY)
+
+
+def applies(params) -> bool:
+  """Whether the interpreter runs ``params``' kernel here: Mosaic GPU kernels, and kernels that
+  ask for their position by name (``lax.axis_index``), which the vectorized interpreter cannot
+  give."""
+  return is_mosaic_gpu(params) or jaxpr_util.uses(params.jaxpr, {ji.axis_index_p})
 
 
 EAGER_ONLY: set = set()    # primitives that only this interpreter runs (registered with rules)

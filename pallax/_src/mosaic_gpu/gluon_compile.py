@@ -104,4 +104,4 @@ def lower(fun, *args, **kwargs) -> list[Compiled]:
   from pallax._src.interpret import eager
   closed = jax.make_jaxpr(functools.partial(fun, **kwargs))(*args)
   return [compile_params(e.params["params"]) for e in jaxpr_util.equations(closed.jaxpr)
-          if e.primitive is pcall.pallas_call_p and eager.applies(e.params["params"])]
+          if e.primitive is pcall.pallas_call_p and eager.is_mosaic_gpu(e.params["params"])]
