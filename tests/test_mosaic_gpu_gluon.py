@@ -166,3 +166,82 @@ def test_emit_pipeline_matmul_lowers_to_sm90a_ptx():
   b = jax.ShapeDtypeStruct((320, 128), jnp.bfloat16)
   (k,) = plgpu.lower(quickstart_matmul, a, b)
   assert "wgmma.mma_async" in k.ptx and all(s in k.ptx for s in PTX_MUST_HAVE)
+
+
+# --- register accesses of GMEM, register operands, accumulators in run_state, reductions --------
+
+def _fill_and_scale(x_ref, o_ref, f_ref):
+  i = lax.axis_index("m")
+  rows = pl.ds(i * 8, 8)
+  o_ref[rows, :] = x_ref[rows, :] * 2 + i.astype(x_ref.dtype)
+  f_ref[i] = jnp.full((f_ref.shape[1],), 42, f_ref.dtype)
+
+
+def fill_and_scale(x, interpret=False):
+  m, n = x.shape
+  return plgpu.kernel(
+      _fill_and_scale, out_type=(jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                 jax.ShapeDtypeStruct((m // 8, 128), jnp.int32)),
+      grid=(m // 8,), grid_names=("m",), interpret=interpret)(x)
+
+
+def _softmax_of_product(a_ref, b_ref, o_ref, a_smem, b_smem, o_smem, bar):
+  """Attention's inner step: a register ``a`` wgmma into ``ACC.init``, row max, exp2, row sum."""
+  plgpu.copy_gmem_to_smem(a_ref, a_smem, bar)
+  plgpu.copy_gmem_to_smem(b_ref, b_smem, bar)
+  plgpu.barrier_wait(bar)
+  a = a_smem[...] * 2   # through registers: wgmma's register operand
+
+  def product(acc_ref):
+    plgpu.wgmma(acc_ref, a, b_smem)
+
+  s = pl.run_state(product)(plgpu.ACC.init(jnp.full(o_smem.shape, 0.5, jnp.float32)))
+  p = jnp.exp2(s - jnp.max(s, axis=1)[:, None])
+  o_smem[...] = (p / jnp.sum(p, axis=1)[:, None]).astype(o_smem.dtype)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(o_smem, o_ref)
+  plgpu.wait_smem_to_gmem(0)
+
+
+def softmax_of_product(a, b, interpret=False):
+  (m, k), (_, n) = a.shape, b.shape
+  return plgpu.kernel(
+      _softmax_of_product, out_type=jax.ShapeDtypeStruct((m, n), a.dtype),
+      scratch_types=[plgpu.SMEM((m, k), a.dtype), plgpu.SMEM((k, n), a.dtype),
+                     plgpu.SMEM((m, n), a.dtype), plgpu.Barrier(num_arrivals=2)],
+      interpret=interpret)(a, b)
+
+
+def test_register_operands_and_reductions_lower_to_sm90a_ptx():
+  x = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+  (k,) = plgpu.lower(fill_and_scale, x)
+  assert "gl.load(" in k.source and "gl.store(" in k.source
+  a = jax.ShapeDtypeStruct((64, 64), jnp.float16)
+  b = jax.ShapeDtypeStruct((64, 128), jnp.float16)
+  (k,) = plgpu.lower(softmax_of_product, a, b)
+  assert "DotOperandLayout" in k.source and "gl.max(" in k.source
+  assert "wgmma.mma_async" in k.ptx and all(s in k.ptx for s in PTX_MUST_HAVE)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32])
+def test_register_accesses_of_gmem_on_the_gpu(dtype):
+  x = (jax.random.normal(jax.random.key(5), (64, 64)) * 100).astype(dtype)
+  got = jax.jit(fill_and_scale)(x)
+  want = fill_and_scale(x, interpret=True)
+  for g, w in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_register_operand_wgmma_and_reductions_on_the_gpu(dtype):
+  ka, kb = jax.random.split(jax.random.key(6))
+  a = jax.random.normal(ka, (64, 64), dtype)
+  b = jax.random.normal(kb, (64, 128), dtype)
+  got = np.asarray(jax.jit(softmax_of_product)(a, b), np.float32)
+  want = np.asarray(softmax_of_product(a, b, interpret=True), np.float32)
+  tol = 1e-2 if dtype == jnp.bfloat16 else 2e-3
+  np.testing.assert_allclose(got, want, rtol=tol, atol=tol * float(np.max(want)))

@@ -58,6 +58,12 @@ class AccRef:
 
 
 @dataclasses.dataclass
+class ValueRef:
+  """A value that ``pl.run_state`` turned into a Ref the body only reads (a closed-over array)."""
+  value: ex.Expr
+
+
+@dataclasses.dataclass
 class GluonSource:
   name: str
   source: str
@@ -77,6 +83,8 @@ class Writer(src.Source):
     self.descriptors: dict = {}              # (ptr, box) -> descriptor name
     self.descriptor_lines: list[str] = []
     self.axes: dict = {}                     # axis name -> index expression
+    self.slices: dict = {}                   # slice layout name -> (dim, parent layout name)
+    self.mma_bits = 16                       # the operand width of the kernel's wgmmas
 
   def layout(self, text: str) -> str:
     """A name for a layout (``L0: gl.constexpr = ...`` in the prologue)."""

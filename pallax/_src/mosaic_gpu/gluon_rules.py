@@ -14,7 +14,7 @@ from pallax._src.gpu.expr import Lit, binary, call, method
 from pallax._src.mosaic_gpu import core as mc
 from pallax._src.mosaic_gpu import gluon_layouts as L
 from pallax._src.mosaic_gpu import primitives as mp
-from pallax._src.mosaic_gpu.gluon_codegen import AccRef, BarrierRef, GmemRef, SmemRef, rule
+from pallax._src.mosaic_gpu.gluon_codegen import AccRef, BarrierRef, GmemRef, SmemRef, ValueRef, rule
 
 I32 = np.dtype(np.int32)
 
@@ -119,10 +119,54 @@ def _exp(ctx, x, **_):
   return ctx.gen.value(call("gl.exp", x, dtype=x.dtype, shape=x.shape), ctx.gen.layout_of(x))
 
 
+def _reduce_rule(fn):
+  def lower(ctx, x, *, axes, **_):
+    gen = ctx.gen
+    if len(axes) != 1 or gen.layout_of(x) is None:
+      gen.unsupported("reductions over several axes, or of values without a layout")
+    (axis,) = axes
+    layout = _slice_layout(gen, gen.layout_of(x), axis)
+    return gen.value(call(fn, x, _i32(axis), dtype=ctx.out.dtype, shape=ctx.out.shape), layout)
+  return lower
+
+
+rule(lax.reduce_max_p)(_reduce_rule("gl.max"))
+rule(lax.reduce_min_p)(_reduce_rule("gl.min"))
+rule(lax.reduce_sum_p)(_reduce_rule("gl.sum"))
+
+_UNARY = {lax.exp_p: "gl.exp", lax.exp2_p: "gl.exp2", lax.log_p: "gl.log", lax.sqrt_p: "gl.sqrt",
+          lax.rsqrt_p: "gl.rsqrt", lax.abs_p: "gl.abs"}
+
+
+def _unary_rule(fn):
+  return lambda ctx, x, **_: ctx.gen.value(call(fn, x, dtype=x.dtype, shape=x.shape), ctx.gen.layout_of(x))
+
+
+for _p, _fn in _UNARY.items():
+  rule(_p)(_unary_rule(_fn))
+
+
+def _broadcast_tile(ctx, x, shape, broadcast_dimensions):
+  """A reduced vector back to a tile: ``expand_dims`` undoes its slice layout."""
+  gen = ctx.gen
+  sliced = gen.slices.get(gen.layout_of(x))
+  new_dims = [d for d in range(len(shape)) if d not in broadcast_dimensions]
+  if sliced is None or len(new_dims) != 1 or new_dims[0] != sliced[0]:
+    gen.unsupported("broadcasting a register tile other than a reduction's result back")
+  dim, parent = sliced
+  e = call("gl.expand_dims", x, _i32(dim), dtype=x.dtype,
+           shape=tuple(1 if d == dim else n for d, n in enumerate(shape)))
+  full = call("gl.full", ex.Token(str(list(shape))), _i32(0), _dtype(x.dtype), layout=ex.Token(parent),
+              dtype=x.dtype, shape=tuple(shape))
+  pair = gen.fresh("pair")
+  gen.emit(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
+  return gen.value(ex.Subscript(ex.Name(pair), (_i32(0),), dtype=x.dtype, shape=tuple(shape)), parent)
+
+
 @rule(lax.broadcast_in_dim_p)
 def _broadcast(ctx, x, *, shape, broadcast_dimensions, **_):
   if x.shape:
-    ctx.gen.unsupported("broadcasting a register tile")
+    return _broadcast_tile(ctx, x, tuple(shape), tuple(broadcast_dimensions))
   L.check_shape(shape, ctx.gen.kernel_name)
   layout = ctx.gen.layout(L.blocked(shape, x.dtype))
   return ctx.gen.value(call("gl.full", ex.Token(str(list(shape))), x, _dtype(x.dtype),
@@ -250,6 +294,42 @@ def _allocate(gen, kind, aval):
   gen.unsupported(f"scratch of type {kind}")
 
 
+@rule(ji.run_state_p)
+def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
+  """``pl.run_state`` over values (``plgpu.ACC.init(x)``): each becomes an accumulator variable;
+  Refs the body closes over pass through."""
+  gen, given, refs = ctx.gen, iter(invals), []
+  for init, v in zip(is_initialized, jaxpr.invars):
+    x = next(given) if init else None
+    if x is not None and not isinstance(x, ex.Expr):
+      refs.append(x)
+      continue
+    shape = tuple(v.aval.inner_aval.shape)
+    if x is not None and x.dtype != np.float32:   # a value the body closes over: read only
+      refs.append(ValueRef(x))
+      continue
+    if x is None or len(shape) != 2:
+      gen.unsupported("pl.run_state over values other than (ACC.init of) 2-D float32 arrays")
+    layout = gen.layout(L.wgmma(shape[1], gen.mma_bits))
+    name = gen.fresh("acc")
+    gen.emit(f"{name} = {gen.render(_to_layout(gen, x, layout, shape, x.dtype))}")
+    refs.append(AccRef(name, shape, layout))
+  gen.lower_jaxpr(jaxpr, refs)
+  outs = []
+  for r, v in zip(refs, ctx.eqn.outvars):
+    if isinstance(r, ValueRef):
+      outs.append(r.value)
+    elif isinstance(r, AccRef):
+      _wait_all(gen, [r])
+      value = gen.fresh_name("acc_value", v.aval.dtype, r.shape)
+      gen.emit(f"{value.name} = {r.name}")
+      gen.layouts[value.name] = r.layout
+      outs.append(value)
+    else:
+      outs.append(r)
+  return outs
+
+
 # --- views -------------------------------------------------------------------------------------
 
 def _smem_view(gen, ref: SmemRef, transforms) -> SmemRef:
@@ -319,6 +399,65 @@ def _view(gen, ref, transforms):
 
 # --- memory ----------------------------------------------------------------------------------
 
+def _slice_layout(gen, layout: str, dim: int) -> str:
+  """The layout of a tensor with ``dim`` of a ``layout`` tensor taken away (a reduction's)."""
+  name = gen.layout(f"gl.SliceLayout({dim}, {layout})")
+  gen.slices[name] = (dim, layout)
+  return name
+
+
+def _gmem_pointers(gen, ref: GmemRef, transforms) -> tuple[ex.Name, tuple, str | None]:
+  """(the pointer tensor of a GMEM view, the view's shape, its layout): register accesses of
+  GMEM read or write whole views; the interpreter checks their bounds."""
+  rank = len(ref.shape)
+  strides = [int(np.prod(ref.shape[k + 1:])) for k in range(rank)]
+  offset: ex.Expr = _i32(0)
+  dims = list(range(rank))          # view dimension -> operand dimension
+  sizes = list(ref.shape)
+  for t in transforms:
+    if not isinstance(t, ji.NDIndexer):
+      gen.unsupported(f"the GMEM view {t}")
+    new_dims, new_sizes = [], []
+    for idx, d, size in zip(t.indices, dims, sizes):
+      if isinstance(idx, ji.Slice):
+        if idx.stride != 1:
+          gen.unsupported("strided register accesses of GMEM")
+        start = idx.start if isinstance(idx.start, ex.Expr) else _i32(idx.start)
+        new_dims.append(d)
+        new_sizes.append(idx.size)
+      elif not getattr(idx, "shape", ()):
+        start = idx
+      else:
+        gen.unsupported("gathers from GMEM")
+      offset = ex.add(offset, ex.mul(start, strides[d]))
+    dims, sizes = new_dims, new_sizes
+  shape = tuple(sizes)
+  ptr = gen.bind(ex.binary("+", ex.Name(ref.ptr, dtype=ref.dtype), offset), "ptr")
+  if not shape:
+    return ptr, shape, None
+  L.check_shape(shape, gen.kernel_name)
+  if len(shape) > 2:
+    gen.unsupported("register accesses of GMEM views of rank 3 or more")
+  layout = gen.layout(L.blocked(shape, ref.dtype))
+  for j, (d, n) in enumerate(zip(dims, shape)):
+    lane = layout if len(shape) == 1 else _slice_layout(gen, layout, 1 - j)
+    ar = call("gl.arange", _i32(0), _i32(n), layout=ex.Token(lane), dtype=I32, shape=(n,))
+    if len(shape) == 2:
+      ar = call("gl.expand_dims", ar, _i32(1 - j), dtype=I32, shape=(n, 1) if j == 0 else (1, n))
+    ptr = gen.bind(ex.binary("+", ptr, ex.mul(gen.bind(ar, "offs"), strides[d])), "ptrs")
+  return ptr, shape, layout
+
+
+def _to_layout(gen, v, layout, shape, dtype):
+  """``v`` as a tensor of ``shape`` in ``layout`` (a scalar is broadcast)."""
+  if not v.shape:
+    return gen.value(call("gl.full", ex.Token(str(list(shape))), v, _dtype(dtype),
+                          layout=ex.Token(layout), dtype=dtype, shape=shape), layout)
+  if gen.layout_of(v) not in (None, layout):
+    return gen.value(call("gl.convert_layout", v, ex.Token(layout), dtype=v.dtype, shape=v.shape), layout)
+  return v
+
+
 @rule(ji.get_p)
 def _get(ctx, *invals, **_):
   gen = ctx.gen
@@ -329,8 +468,16 @@ def _get(ctx, *invals, **_):
     gen.emit(f"{value.name} = {a.ref.name}")   # a copy: later wgmmas reassign the accumulator
     gen.layouts[value.name] = a.ref.layout
     return value
+  if isinstance(a.ref, ValueRef):
+    if any(not isinstance(t, ji.NDIndexer) or any(not isinstance(i, ji.Slice) or i.size != n
+           for i, n in zip(t.indices, a.ref.value.shape)) for t in a.transforms):
+      gen.unsupported("indexing a value pl.run_state closes over")
+    return a.ref.value
+  if isinstance(a.ref, GmemRef):
+    ptrs, shape, layout = _gmem_pointers(gen, a.ref, a.transforms)
+    return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape), layout)
   if not isinstance(a.ref, SmemRef):
-    gen.unsupported("register loads from GMEM (copy to SMEM with plgpu.copy_gmem_to_smem)")
+    gen.unsupported(f"register loads from {a.ref}")
   view = _smem_view(gen, a.ref, a.transforms)
   L.check_shape(view.shape, gen.kernel_name)
   layout = gen.layout(L.blocked(view.shape, view.dtype))
@@ -347,10 +494,16 @@ def _swap(ctx, ref, value, *leaves, **_):
     gen.layouts[a.ref.name] = a.ref.layout
     gen.emit(f"{a.ref.name} = {gen.render(v)}")
     return None
-  if not isinstance(a.ref, SmemRef):
-    gen.unsupported("register stores to GMEM (store to SMEM and use plgpu.copy_smem_to_gmem)")
   if ctx.is_used(0):
-    gen.unsupported("using the old value of a store into SMEM")
+    gen.unsupported("using the old value of a store")
+  if isinstance(a.ref, GmemRef):
+    ptrs, shape, layout = _gmem_pointers(gen, a.ref, a.transforms)
+    if shape:
+      value = _to_layout(gen, value, layout, shape, a.ref.dtype)
+    gen.emit(f"gl.store({gen.render(ptrs)}, {gen.render(value)})")
+    return None
+  if not isinstance(a.ref, SmemRef):
+    gen.unsupported(f"register stores to {a.ref}")
   view = _smem_view(gen, a.ref, a.transforms)
   if not value.shape:
     L.check_shape(view.shape, gen.kernel_name)
@@ -458,12 +611,20 @@ def _wait_smem_to_gmem(ctx, *, n, wait_read_only):
 def _wgmma(ctx, *invals, trees):
   gen = ctx.gen
   (acc, a, b), rest = mp.split_refs(invals, trees)
-  if a is None:
-    gen.unsupported("wgmma with a register operand a")
   acc_ref = acc[0]
   if acc[1]:
     gen.unsupported("wgmma into a view of an accumulator")
-  a_view, b_view = _smem_view(gen, *a), _smem_view(gen, *b)
+  b_view = _smem_view(gen, *b)
+  if a is None:   # a register operand: in the layout wgmma reads registers in
+    value = rest[0]
+    bits = value.dtype.itemsize * 8
+    dot = gen.layout(f"gl.DotOperandLayout(operand_index=0, parent={gen.layout(L.wgmma(acc_ref.shape[1], bits))}, "
+                     f"k_width={32 // bits})")
+    a_view = SmemRef(gen.render(gen.value(call("gl.convert_layout", value, ex.Token(dot),
+                                                  dtype=value.dtype, shape=value.shape), dot, "a_op")),
+                     value.shape, value.dtype, dot)
+  else:
+    a_view = _smem_view(gen, *a)
   bits = a_view.dtype.itemsize * 8
   if bits == 32 and ".permute((1, 0))" not in b_view.text:
     raise NotImplementedError(
