@@ -83,10 +83,12 @@ def test_what_the_gluon_backend_cannot_express_says_so():
   with pytest.raises(NotImplementedError, match="num_threads > 1.*interpret=True"):
     plgpu.lower(f)
 
-  def register_store(o_ref):
-    o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
-  g = plgpu.kernel(register_store, out_type=jax.ShapeDtypeStruct((128,), jnp.float32))
-  with pytest.raises(NotImplementedError, match="register stores to GMEM.*copy_smem_to_gmem"):
+  def dynamic_smem_slice(o_ref, smem):
+    smem[...] = jnp.zeros(smem.shape, smem.dtype)
+    o_ref[...] = smem[pl.ds(lax.axis_index("m") * 8, 8), :]
+  g = plgpu.kernel(dynamic_smem_slice, out_type=jax.ShapeDtypeStruct((8, 64), jnp.float32),
+                   grid=(2,), grid_names=("m",), scratch_types=[plgpu.SMEM((16, 64), jnp.float32)])
+  with pytest.raises(NotImplementedError, match="dynamic or strided slices of SMEM.*interpret=True"):
     plgpu.lower(g)
 
 
