@@ -1,5 +1,7 @@
 """The Gluon backend for one-warpgroup Mosaic GPU kernels: generated source and sm_90a PTX on any
 machine (``plgpu.lower``), and on a Hopper GPU the same results as the interpreter."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -187,7 +189,7 @@ def fill_and_scale(x, interpret=False):
       grid=(m // 8,), grid_names=("m",), interpret=interpret)(x)
 
 
-def _softmax_of_product(a_ref, b_ref, o_ref, a_smem, b_smem, o_smem, bar):
+def _softmax_of_product(a_ref, b_ref, o_ref, a_smem, b_smem, o_smem, bar, causal=False):
   """Attention's inner step: a register ``a`` wgmma into ``ACC.init``, row max, exp2, row sum."""
   plgpu.copy_gmem_to_smem(a_ref, a_smem, bar)
   plgpu.copy_gmem_to_smem(b_ref, b_smem, bar)
@@ -198,6 +200,10 @@ def _softmax_of_product(a_ref, b_ref, o_ref, a_smem, b_smem, o_smem, bar):
     plgpu.wgmma(acc_ref, a, b_smem)
 
   s = pl.run_state(product)(plgpu.ACC.init(jnp.full(o_smem.shape, 0.5, jnp.float32)))
+  if causal:
+    rows = plgpu.broadcasted_iota(jnp.int32, s.shape, 0, layout=plgpu.Layout.WGMMA)
+    cols = plgpu.broadcasted_iota(jnp.int32, s.shape, 1, layout=plgpu.Layout.WGMMA)
+    s = jnp.where(rows >= cols, s, -jnp.inf)
   p = jnp.exp2(s - jnp.max(s, axis=1)[:, None])
   o_smem[...] = (p / jnp.sum(p, axis=1)[:, None]).astype(o_smem.dtype)
   plgpu.commit_smem()
@@ -205,10 +211,11 @@ def _softmax_of_product(a_ref, b_ref, o_ref, a_smem, b_smem, o_smem, bar):
   plgpu.wait_smem_to_gmem(0)
 
 
-def softmax_of_product(a, b, interpret=False):
+def softmax_of_product(a, b, interpret=False, causal=False, debug=False):
   (m, k), (_, n) = a.shape, b.shape
   return plgpu.kernel(
-      _softmax_of_product, out_type=jax.ShapeDtypeStruct((m, n), a.dtype),
+      functools.partial(_softmax_of_product, causal=causal), out_type=jax.ShapeDtypeStruct((m, n), a.dtype),
+      debug=debug,
       scratch_types=[plgpu.SMEM((m, k), a.dtype), plgpu.SMEM((k, n), a.dtype),
                      plgpu.SMEM((m, n), a.dtype), plgpu.Barrier(num_arrivals=2)],
       interpret=interpret)(a, b)
@@ -236,14 +243,37 @@ def test_register_accesses_of_gmem_on_the_gpu(dtype):
     np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+def test_debug_prints_the_layouts_and_conversions(capsys):
+  a = jax.ShapeDtypeStruct((64, 64), jnp.float16)
+  b = jax.ShapeDtypeStruct((64, 128), jnp.float16)
+  plgpu.lower(lambda x, y: softmax_of_product(x, y, causal=True, debug=True), a, b)
+  out = capsys.readouterr().out
+  assert "Gluon layouts of _softmax_of_product" in out and "NVMMADistributedLayout" in out
+  assert "convert_layout" in out and "test_mosaic_gpu_gluon.py" in out
+
+
+def test_the_interpreter_computes_the_softmax_of_a_product():
+  ka, kb = jax.random.split(jax.random.key(7))
+  a = jax.random.normal(ka, (64, 64), jnp.float16)
+  b = jax.random.normal(kb, (64, 128), jnp.float16)
+  s = (np.asarray(a, np.float32) * 2) @ np.asarray(b, np.float32) + 0.5
+  s = np.where(np.arange(64)[:, None] >= np.arange(128)[None, :], s, -np.inf)
+  p = np.exp2(s - s.max(1, keepdims=True))
+  want = p / p.sum(1, keepdims=True)
+  got = np.asarray(softmax_of_product(a, b, interpret=True, causal=True), np.float32)
+  np.testing.assert_allclose(got, want, rtol=2e-3, atol=1e-3)
+
+
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
-def test_register_operand_wgmma_and_reductions_on_the_gpu(dtype):
+def test_register_operand_wgmma_and_reductions_on_the_gpu(dtype, causal):
   ka, kb = jax.random.split(jax.random.key(6))
   a = jax.random.normal(ka, (64, 64), dtype)
   b = jax.random.normal(kb, (64, 128), dtype)
-  got = np.asarray(jax.jit(softmax_of_product)(a, b), np.float32)
-  want = np.asarray(softmax_of_product(a, b, interpret=True), np.float32)
+  run = functools.partial(softmax_of_product, causal=causal)
+  got = np.asarray(jax.jit(run)(a, b), np.float32)
+  want = np.asarray(run(a, b, interpret=True), np.float32)
   tol = 1e-2 if dtype == jnp.bfloat16 else 2e-3
   np.testing.assert_allclose(got, want, rtol=tol, atol=tol * float(np.max(want)))

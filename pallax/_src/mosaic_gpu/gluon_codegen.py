@@ -85,6 +85,9 @@ class Writer(src.Source):
     self.axes: dict = {}                     # axis name -> index expression
     self.slices: dict = {}                   # slice layout name -> (dim, parent layout name)
     self.mma_bits = 16                       # the operand width of the kernel's wgmmas
+    self.stored: set = set()                 # GMEM operands written by TMA stores
+    self.read: set = set()                   # GMEM operands read (TMA or registers)
+    self.conversions: list = []              # (from, to, shape, line) of each layout conversion
 
   def layout(self, text: str) -> str:
     """A name for a layout (``L0: gl.constexpr = ...`` in the prologue)."""
@@ -172,7 +175,26 @@ def generate(params) -> GluonSource:
     refs.append(GmemRef(ptr, tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), bm.origin))
     signature[ptr] = "*" + ex.SIGNATURE[np.dtype(bm.array_aval.dtype).name]
   gen.lower_jaxpr(jaxpr, [*ids, *refs])
-  return GluonSource(name, _module(gen, name, list(signature)), signature, (math.prod(gm.grid), 1, 1))
+  if gen.stored & gen.read:
+    raise NotImplementedError(
+        f"{params.name}: the kernel reads GMEM that it also writes with copy_smem_to_gmem; Gluon "
+        "can wait for such a store's reads of SMEM only, not for its writes: not supported yet")
+  source = _module(gen, name, list(signature))
+  if params.debug:
+    print(layout_report(gen, params.name))
+  return GluonSource(name, source, signature, (math.prod(gm.grid), 1, 1))
+
+
+def layout_report(gen: Writer, kernel: str) -> str:
+  """The layouts chosen (``debug=True``) and each conversion between them, with its line."""
+  lines = [f"Gluon layouts of {kernel}:"]
+  lines += [f"  {n} = {text}" for text, n in gen.constexprs.items()]
+  for src_l, dst_l, shape, frame in gen.conversions:
+    lines.append(f"  convert_layout {src_l} -> {dst_l} of a {list(shape)} tile at {frame or 'library code'}"
+                 " (may cost a round trip through shared memory)")
+  if not gen.conversions:
+    lines.append("  no layout conversions")
+  return "\n".join(lines)
 
 
 def _mma_bits(jaxpr) -> int:
@@ -195,6 +217,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia import hopper
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
+INF = gl.constexpr(float("inf"))
+NAN = gl.constexpr(float("nan"))
 """
 
 

@@ -44,7 +44,12 @@ def _same_layout(gen, x, y):
   lx, ly = gen.layout_of(x), gen.layout_of(y)
   if lx is None or ly is None or lx == ly or not y.shape:
     return y, lx or ly
-  return gen.value(call("gl.convert_layout", y, ex.Token(lx), dtype=y.dtype, shape=y.shape), lx), lx
+  return _convert_layout(gen, y, lx), lx
+
+
+def _convert_layout(gen, v, layout):
+  gen.conversions.append((gen.layout_of(v), layout, tuple(v.shape), gen.last_frame))
+  return gen.value(call("gl.convert_layout", v, ex.Token(layout), dtype=v.dtype, shape=v.shape), layout)
 
 
 def _binary_rule(op, compare=False):
@@ -171,6 +176,29 @@ def _broadcast(ctx, x, *, shape, broadcast_dimensions, **_):
   layout = ctx.gen.layout(L.blocked(shape, x.dtype))
   return ctx.gen.value(call("gl.full", ex.Token(str(list(shape))), x, _dtype(x.dtype),
                             layout=ex.Token(layout), dtype=x.dtype, shape=tuple(shape)), layout)
+
+
+@rule(lax.iota_p)
+def _iota(ctx, *, dtype, shape, dimension, **_):
+  """``broadcasted_iota``: an ``arange`` along ``dimension``, broadcast over the others."""
+  gen = ctx.gen
+  shape = tuple(shape)
+  L.check_shape(shape, gen.kernel_name)
+  layout = gen.layout(L.blocked(shape, dtype))
+  if len(shape) == 1:
+    lane = layout
+  elif len(shape) == 2:
+    lane = _slice_layout(gen, layout, 1 - dimension)
+  else:
+    gen.unsupported("iotas of rank 3 or more")
+  e = call("gl.arange", _i32(0), _i32(shape[dimension]), layout=ex.Token(lane), dtype=I32,
+           shape=(shape[dimension],))
+  if np.dtype(dtype) != I32:
+    e = method(e, "to", _dtype(dtype), dtype=np.dtype(dtype))
+  if len(shape) == 1:
+    return gen.value(e, layout)
+  v = gen.value(e, lane, "iota")
+  return _broadcast_tile(ctx, v, shape, (dimension,))
 
 
 @rule(ji.axis_index_p)
@@ -454,7 +482,7 @@ def _to_layout(gen, v, layout, shape, dtype):
     return gen.value(call("gl.full", ex.Token(str(list(shape))), v, _dtype(dtype),
                           layout=ex.Token(layout), dtype=dtype, shape=shape), layout)
   if gen.layout_of(v) not in (None, layout):
-    return gen.value(call("gl.convert_layout", v, ex.Token(layout), dtype=v.dtype, shape=v.shape), layout)
+    return _convert_layout(gen, v, layout)
   return v
 
 
@@ -474,6 +502,7 @@ def _get(ctx, *invals, **_):
       gen.unsupported("indexing a value pl.run_state closes over")
     return a.ref.value
   if isinstance(a.ref, GmemRef):
+    gen.read.add(a.ref.ptr)
     ptrs, shape, layout = _gmem_pointers(gen, a.ref, a.transforms)
     return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape), layout)
   if not isinstance(a.ref, SmemRef):
@@ -545,6 +574,7 @@ def _copy_gmem_to_smem(ctx, *invals, **params):
     raise NotImplementedError("copy_gmem_to_smem needs a barrier on Hopper")
   smem = _smem_view(gen, *dst)
   starts, box = _gmem_coords(gen, *src)
+  gen.read.add(src[0].ptr)
   barrier = _barrier_view(gen, *bar)
   desc = gen.descriptor(src[0], box, smem.layout)
   nbytes = int(np.prod(box)) * smem.dtype.itemsize
@@ -563,10 +593,11 @@ def _copy_smem_to_gmem(ctx, *invals, **params):
   if params["reduction_op"] is not None:
     gen.unsupported("TMA reduce-stores (reduction_op)")
   if not params["commit_group"]:
-    gen.unsupported("copy_smem_to_gmem(commit_group=False)")
+    gen.grouped_stores = True   # Gluon groups each store alone: waits become waits for all
   smem = _smem_view(gen, *src)
   starts, box = _gmem_coords(gen, *dst)
   desc = gen.descriptor(dst[0], box, smem.layout)
+  gen.stored.add(dst[0].ptr)
   opened = _predicated(gen, ctx.eqn, rest)
   gen.emit(f"tma.async_copy_shared_to_global({desc}, [{', '.join(gen.render(s) for s in starts)}], {smem.text})")
   _end(gen, opened)
@@ -601,9 +632,18 @@ def _commit_smem(ctx):
   return []
 
 
+@rule(mp.commit_smem_to_gmem_group_p)
+def _commit_group(ctx):
+  return []   # see _wait_smem_to_gmem
+
+
 @rule(mp.wait_smem_to_gmem_p)
 def _wait_smem_to_gmem(ctx, *, n, wait_read_only):
-  ctx.gen.emit(f"tma.store_wait({n})")   # waits for the reads of SMEM (see the module notes)
+  # Gluon waits for a store's reads of SMEM only, and counts each store as a group: with groups
+  # of several stores (commit_group=False), wait for all of them. A kernel that reads back what it
+  # stored (needing the writes) is refused in codegen.generate.
+  grouped = ctx.gen.__dict__.get("grouped_stores", False)
+  ctx.gen.emit(f"tma.store_wait({0 if grouped else n})")
   return []
 
 
@@ -620,6 +660,7 @@ def _wgmma(ctx, *invals, trees):
     bits = value.dtype.itemsize * 8
     dot = gen.layout(f"gl.DotOperandLayout(operand_index=0, parent={gen.layout(L.wgmma(acc_ref.shape[1], bits))}, "
                      f"k_width={32 // bits})")
+    gen.conversions.append((gen.layout_of(value), dot, tuple(value.shape), gen.last_frame))
     a_view = SmemRef(gen.render(gen.value(call("gl.convert_layout", value, ex.Token(dot),
                                                   dtype=value.dtype, shape=value.shape), dot, "a_op")),
                      value.shape, value.dtype, dot)

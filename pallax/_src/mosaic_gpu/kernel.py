@@ -43,7 +43,10 @@ def kernel(body=_NS, out_shape=None, *, out_type=(), scratch_types=(), compiler_
     else:
       prims.run_scoped(functools.partial(body, *refs), *scratch_types, collective_axes=collective)
 
-  kernel_body.__name__ = mesh.kernel_name or getattr(body, "__name__", "kernel")
+  fn = body
+  while isinstance(fn, functools.partial):   # a partial names the function it wraps
+    fn = fn.func
+  kernel_body.__name__ = mesh.kernel_name or getattr(fn, "__name__", "kernel")
   run = pk.kernel(kernel_body, outs, mesh=mesh, compiler_params=compiler_params,
                   interpret=bool(interpret), debug=debug, name=kernel_body.__name__)
 
