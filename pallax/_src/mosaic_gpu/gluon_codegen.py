@@ -19,6 +19,7 @@ from pallax._src import jax_internals as ji
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import source as src
 from pallax._src.gpu.legalize import legalize
+from pallax._src.mosaic_gpu import gluon_layouts as L
 
 TABLE = src.RuleTable({}, {})
 rule = TABLE.register
@@ -112,6 +113,7 @@ class Writer(src.Source):
         raise NotImplementedError(
             f"TMA needs GMEM strides that are multiples of 16 bytes, but {ref.origin} of shape "
             f"{ref.shape} has a stride of {int(np.prod(ref.shape[k + 1:])) * itemsize} bytes")
+    L.check_shape(box, f"the TMA box of {ref.origin}")
     if box[-1] * itemsize < 16 or max(box) > 256:
       raise NotImplementedError(f"the TMA box {box} of {ref.origin}: at most 256 elements a "
                                 "dimension and rows of at least 16 bytes")
@@ -176,9 +178,10 @@ def generate(params) -> GluonSource:
     signature[ptr] = "*" + ex.SIGNATURE[np.dtype(bm.array_aval.dtype).name]
   gen.lower_jaxpr(jaxpr, [*ids, *refs])
   if gen.stored & gen.read:
-    raise NotImplementedError(
-        f"{params.name}: the kernel reads GMEM that it also writes with copy_smem_to_gmem; Gluon "
-        "can wait for such a store's reads of SMEM only, not for its writes: not supported yet")
+    raise src.Unsupported(
+        f"pallas_call {params.name}: the kernel reads GMEM that it also writes with "
+        "copy_smem_to_gmem; Gluon can wait for such a store's reads of SMEM only, not for its "
+        "writes: not supported by the Gluon backend yet; run it with interpret=True")
   source = _module(gen, name, list(signature))
   if params.debug:
     print(layout_report(gen, params.name))

@@ -256,6 +256,23 @@ def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
   return carry
 
 
+@rule(ji.while_p)
+def _while(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+  """``while go: carry = body(carry); go = cond(carry)``: the flag is a carry like the others."""
+  gen, cn, bn = ctx.gen, cond_nconsts, body_nconsts
+  cconsts, bconsts, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
+  carry = [_carry(gen, v) for v in init]
+  (go,) = gen.lower_jaxpr(cond_jaxpr, [*cconsts, *carry])
+  flag = _carry(gen, go, "go")
+  gen.emit(f"while {flag.name}:")
+  gen.depth += 1
+  gen.assign(carry, gen.lower_jaxpr(body_jaxpr, [*bconsts, *carry]))
+  (go,) = gen.lower_jaxpr(cond_jaxpr, [*cconsts, *carry])
+  gen.assign([flag], [go])
+  gen.depth -= 1
+  return carry
+
+
 @rule(ji.cond_p)
 def _cond(ctx, index, *ops, branches, **_):
   gen = ctx.gen
@@ -375,8 +392,8 @@ def _smem_view(gen, ref: SmemRef, transforms) -> SmemRef:
         if not (isinstance(idx.start, Lit) or isinstance(idx.start, int)) or idx.stride != 1:
           gen.unsupported("dynamic or strided slices of SMEM")
         start = idx.start.value if isinstance(idx.start, Lit) else idx.start
-        if (start, idx.size) != (0, size):
-          text = f"{text}.slice({start}, {idx.size}, {dim})"
+        if (start, idx.size) != (0, size):   # Gluon splits swizzled SMEM at whole tiles only
+          gen.unsupported("partial slices of an SMEM matrix (index leading dimensions instead)")
         new_shape.append(idx.size)
         dim += 1
       elif not getattr(idx, "shape", ()):
@@ -410,6 +427,8 @@ def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:
 
 
 def _barrier_view(gen, ref: BarrierRef, transforms) -> BarrierRef:
+  if not isinstance(ref, BarrierRef):
+    raise ValueError(f"a barrier operation takes a plgpu.Barrier, not {type(ref).__name__}")
   if not transforms:
     return BarrierRef(ref.name, ref.phase, ref.count, _i32(0))
   (t,) = transforms
@@ -572,6 +591,8 @@ def _copy_gmem_to_smem(ctx, *invals, **params):
     gen.unsupported("collective (multicast) copies")
   if bar is None:
     raise NotImplementedError("copy_gmem_to_smem needs a barrier on Hopper")
+  if not isinstance(src[0], GmemRef) or not isinstance(dst[0], SmemRef):
+    raise ValueError("copy_gmem_to_smem copies from GMEM to SMEM")
   smem = _smem_view(gen, *dst)
   starts, box = _gmem_coords(gen, *src)
   gen.read.add(src[0].ptr)
@@ -594,6 +615,8 @@ def _copy_smem_to_gmem(ctx, *invals, **params):
     gen.unsupported("TMA reduce-stores (reduction_op)")
   if not params["commit_group"]:
     gen.grouped_stores = True   # Gluon groups each store alone: waits become waits for all
+  if not isinstance(src[0], SmemRef) or not isinstance(dst[0], GmemRef):
+    raise ValueError("copy_smem_to_gmem copies from SMEM to GMEM")
   smem = _smem_view(gen, *src)
   starts, box = _gmem_coords(gen, *dst)
   desc = gen.descriptor(dst[0], box, smem.layout)
