@@ -113,7 +113,7 @@ class Writer(src.Source):
         raise NotImplementedError(
             f"TMA needs GMEM strides that are multiples of 16 bytes, but {ref.origin} of shape "
             f"{ref.shape} has a stride of {int(np.prod(ref.shape[k + 1:])) * itemsize} bytes")
-    L.check_shape(box, f"the TMA box of {ref.origin}")
+    L.check_shape(box, f"copies of {ref.origin}", "TMA boxes")
     if box[-1] * itemsize < 16 or max(box) > 256:
       raise NotImplementedError(f"the TMA box {box} of {ref.origin}: at most 256 elements a "
                                 "dimension and rows of at least 16 bytes")

@@ -16,9 +16,9 @@ def _pow2(n: int) -> bool:
   return n >= 1 and n & (n - 1) == 0
 
 
-def check_shape(shape, what: str):
+def check_shape(shape, what: str, kind: str = "register tiles"):
   if not all(_pow2(d) for d in shape):
-    raise NotImplementedError(f"{what}: register tiles of shape {tuple(shape)} (Gluon needs "
+    raise NotImplementedError(f"{what}: {kind} of shape {tuple(shape)} (Gluon needs "
                               "powers of two in every dimension; padding is not done yet)")
 
 
