@@ -277,3 +277,39 @@ def test_register_operand_wgmma_and_reductions_on_the_gpu(dtype, causal):
   want = np.asarray(run(a, b, interpret=True), np.float32)
   tol = 1e-2 if dtype == jnp.bfloat16 else 2e-3
   np.testing.assert_allclose(got, want, rtol=tol, atol=tol * float(np.max(want)))
+
+
+# --- TMA boxes with unit dimensions (attention's q_ref.at[b, rows, h]) -------------------------
+
+def _per_head(x_ref, o_ref, smem, bar):
+  b, i, h = lax.axis_index("b"), lax.axis_index("i"), lax.axis_index("h")
+  rows = pl.ds(i * BLOCK, BLOCK)
+  plgpu.copy_gmem_to_smem(x_ref.at[b, rows, h], smem, bar)
+  plgpu.barrier_wait(bar)
+  smem[...] = smem[...] * 3
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(smem, o_ref.at[b, rows, h])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def per_head(x, interpret=False):
+  batch, seq, heads, dim = x.shape
+  return plgpu.kernel(
+      _per_head, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+      grid=(batch, seq // BLOCK, heads), grid_names=("b", "i", "h"),
+      scratch_types=[plgpu.SMEM((BLOCK, dim), x.dtype), plgpu.Barrier()], interpret=interpret)(x)
+
+
+def test_tma_boxes_with_unit_dimensions_lower():
+  (k,) = plgpu.lower(per_head, jax.ShapeDtypeStruct((2, 128, 3, 64), jnp.float16))
+  assert ".reshape([1, 64, 1, 64])" in k.source and "cp.async.bulk.tensor.4d" in k.ptx
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_tma_boxes_with_unit_dimensions_on_the_gpu(dtype):
+  x = jax.random.normal(jax.random.key(8), (2, 128, 3, 64), dtype)
+  got = np.asarray(jax.jit(per_head)(x), np.float32)
+  want = np.asarray(per_head(x, interpret=True), np.float32)
+  np.testing.assert_array_equal(got, want)

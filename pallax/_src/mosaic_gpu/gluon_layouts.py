@@ -44,11 +44,21 @@ def wgmma(n: int, in_bits: int) -> str:
   return f"gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[{WARPS}, 1], instr_shape=[16, {n}, {k}])"
 
 
-def shared(shape, dtype) -> str:
-  """The NVMMA (swizzled) layout of an SMEM matrix: the widest swizzle its rows allow."""
-  from pallax._src.gpu import expr as ex
-  block = list(shape[-2:])
-  return f"gl.NVMMASharedLayout.get_default_for({block}, {ex.dtype_name(dtype, 'gl')})"
+def swizzle(shape, dtype) -> int:
+  """The widest swizzle an SMEM matrix's rows allow (Gluon's default choice)."""
+  row_bytes = shape[-1] * np.dtype(dtype).itemsize
+  if len(shape) < 2 or int(np.prod(shape[:-1])) < 8:
+    return 0
+  return next((s for s in (128, 64, 32) if row_bytes >= s and row_bytes % s == 0), 0)
+
+
+def shared(shape, dtype, rank: int | None = None) -> str:
+  """The NVMMA (swizzled) layout of an SMEM matrix (its last two dimensions), written for
+  ``rank`` dimensions: a TMA box with unit dimensions sees the same bytes through a reshape."""
+  block = tuple(shape[-2:])
+  bits = np.dtype(dtype).itemsize * 8
+  return (f"gl.NVMMASharedLayout(swizzle_byte_width={swizzle(block, dtype)}, element_bitwidth={bits}, "
+          f"rank={rank or len(block)})")
 
 
 BARRIER = "mbarrier.MBarrierLayout()"

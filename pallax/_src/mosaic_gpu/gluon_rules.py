@@ -407,23 +407,38 @@ def _smem_view(gen, ref: SmemRef, transforms) -> SmemRef:
 
 
 def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:
-  """(the box's starting coordinates in the operand, the box shape) of a GMEM view."""
+  """(the box's starting coordinates in the operand, the box shape over all of the operand's
+  dimensions) of a GMEM view: an integer index is a dimension of the box of size 1."""
   starts = [_i32(0) for _ in ref.shape]
   dims = list(range(len(ref.shape)))       # view dimension -> operand dimension
   box = list(ref.shape)
   for t in transforms:
     if not isinstance(t, ji.NDIndexer):
       gen.unsupported(f"the GMEM view {t}")
-    new_dims, new_box = [], []
-    for idx, d, size in zip(t.indices, dims, box):
-      if not isinstance(idx, ji.Slice) or idx.stride != 1:
-        gen.unsupported("TMA copies of GMEM views with integer or strided indices")
-      start = idx.start if isinstance(idx.start, ex.Expr) else _i32(idx.start)
+    kept = []
+    for idx, d in zip(t.indices, dims):
+      if isinstance(idx, ji.Slice):
+        if idx.stride != 1:
+          gen.unsupported("TMA copies of strided GMEM views")
+        start, box[d] = (idx.start if isinstance(idx.start, ex.Expr) else _i32(idx.start)), idx.size
+        kept.append(d)
+      elif not getattr(idx, "shape", ()):
+        start, box[d] = idx, 1
+      else:
+        gen.unsupported("TMA copies of gathered GMEM views")
       starts[d] = gen.bind(ex.add(starts[d], start), "c")
-      new_dims.append(d)
-      new_box.append(idx.size)
-    dims, box = new_dims, new_box
+    dims = kept
   return starts, tuple(box)
+
+
+def _box_view(gen, smem: SmemRef, box) -> tuple[str, str]:
+  """(the SMEM expression a TMA copy of ``box`` reads or writes, the descriptor's layout): a box
+  with more dimensions than the buffer (unit ones) sees it through a reshape."""
+  if tuple(box) == tuple(smem.shape):
+    return smem.text, smem.layout
+  if tuple(d for d in box if d != 1) != tuple(d for d in smem.shape if d != 1):
+    gen.unsupported(f"a TMA box {tuple(box)} for an SMEM buffer of shape {smem.shape}")
+  return f"{smem.text}.reshape({list(box)})", gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
 
 
 def _barrier_view(gen, ref: BarrierRef, transforms) -> BarrierRef:
@@ -597,12 +612,13 @@ def _copy_gmem_to_smem(ctx, *invals, **params):
   starts, box = _gmem_coords(gen, *src)
   gen.read.add(src[0].ptr)
   barrier = _barrier_view(gen, *bar)
-  desc = gen.descriptor(src[0], box, smem.layout)
+  target, layout = _box_view(gen, smem, box)
+  desc = gen.descriptor(src[0], box, layout)
   nbytes = int(np.prod(box)) * smem.dtype.itemsize
   b = f"{barrier.name}.index({gen.render(barrier.index)})"
   opened = _predicated(gen, ctx.eqn, rest)
   gen.emit(f"mbarrier.expect({b}, {nbytes})")
-  gen.emit(f"tma.async_copy_global_to_shared({desc}, [{', '.join(gen.render(s) for s in starts)}], {b}, {smem.text})")
+  gen.emit(f"tma.async_copy_global_to_shared({desc}, [{', '.join(gen.render(s) for s in starts)}], {b}, {target})")
   _end(gen, opened)
   return []
 
@@ -619,10 +635,11 @@ def _copy_smem_to_gmem(ctx, *invals, **params):
     raise ValueError("copy_smem_to_gmem copies from SMEM to GMEM")
   smem = _smem_view(gen, *src)
   starts, box = _gmem_coords(gen, *dst)
-  desc = gen.descriptor(dst[0], box, smem.layout)
+  source, layout = _box_view(gen, smem, box)
+  desc = gen.descriptor(dst[0], box, layout)
   gen.stored.add(dst[0].ptr)
   opened = _predicated(gen, ctx.eqn, rest)
-  gen.emit(f"tma.async_copy_shared_to_global({desc}, [{', '.join(gen.render(s) for s in starts)}], {smem.text})")
+  gen.emit(f"tma.async_copy_shared_to_global({desc}, [{', '.join(gen.render(s) for s in starts)}], {source})")
   _end(gen, opened)
   return []
 
