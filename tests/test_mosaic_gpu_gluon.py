@@ -313,3 +313,64 @@ def test_tma_boxes_with_unit_dimensions_on_the_gpu(dtype):
   got = np.asarray(jax.jit(per_head)(x), np.float32)
   want = np.asarray(per_head(x, interpret=True), np.float32)
   np.testing.assert_array_equal(got, want)
+
+
+# --- threads: warp specialization ---------------------------------------------------------------
+
+def _producer_consumer(x_ref, o_ref, smem, full, empty):
+  """Thread 1 copies blocks into two SMEM slots; thread 0 waits, computes and stores."""
+  wg = lax.axis_index("wg")
+  steps = x_ref.shape[0] // BLOCK
+
+  @pl.when(wg == 1)
+  def _producer():
+    plgpu.set_max_registers(40, action="decrease")
+
+    def step(k, _):
+      slot = lax.rem(k, 2)
+
+      @pl.when(k >= 2)
+      def _():
+        plgpu.barrier_wait(empty.at[slot])   # the consumer released the slot
+      plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(k * BLOCK, BLOCK)], smem.at[slot], full.at[slot])
+    lax.fori_loop(0, steps, step, None)
+
+  @pl.when(wg == 0)
+  def _consumer():
+    def step(k, _):
+      slot = lax.rem(k, 2)
+      plgpu.barrier_wait(full.at[slot])
+      o_ref[pl.ds(k * BLOCK, BLOCK)] = smem[slot] * 2 + 1
+      plgpu.barrier_arrive(empty.at[slot])
+    lax.fori_loop(0, steps, step, None)
+
+
+def producer_consumer(x, interpret=False):
+  return plgpu.kernel(
+      _producer_consumer, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), num_threads=2,
+      thread_name="wg", scratch_types=[plgpu.SMEM((2, BLOCK, x.shape[1]), x.dtype),
+                                       plgpu.Barrier(num_barriers=2), plgpu.Barrier(num_barriers=2)],
+      interpret=interpret)(x)
+
+
+def test_threads_lower_to_warp_specialized_ptx():
+  (k,) = plgpu.lower(producer_consumer, jax.ShapeDtypeStruct((320, 64), jnp.float16))
+  assert "gl.warp_specialize(" in k.source and "_t1(" in k.source
+  assert "setmaxnreg" in k.ptx and all(s in k.ptx for s in PTX_MUST_HAVE[:2])
+  assert k.num_warps == 8   # two warpgroups
+
+
+def test_the_interpreter_runs_the_producer_consumer_kernel():
+  x = jax.random.normal(jax.random.key(9), (320, 64), jnp.float32)
+  np.testing.assert_allclose(np.asarray(producer_consumer(x, interpret=True)), np.asarray(x) * 2 + 1,
+                             rtol=1e-6)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.float32])
+def test_threads_on_the_gpu_match_the_interpreter(dtype):
+  x = jax.random.normal(jax.random.key(10), (320, 64), dtype)
+  got = np.asarray(jax.jit(producer_consumer)(x), np.float32)
+  want = np.asarray(producer_consumer(x, interpret=True), np.float32)
+  np.testing.assert_array_equal(got, want)

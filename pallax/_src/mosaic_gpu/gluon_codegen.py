@@ -89,6 +89,15 @@ class Writer(src.Source):
     self.stored: set = set()                 # GMEM operands written by TMA stores
     self.read: set = set()                   # GMEM operands read (TMA or registers)
     self.conversions: list = []              # (from, to, shape, line) of each layout conversion
+    self.hoisted: dict = {}                  # collective run_scoped equation -> its Refs
+    self.registers = None                    # the running thread's set_max_registers
+
+  def hoisted_barriers(self) -> list:
+    return [r for refs in self.hoisted.values() for r in refs if isinstance(r, BarrierRef)]
+
+  def hoisted_names(self) -> list[str]:
+    return [r.text if isinstance(r, SmemRef) else r.name
+            for refs in self.hoisted.values() for r in refs if not isinstance(r, AccRef)]
 
   def layout(self, text: str) -> str:
     """A name for a layout (``L0: gl.constexpr = ...`` in the prologue)."""
@@ -152,9 +161,7 @@ def generate(params) -> GluonSource:
   """The Gluon source of ``params``' kernel (one warpgroup)."""
   from pallax._src.mosaic_gpu import gluon_rules  # noqa: F401 (fills TABLE)
   info = params.threads
-  if info is not None and info.num_threads > 1:
-    raise NotImplementedError(f"{params.name}: kernels with num_threads > 1 (warp specialization) "
-                              "are not supported by the Gluon backend yet; run with interpret=True")
+  threads = info is not None and info.num_threads > 1
   gm = params.grid_mapping
   name = src.identifier(params.name)
   gen = Writer(name)
@@ -176,13 +183,22 @@ def generate(params) -> GluonSource:
     ptr = src.identifier(f"{'in' if bm.origin.startswith('args') else 'out'}{k}_ptr")
     refs.append(GmemRef(ptr, tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), bm.origin))
     signature[ptr] = "*" + ex.SIGNATURE[np.dtype(bm.array_aval.dtype).name]
-  gen.lower_jaxpr(jaxpr, [*ids, *refs])
+  if threads:
+    from pallax._src.mosaic_gpu import gluon_rules, gluon_threads
+    gluon_threads.hoist(gen, jaxpr, info.thread_name, gluon_rules.allocate)
+    main = gen.lines
+    parts = gluon_threads.partitions(gen, jaxpr, [*ids, *refs], info)
+  else:
+    gen.lower_jaxpr(jaxpr, [*ids, *refs])
   if gen.stored & gen.read:
     raise src.Unsupported(
         f"pallas_call {params.name}: the kernel reads GMEM that it also writes with "
         "copy_smem_to_gmem; Gluon can wait for such a store's reads of SMEM only, not for its "
         "writes: not supported by the Gluon backend yet; run it with interpret=True")
-  source = _module(gen, name, list(signature))
+  if threads:
+    source = _threaded_module(gen, name, list(signature), main, parts, ids)
+  else:
+    source = _module(gen, name, list(signature))
   if params.debug:
     print(layout_report(gen, params.name))
   return GluonSource(name, source, signature, (math.prod(gm.grid), 1, 1))
@@ -225,9 +241,28 @@ NAN = gl.constexpr(float("nan"))
 """
 
 
+def _constexprs(gen: Writer) -> list[str]:
+  return [f"    {n}: gl.constexpr = {text}" for text, n in gen.constexprs.items()]
+
+
 def _module(gen: Writer, name: str, params: list[str]) -> str:
-  lines = [_HEADER, "@gluon.jit", f"def {name}({', '.join(params)}):"]
-  lines += [f"    {n}: gl.constexpr = {text}" for text, n in gen.constexprs.items()]
+  lines = [_HEADER, "@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
   lines += [f"    {d}" for d in gen.descriptor_lines]
   lines += gen.lines
+  return "\n".join(lines) + "\n"
+
+
+def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids) -> str:
+  """One function per thread, and the kernel: descriptors, collective scratch, the split."""
+  from pallax._src.mosaic_gpu import gluon_threads
+  shared = list(dict.fromkeys(
+      params + list(gen.descriptors.values()) + [i.name for i in ids if isinstance(i, ex.Name)]
+      + gen.hoisted_names()))
+  lines = [_HEADER]
+  for t, (body, _) in enumerate(parts):
+    lines += ["@gluon.jit", f"def {name}_t{t}({', '.join(shared)}):"] + _constexprs(gen)
+    lines += body + [""]
+  lines += ["@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
+  lines += [f"    {d}" for d in gen.descriptor_lines] + main
+  lines += gluon_threads.split(name, shared, parts)
   return "\n".join(lines) + "\n"

@@ -276,6 +276,9 @@ def _while(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
 @rule(ji.cond_p)
 def _cond(ctx, index, *ops, branches, **_):
   gen = ctx.gen
+  if isinstance(index, Lit):   # decided when the code is written (a thread's own branch)
+    k = int(np.clip(int(index.value), 0, len(branches) - 1))
+    return gen.lower_jaxpr(branches[k], list(ops))
   if len(branches) != 2:
     gen.unsupported("lax.switch with more than two branches")
   results = [gen.fresh_name("r", a.dtype, a.shape) for a in ctx.avals_out]
@@ -310,11 +313,13 @@ for _p, _param in ((ji.jit_p, "jaxpr"), (ji.closed_call_p, "call_jaxpr"),
 @rule(prims.run_scoped_p)
 def _run_scoped(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
   gen = ctx.gen
-  refs = [_allocate(gen, t, v.aval.inner_aval) for t, v in zip(scratch_types, jaxpr.invars[num_consts:])]
+  refs = gen.hoisted.get(ctx.eqn)   # collective scratch of a thread: allocated before the split
+  if refs is None:
+    refs = [allocate(gen, t, v.aval.inner_aval) for t, v in zip(scratch_types, jaxpr.invars[num_consts:])]
   return gen.lower_jaxpr(jaxpr, [*consts, *refs])
 
 
-def _allocate(gen, kind, aval):
+def allocate(gen, kind, aval):
   shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
   if isinstance(kind, mc.WGMMAAccumulatorRef):
     layout = gen.layout(L.wgmma(shape[1], gen.mma_bits))
@@ -744,5 +749,6 @@ def _wgmma_wait(ctx, *, n):
 
 
 @rule(mp.set_max_registers_p)
-def _set_max_registers(ctx, **_):
+def _set_max_registers(ctx, *, n, action):
+  ctx.gen.registers = n   # the running thread's partition budget (gluon_threads.split)
   return []

@@ -1,0 +1,58 @@
+"""Mosaic GPU threads as Gluon warp specialization.
+
+A ``plgpu`` kernel with ``num_threads=n`` runs one body in n warpgroups that branch on
+``lax.axis_index(thread_name)``. Gluon runs each role as a partition function of
+``gl.warp_specialize``: thread 0 the default partition (the kernel's 4 warps), threads 1..n-1
+workers of 4 warps each. The body is lowered once per thread with its index a literal, so the
+writer's folding turns the thread's ``pl.when`` branches into straight code. Collective scratch
+(``run_scoped(..., collective_axes=thread)``: SMEM, barriers) is allocated once, before the
+split, and handed to every partition; each partition tracks its own barrier phases, as each
+``plgpu`` thread does. ``set_max_registers`` sets a worker's register budget.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pallax._src import jax_internals as ji
+from pallax._src import primitives as prims
+from pallax._src.gpu import expr as ex
+
+WORKER_WARPS = 4
+DEFAULT_WORKER_REGISTERS = 232
+
+
+def hoist(gen, jaxpr, thread_name, allocate) -> None:
+  """Allocates the collective scratch of straight-line code (not inside loops or branches) now,
+  recording it by equation in ``gen.hoisted``."""
+  for eqn in jaxpr.eqns:
+    p = eqn.params
+    if eqn.primitive is prims.run_scoped_p and thread_name in p.get("collective_axes", ()):
+      body = p["jaxpr"]
+      gen.hoisted[eqn] = [allocate(gen, t, v.aval.inner_aval)
+                          for t, v in zip(p["scratch_types"], body.invars[p["num_consts"]:])]
+      hoist(gen, body, thread_name, allocate)
+    elif eqn.primitive in ji.CALL_PRIMITIVES:
+      hoist(gen, p.get("jaxpr", p.get("call_jaxpr")), thread_name, allocate)
+
+
+def partitions(gen, jaxpr, args, info) -> list[tuple[list[str], int | None]]:
+  """(the statements, the register budget) of each thread's partition."""
+  out = []
+  for t in range(info.num_threads):
+    gen.lines, gen.registers = [], None
+    gen.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
+    for ref in gen.hoisted_barriers():
+      gen.emit(f"{ref.phase} = 0")   # each thread waits for its own phases
+    gen.pending_accs = []
+    gen.lower_jaxpr(jaxpr, args)
+    out.append((gen.lines, gen.registers))
+  return out
+
+
+def split(name: str, params: list[str], parts) -> list[str]:
+  """The statement that runs the partitions (``gl.warp_specialize``)."""
+  args = f"({', '.join(params)},)"
+  fns = ", ".join(f"({name}_t{t}, {args})" for t in range(len(parts)))
+  warps = [WORKER_WARPS] * (len(parts) - 1)
+  regs = [r or DEFAULT_WORKER_REGISTERS for _, r in parts[1:]]
+  return [f"    gl.warp_specialize([{fns}], {warps}, {regs})"]
