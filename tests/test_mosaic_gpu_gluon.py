@@ -78,11 +78,15 @@ def test_lowers_to_sm90a_ptx_without_a_gpu():
 
 
 def test_what_the_gluon_backend_cannot_express_says_so():
-  def two_threads(o_ref):
-    o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
-  f = plgpu.kernel(two_threads, out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+  def scratch_in_a_loop(o_ref):
+    def step(k, _):
+      def scope(smem):
+        smem[...] = jnp.zeros(smem.shape, smem.dtype)
+      pl.run_scoped(scope, plgpu.SMEM((128,), jnp.float32), collective_axes="wg")
+    lax.fori_loop(0, 2, step, None)
+  f = plgpu.kernel(scratch_in_a_loop, out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
                    num_threads=2, thread_name="wg")
-  with pytest.raises(NotImplementedError, match="num_threads > 1.*interpret=True"):
+  with pytest.raises(NotImplementedError, match="allocations inside loops.*interpret=True"):
     plgpu.lower(f)
 
   def dynamic_smem_slice(o_ref, smem):
