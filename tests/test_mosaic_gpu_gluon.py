@@ -82,6 +82,7 @@ def test_what_the_gluon_backend_cannot_express_says_so():
     def step(k, _):
       def scope(smem):
         smem[...] = jnp.zeros(smem.shape, smem.dtype)
+        o_ref[...] = smem[...]
       pl.run_scoped(scope, plgpu.SMEM((128,), jnp.float32), collective_axes="wg")
     lax.fori_loop(0, 2, step, None)
   f = plgpu.kernel(scratch_in_a_loop, out_type=jax.ShapeDtypeStruct((128,), jnp.float32),

@@ -261,7 +261,7 @@ def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids
   lines = [_HEADER]
   for t, (body, _) in enumerate(parts):
     lines += ["@gluon.jit", f"def {name}_t{t}({', '.join(shared)}):"] + _constexprs(gen)
-    lines += body + [""]
+    lines += body + ["    pass", ""]   # a thread may have nothing to do
   lines += ["@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
   lines += [f"    {d}" for d in gen.descriptor_lines] + main
   lines += gluon_threads.split(name, shared, parts)
