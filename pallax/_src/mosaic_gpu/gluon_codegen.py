@@ -91,6 +91,8 @@ class Writer(src.Source):
     self.conversions: list = []              # (from, to, shape, line) of each layout conversion
     self.hoisted: dict = {}                  # collective run_scoped equation -> its Refs
     self.registers = None                    # the running thread's set_max_registers
+    self.pending_accs: list = []             # accumulators with a wgmma maybe in flight
+    self.grouped_stores = False              # copy_smem_to_gmem(commit_group=False) seen
 
   def hoisted_barriers(self) -> list:
     return [r for refs in self.hoisted.values() for r in refs if isinstance(r, BarrierRef)]

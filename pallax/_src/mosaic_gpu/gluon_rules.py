@@ -687,8 +687,7 @@ def _wait_smem_to_gmem(ctx, *, n, wait_read_only):
   # Gluon waits for a store's reads of SMEM only, and counts each store as a group: with groups
   # of several stores (commit_group=False), wait for all of them. A kernel that reads back what it
   # stored (needing the writes) is refused in codegen.generate.
-  grouped = ctx.gen.__dict__.get("grouped_stores", False)
-  ctx.gen.emit(f"tma.store_wait({0 if grouped else n})")
+  ctx.gen.emit(f"tma.store_wait({0 if ctx.gen.grouped_stores else n})")
   return []
 
 
@@ -725,7 +724,7 @@ def _wgmma(ctx, *invals, trees):
   # The operands stay alive (and unwritten) while the wgmma may read them.
   gen.emit(f"{acc_ref.name}, _, _ = hopper.warpgroup_mma_wait(1, deps=[{acc_ref.name}, {a_view.text}, "
            f"{b_view.text}])")
-  pending = gen.__dict__.setdefault("pending_accs", [])
+  pending = gen.pending_accs
   if acc_ref not in pending:
     pending.append(acc_ref)
   return []
@@ -733,7 +732,7 @@ def _wgmma(ctx, *invals, trees):
 
 def _wait_all(gen, accs):
   """Waits for every wgmma into ``accs`` (reading an accumulator, or wgmma_wait(0))."""
-  pending = gen.__dict__.setdefault("pending_accs", [])
+  pending = gen.pending_accs
   for acc in accs:
     gen.emit(f"{acc.name} = hopper.warpgroup_mma_wait(0, deps=[{acc.name}])")
     if acc in pending:
@@ -744,7 +743,7 @@ def _wait_all(gen, accs):
 def _wgmma_wait(ctx, *, n):
   # After each wgmma at most that one is in flight (see _wgmma): only n = 0 waits here.
   if n == 0:
-    _wait_all(ctx.gen, list(ctx.gen.__dict__.get("pending_accs", [])))
+    _wait_all(ctx.gen, list(ctx.gen.pending_accs))
   return []
 
 
