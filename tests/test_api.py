@@ -1728,10 +1728,8 @@ def test_vmap_size_one_batch():
 def test_grad_raises_not_implemented_mentioning_custom_vjp():
   x = jnp.asarray(Rand()((10,)))
   call = _add_call()
-  with pytest.raises(NotImplementedError, match="custom_vjp"):
+  with pytest.raises(NotImplementedError, match="reverse-mode.*forward \\(jax.jvp\\).*custom_vjp"):
     jax.grad(lambda v: call(v, v).sum())(x)
-  with pytest.raises(NotImplementedError, match="custom_vjp"):
-    jax.jvp(lambda v: call(v, v), (x,), (x,))
   with pytest.raises(NotImplementedError, match="custom_vjp"):
     jax.jit(jax.grad(lambda v: call(v, x).sum()))(x)
 

@@ -6,6 +6,7 @@ stable name, so that a JAX upgrade touches one file.
 import os
 
 from jax._src import ad_checkpoint
+from jax._src import ad_util
 from jax._src import api_util
 from jax._src import checkify as checkify_internals
 from jax._src import core
@@ -63,6 +64,8 @@ remat_p = ad_checkpoint.remat_p
 check_p = checkify_internals.check_p
 copy_p = lax_internals.copy_p
 add_p = lax_internals.add_p
+add_any_p = ad_util.add_jaxvals_p   # the sum of two tangents in JVP jaxprs
+one_minus_square_p = lax_internals.one_minus_square_p   # tanh's derivative in JVP jaxprs
 optimization_barrier_p = lax_internals.optimization_barrier_p
 # Equations whose sub-jaxpr runs once, in place, on the equation's operands.
 CALL_PRIMITIVES = (jit_p, closed_call_p, custom_jvp_call_p, custom_vjp_call_p, remat_p)

@@ -31,6 +31,7 @@ What a GPU emitter may assume about ``legalize(jaxpr, cc)`` (sub-jaxprs included
 11. ``population_count``/``clz`` see int32 or int64 only.
 12. Float ``argmax``/``argmin`` see no NaN (a NaN anywhere wins, the first one: lax's rule).
 14. ``reduce_sum``/``cumsum`` see no 8- or 16-bit integers (summed in 32 bits, converted back).
+15. ``one_minus_square`` (tanh's derivative, in JVP kernels) is ``1 - x * x``.
 
 Left to the emitter: NaN-propagating ``max``/``min`` and max/min reductions, padding lanes with
 neutral values, float32 ``div`` (Triton's ``/`` is ``div.full.f32``, within 2 ulps, as in
@@ -426,6 +427,14 @@ def _erf_inv(ctx, x, **params):
 
 
 RULES[lax.erf_inv_p] = _erf_inv
+
+
+def _one_minus_square(ctx, x):
+  """tanh's derivative in JVP kernels: ``1 - x * x``, as XLA expands it."""
+  return lax.sub(lax.full_like(x, 1), lax.mul(x, x))
+
+
+RULES[ji.one_minus_square_p] = _one_minus_square
 
 
 # --- 6-9, 13. sign bits, compares and selects -------------------------------------------------

@@ -63,6 +63,7 @@ def _binary_rule(op, compare=False):
 
 for _p, _op in _BINARY.items():
   rule(_p)(_binary_rule(_op))
+rule(ji.add_any_p)(_binary_rule("+"))
 for _p, _op in _COMPARE.items():
   rule(_p)(_binary_rule(_op, compare=True))
 

@@ -39,6 +39,7 @@ def _compare_rule(op):
 
 for _p, _op in _BINARY.items():
   rule(_p)(_binary_rule(_op))
+rule(ji.add_any_p)(_binary_rule("+"))   # tangents summed in a JVP kernel
 for _p, _op in _COMPARE.items():
   rule(_p)(_compare_rule(_op))
 
