@@ -284,20 +284,26 @@ def _check_box(th, smem: View, gmem: View, what: str):
                f"of shape {gshape} has a stride of {int(np.prod(gshape[k + 1:])) * itemsize} bytes")
 
 
-def _predicated_off(eqn, rest) -> bool:
-  return eqn.params.get("has_predicate") and not bool(rest[0])
+def _copy_views(th, eqn, invals, spaces):
+  """(source view, destination view, barrier Ref or None) of a TMA copy, its memory spaces
+  checked; None when its predicate is off."""
+  (src, dst, bar), rest = mp.split_refs(invals, eqn.params["trees"])
+  if eqn.params.get("has_predicate") and not bool(rest[0]):
+    return None
+  src, dst = src[0].at(src[1]), dst[0].at(dst[1])
+  _space(th, src, spaces[0], eqn.primitive.name, "source")
+  _space(th, dst, spaces[1], eqn.primitive.name, "destination")
+  return src, dst, bar
 
 
 @rule(mp.copy_gmem_to_smem_p)
 def _copy_gmem_to_smem(th, eqn, invals):
-  (src, dst, bar), rest = mp.split_refs(invals, eqn.params["trees"])
   yield from ()
-  if _predicated_off(eqn, rest):
+  views = _copy_views(th, eqn, invals, ("gmem", "smem"))
+  if views is None:
     return []
+  src, dst, bar = views
   what = "copy_gmem_to_smem"
-  src, dst = src[0].at(src[1]), dst[0].at(dst[1])
-  _space(th, src, "gmem", what, "source")
-  _space(th, dst, "smem", what, "destination")
   if bar is None:
     fail(th, f"{what} needs a barrier on Hopper GPUs (TMA): pass plgpu.Barrier scratch and "
              "barrier_wait on it before reading the data")
@@ -320,14 +326,12 @@ def _copy_gmem_to_smem(th, eqn, invals):
 
 @rule(mp.copy_smem_to_gmem_p)
 def _copy_smem_to_gmem(th, eqn, invals):
-  (src, dst, _), rest = mp.split_refs(invals, eqn.params["trees"])
   yield from ()
-  if _predicated_off(eqn, rest):
+  views = _copy_views(th, eqn, invals, ("smem", "gmem"))
+  if views is None:
     return []
+  src, dst, _ = views
   what = "copy_smem_to_gmem"
-  src, dst = src[0].at(src[1]), dst[0].at(dst[1])
-  _space(th, src, "smem", what, "source")
-  _space(th, dst, "gmem", what, "destination")
   _check_box(th, src, dst, what)
   mask = _mask(src)
   _check_committed(th, src, mask, what)
