@@ -1,4 +1,4 @@
-"""A one-warpgroup Mosaic GPU kernel as ``@gluon.jit`` source for Hopper (sm_90a).
+"""A Mosaic GPU kernel as ``@gluon.jit`` source for Hopper (sm_90a).
 
 The kernel jaxpr is walked by the shared ``gpu/source.py`` writer with the rules of
 ``gluon_rules.py``. Refs become objects the rules understand: GMEM operands (a pointer and a TMA
@@ -160,8 +160,8 @@ def _grid_ids(gen: Writer, grid) -> list[ex.Expr]:
 
 
 def generate(params) -> GluonSource:
-  """The Gluon source of ``params``' kernel (one warpgroup)."""
-  from pallax._src.mosaic_gpu import gluon_rules  # noqa: F401 (fills TABLE)
+  """The Gluon source of ``params``' kernel (threads: see ``gluon_threads.py``)."""
+  from pallax._src.mosaic_gpu import gluon_rules  # fills TABLE
   info = params.threads
   threads = info is not None and info.num_threads > 1
   gm = params.grid_mapping
@@ -186,7 +186,7 @@ def generate(params) -> GluonSource:
     refs.append(GmemRef(ptr, tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), bm.origin))
     signature[ptr] = "*" + ex.SIGNATURE[np.dtype(bm.array_aval.dtype).name]
   if threads:
-    from pallax._src.mosaic_gpu import gluon_rules, gluon_threads
+    from pallax._src.mosaic_gpu import gluon_threads
     gluon_threads.hoist(gen, jaxpr, info.thread_name, gluon_rules.allocate)
     main = gen.lines
     parts = gluon_threads.partitions(gen, jaxpr, [*ids, *refs], info)

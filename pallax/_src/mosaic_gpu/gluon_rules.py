@@ -1,5 +1,5 @@
-"""Gluon rules, one per primitive of a one-warpgroup Mosaic GPU kernel: ``rule(ctx, *operands,
-**params)`` as in ``gpu/source.py``. The Refs are the objects of ``gluon_codegen.py``."""
+"""Gluon rules, one per primitive of a Mosaic GPU kernel (one thread's code): ``rule(ctx,
+*operands, **params)`` as in ``gpu/source.py``. The Refs are the objects of ``gluon_codegen.py``."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,10 +25,6 @@ def _i32(v) -> Lit:
 
 def _dtype(d) -> ex.Token:
   return ex.Token(ex.dtype_name(d, "gl"))
-
-
-def _text(gen, e) -> str:
-  return gen.render(e)
 
 
 # --- scalars and register tiles ----------------------------------------------------------------
