@@ -1,5 +1,5 @@
 """The Mosaic GPU programming model (spec 003): ``import pallax.mosaic_gpu as plgpu`` in place of
-``import jax.experimental.pallas.mosaic_gpu as plgpu``.
+JAX's Mosaic GPU module (the ``plgpu`` of JAX Pallas).
 
 Kernels written with it run in pallax's interpreter on any machine, with checks of the rules the
 hardware leaves to the user (barrier phases, commits, in-flight copies, deadlocks). On Hopper GPUs

@@ -259,6 +259,18 @@ class KernelArgs:
     return tuple(names)
 
 
+def _check_signature(kernel, name, kernel_args: KernelArgs, ref_names):
+  n_pos = len(jax.tree.unflatten(kernel_args.positional, [0] * kernel_args.positional.num_leaves))
+  kw_names = () if kernel_args.keyword is None else tuple(
+      jax.tree.unflatten(kernel_args.keyword, [0] * kernel_args.keyword.num_leaves))
+  if not _binds(kernel, n_pos, kw_names):
+    raise TypeError(
+        f"pallas_call {name}: the kernel {name}{_signature(kernel)} cannot take {n_pos} Ref arguments"
+        + (f" and keyword Refs {list(kw_names)}" if kw_names else "")
+        + f" (the Refs are {', '.join(ref_names)}); give the kernel one parameter per input, "
+        "output and scratch buffer")
+
+
 def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid_names=(),
                  kernel_args: KernelArgs | None = None, allow_ref_consts: bool = False,
                  extra_axes=()):
@@ -271,15 +283,7 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
   second trace with those Refs appended.
   """
   kernel_args = kernel_args or KernelArgs.flat(len(ref_avals))
-  n_pos = len(jax.tree.unflatten(kernel_args.positional, [0] * kernel_args.positional.num_leaves))
-  kw_names = () if kernel_args.keyword is None else tuple(
-      jax.tree.unflatten(kernel_args.keyword, [0] * kernel_args.keyword.num_leaves))
-  if not _binds(kernel, n_pos, kw_names):
-    raise TypeError(
-        f"pallas_call {name}: the kernel {name}{_signature(kernel)} cannot take {n_pos} Ref arguments"
-        + (f" and keyword Refs {list(kw_names)}" if kw_names else "")
-        + f" (the Refs are {', '.join(ref_names)}); give the kernel one parameter per input, "
-        "output and scratch buffer")
+  _check_signature(kernel, name, kernel_args, ref_names)
   requested: list[Any] = []
 
   def run(global_refs, *args):

@@ -1,6 +1,6 @@
 """``emit_pipeline`` and ``emit_pipeline_warp_specialized``: pallax's own pipelining library code
-over the Mosaic GPU primitives, with the API and the behaviour of JAX's
-``jax.experimental.pallas.mosaic_gpu`` pipelines.
+over the Mosaic GPU primitives, with the API and the behaviour of the pipelines of JAX's Mosaic
+GPU module.
 
 A pipeline runs ``body`` once per step of a sequential ``grid`` (row-major, the last axis fastest).
 Each input block is copied GMEM->SMEM by TMA into one of ``max_concurrent_steps`` SMEM slots (step
@@ -420,23 +420,9 @@ def emit_pipeline_warp_specialized(body: Callable[..., Any], *, grid, memory_reg
   flat_in, in_tree = jax.tree.flatten(in_specs)
   flat_out, out_tree = jax.tree.flatten(out_specs)
   flat_in, flat_out = tuple(map(_gpu_spec, flat_in)), tuple(map(_gpu_spec, flat_out))
-  if any(s.collective_axes and len(s.collective_axes) > 1 for s in flat_in):
-    raise ValueError("Only a single collective axis supported in input BlockSpecs")
-  if any(s.collective_axes for s in flat_out):
-    raise ValueError("Output BlockSpecs cannot have collective_axes")
-  if not all(map(_in_smem, flat_in + flat_out)):
-    raise NotImplementedError("emit_pipeline_warp_specialized: every block must be staged in "
-                              "SMEM (memory_space=plgpu.SMEM or unset)")
-  delay = _common_delay(flat_in)
-  if max_concurrent_steps <= delay:
-    raise ValueError("max_concurrent_steps must be greater than delay_release, but "
-                     f"max_concurrent_steps={max_concurrent_steps}, delay_release={delay}")
-  if memory_thread_idx is None:
-    memory_thread_idx = num_compute_wgs
-  if memory_thread_idx != num_compute_wgs:
-    raise NotImplementedError("Memory thread must be the last thread.")
-  if not all(_varies_with_grid(s, len(grid)) for s in flat_in):
-    raise NotImplementedError("Only inputs with a dependency on the grid are supported.")
+  delay = _check_warp_specialized(flat_in, flat_out, grid, max_concurrent_steps, memory_thread_idx,
+                                  num_compute_wgs)
+  memory_thread_idx = num_compute_wgs
   out_varies = [_varies_with_grid(s, len(grid)) for s in flat_out]
   num_steps = _num_steps(grid)
   slots = _slots(max_concurrent_steps, num_steps)
@@ -453,15 +439,8 @@ def emit_pipeline_warp_specialized(body: Callable[..., Any], *, grid, memory_reg
   def get_allocations(*gmem_refs):
     flat_i, flat_o = flat_gmem(gmem_refs)
     _cluster_axes_of_size_one(flat_in)
-    consumed = mc.Barrier(num_arrivals=num_compute_wgs, num_barriers=slots)
-    return dict(
-        in_smem=[_smem_type(s, r, slots) for s, r in zip(flat_in, flat_i)],
-        out_smem=[_smem_type(s, r, slots if v else 1)
-                  for s, r, v in zip(flat_out, flat_o, out_varies)],
-        # Automatic barriers: one per slot for all inputs; manual ones: one per input.
-        produced=([mc.Barrier(num_barriers=slots) for _ in flat_in] if manual_produced_barriers
-                  else [mc.Barrier(num_arrivals=len(flat_in), num_barriers=slots)]),
-        consumed=[consumed] * (len(flat_in) if manual_consumed_barriers else 1))
+    return _allocations(flat_in, flat_out, flat_i, flat_o, slots, out_varies, num_compute_wgs,
+                        manual_produced_barriers, manual_consumed_barriers)
 
   def pipeline(*gmem_refs, allocations=None):
     flat_i, flat_o = flat_gmem(gmem_refs)
@@ -481,6 +460,40 @@ def emit_pipeline_warp_specialized(body: Callable[..., Any], *, grid, memory_reg
 
   pipeline.get_allocations = get_allocations
   return pipeline
+
+
+def _check_warp_specialized(flat_in, flat_out, grid, max_concurrent_steps, memory_thread_idx,
+                            num_compute_wgs) -> int:
+  """Refuses what the warp-specialized pipeline cannot do; returns the inputs' delay_release."""
+  if any(s.collective_axes and len(s.collective_axes) > 1 for s in flat_in):
+    raise ValueError("Only a single collective axis supported in input BlockSpecs")
+  if any(s.collective_axes for s in flat_out):
+    raise ValueError("Output BlockSpecs cannot have collective_axes")
+  if not all(map(_in_smem, flat_in + flat_out)):
+    raise NotImplementedError("emit_pipeline_warp_specialized: every block must be staged in "
+                              "SMEM (memory_space=plgpu.SMEM or unset)")
+  delay = _common_delay(flat_in)
+  if max_concurrent_steps <= delay:
+    raise ValueError("max_concurrent_steps must be greater than delay_release, but "
+                     f"max_concurrent_steps={max_concurrent_steps}, delay_release={delay}")
+  if memory_thread_idx is not None and memory_thread_idx != num_compute_wgs:
+    raise NotImplementedError("Memory thread must be the last thread.")
+  if not all(_varies_with_grid(s, len(grid)) for s in flat_in):
+    raise NotImplementedError("Only inputs with a dependency on the grid are supported.")
+  return delay
+
+
+def _allocations(flat_in, flat_out, flat_i, flat_o, slots, out_varies, num_compute_wgs,
+                 manual_produced, manual_consumed) -> dict:
+  """The scratch of a warp-specialized pipeline: SMEM slots and the produced/consumed barriers."""
+  consumed = mc.Barrier(num_arrivals=num_compute_wgs, num_barriers=slots)
+  return dict(
+      in_smem=[_smem_type(s, r, slots) for s, r in zip(flat_in, flat_i)],
+      out_smem=[_smem_type(s, r, slots if v else 1) for s, r, v in zip(flat_out, flat_o, out_varies)],
+      # Automatic barriers: one per slot for all inputs; manual ones: one per input.
+      produced=([mc.Barrier(num_barriers=slots) for _ in flat_in] if manual_produced
+                else [mc.Barrier(num_arrivals=len(flat_in), num_barriers=slots)]),
+      consumed=[consumed] * (len(flat_in) if manual_consumed else 1))
 
 
 @dataclasses.dataclass(frozen=True)
