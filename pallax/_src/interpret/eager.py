@@ -29,6 +29,7 @@ import numpy as np
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
+from pallax._src import plan as kplan
 from pallax._src import primitives as prims
 
 
@@ -506,18 +507,23 @@ def _block_view(bm, buf: Buffer, ids, kernel: str) -> View:
   return View(buf, (ji.NDIndexer(tuple(parts), buf.data.shape, (), validate=False),))
 
 
+def _kind(params) -> tuple[bool, bool]:
+  """(a Mosaic GPU kernel: threads, or a primitive only they have; a kernel asking for its
+  position by name, ``lax.axis_index``, which the vectorized interpreter cannot give)."""
+  mosaic = getattr(params, "threads", None) is not None or jaxpr_util.uses(params.jaxpr, EAGER_ONLY)
+  return mosaic, mosaic or jaxpr_util.uses(params.jaxpr, {ji.axis_index_p})
+
+
+_kinds = kplan.PerParams()   # computed once per pallas_call: eager calls ask at every call
+
+
 def is_mosaic_gpu(params) -> bool:
-  """Whether ``params``' kernel is a Mosaic GPU kernel (threads, or a primitive only they have)."""
-  if getattr(params, "threads", None) is not None:
-    return True
-  return jaxpr_util.uses(params.jaxpr, EAGER_ONLY)
+  return _kinds.get(params, _kind)[0]
 
 
 def applies(params) -> bool:
-  """Whether the interpreter runs ``params``' kernel here: Mosaic GPU kernels, and kernels that
-  ask for their position by name (``lax.axis_index``), which the vectorized interpreter cannot
-  give."""
-  return is_mosaic_gpu(params) or jaxpr_util.uses(params.jaxpr, {ji.axis_index_p})
+  """Whether this interpreter runs ``params``' kernel (Mosaic GPU kernels, ``lax.axis_index``)."""
+  return _kinds.get(params, _kind)[1]
 
 
 EAGER_ONLY: set = set()    # primitives that only this interpreter runs (registered with rules)

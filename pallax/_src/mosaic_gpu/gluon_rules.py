@@ -600,6 +600,15 @@ def _end(gen, opened):
     gen.depth -= 1
 
 
+def _tma(gen, smem_ref, gmem_ref):
+  """(the SMEM side's expression, the descriptor, the box's coordinates, its bytes) of a copy."""
+  smem = _smem_view(gen, *smem_ref)
+  starts, box = _gmem_coords(gen, *gmem_ref)
+  text, layout = _box_view(gen, smem, box)
+  coords = ", ".join(gen.render(s) for s in starts)
+  return text, gen.descriptor(gmem_ref[0], box, layout), coords, int(np.prod(box)) * smem.dtype.itemsize
+
+
 @rule(mp.copy_gmem_to_smem_p)
 def _copy_gmem_to_smem(ctx, *invals, **params):
   gen = ctx.gen
@@ -610,17 +619,13 @@ def _copy_gmem_to_smem(ctx, *invals, **params):
     raise NotImplementedError("copy_gmem_to_smem needs a barrier on Hopper")
   if not isinstance(src[0], GmemRef) or not isinstance(dst[0], SmemRef):
     raise ValueError("copy_gmem_to_smem copies from GMEM to SMEM")
-  smem = _smem_view(gen, *dst)
-  starts, box = _gmem_coords(gen, *src)
+  target, desc, coords, nbytes = _tma(gen, dst, src)
   gen.read.add(src[0].ptr)
   barrier = _barrier_view(gen, *bar)
-  target, layout = _box_view(gen, smem, box)
-  desc = gen.descriptor(src[0], box, layout)
-  nbytes = int(np.prod(box)) * smem.dtype.itemsize
   b = f"{barrier.name}.index({gen.render(barrier.index)})"
   opened = _predicated(gen, ctx.eqn, rest)
   gen.emit(f"mbarrier.expect({b}, {nbytes})")
-  gen.emit(f"tma.async_copy_global_to_shared({desc}, [{', '.join(gen.render(s) for s in starts)}], {b}, {target})")
+  gen.emit(f"tma.async_copy_global_to_shared({desc}, [{coords}], {b}, {target})")
   _end(gen, opened)
   return []
 
@@ -635,13 +640,10 @@ def _copy_smem_to_gmem(ctx, *invals, **params):
     gen.grouped_stores = True   # Gluon groups each store alone: waits become waits for all
   if not isinstance(src[0], SmemRef) or not isinstance(dst[0], GmemRef):
     raise ValueError("copy_smem_to_gmem copies from SMEM to GMEM")
-  smem = _smem_view(gen, *src)
-  starts, box = _gmem_coords(gen, *dst)
-  source, layout = _box_view(gen, smem, box)
-  desc = gen.descriptor(dst[0], box, layout)
+  source, desc, coords, _ = _tma(gen, src, dst)
   gen.stored.add(dst[0].ptr)
   opened = _predicated(gen, ctx.eqn, rest)
-  gen.emit(f"tma.async_copy_shared_to_global({desc}, [{', '.join(gen.render(s) for s in starts)}], {source})")
+  gen.emit(f"tma.async_copy_shared_to_global({desc}, [{coords}], {source})")
   _end(gen, opened)
   return []
 
