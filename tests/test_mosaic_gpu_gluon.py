@@ -121,18 +121,25 @@ def _on_hopper() -> bool:
 gpu = pytest.mark.skipif(not _on_hopper(), reason="needs a Hopper GPU")
 
 
+@pytest.fixture(autouse=True)
+def _gluon_ran(request):
+  """A GPU test here must have run a kernel on Gluon (not quietly in the interpreter)."""
+  from pallax._src.mosaic_gpu import gluon_compile
+  before = gluon_compile.LAUNCHES
+  yield
+  if request.node.get_closest_marker("gpu") is not None and _on_hopper():
+    assert gluon_compile.LAUNCHES > before, "the Gluon backend was not used"
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("rows", [192, 100], ids=["whole_blocks", "partial_block"])
 def test_scale_rows_on_the_gpu_matches_the_interpreter(dtype, rows):
-  from pallax._src.mosaic_gpu import gluon_compile
-  before = gluon_compile.LAUNCHES
   x = jax.random.normal(jax.random.key(rows), (rows, 64), dtype)
   got = np.asarray(jax.jit(scale_rows)(x), np.float32)
   want = np.asarray(scale_rows(x, interpret=True), np.float32)
   np.testing.assert_array_equal(got, want)
-  assert gluon_compile.LAUNCHES > before, "the Gluon backend was not used"
 
 
 @pytest.mark.gpu

@@ -129,9 +129,10 @@ def flat_indices(view: View) -> np.ndarray:
   return np.ravel_multi_index([c[ok] for c in coords], view.buf.data.shape)
 
 
-def read(view: View, fill=None) -> np.ndarray:
-  """The elements of ``view``; out of bounds: an error, or ``fill`` where given."""
-  coords = view_coords(view)
+def read(view: View, fill=None, coords=None) -> np.ndarray:
+  """The elements of ``view``; out of bounds: an error, or ``fill`` where given. ``coords``:
+  ``view_coords(view)`` if the caller has them already."""
+  coords = view_coords(view) if coords is None else coords
   data = view.buf.data
   if not coords:
     return data.copy()
@@ -142,8 +143,8 @@ def read(view: View, fill=None) -> np.ndarray:
   return out if ok.all() else np.where(ok, out, np.asarray(fill, data.dtype))
 
 
-def write(view: View, value, drop_out_of_bounds=False, accumulate=False) -> None:
-  coords = view_coords(view)
+def write(view: View, value, drop_out_of_bounds=False, accumulate=False, coords=None) -> None:
+  coords = view_coords(view) if coords is None else coords
   data = view.buf.data
   value = np.broadcast_to(np.asarray(value, data.dtype), coords[0].shape if coords else data.shape)
   if not coords:
@@ -370,11 +371,11 @@ def _set(th, eqn, invals):
     fail(th, _oob_message(view, coords, ok, "write to"), IndexError)
   _checked(ON_WRITE, th, view, "store")
   try:
-    old = read(view, fill=0 if a.mask is not None else None)
+    old = read(view, fill=0 if a.mask is not None else None, coords=coords)
     new = _np(a.values[0])
     if a.mask is not None:
       new = np.where(_np(a.mask), new, old)
-    write(view, new, accumulate=accumulate)
+    write(view, new, accumulate=accumulate, coords=coords)
   except IndexError as e:
     fail(th, str(e), IndexError)
   yield from ()
