@@ -44,6 +44,7 @@ class Prepared:
   sequential: tuple[int, ...]   # the axes looped over, in row-major order
   checked: bool                 # whether the kernel can fail a check
   detect_races: bool
+  map_lanes: bool               # lanes run one after another (lax.map), not batched (vmap)
 
 
 def _prepare(params) -> Prepared:
@@ -61,8 +62,10 @@ def _prepare(params) -> Prepared:
   if params.debug:
     print(f"pallax interpreter schedule for {params.name}: parallel axes {parallel}, sequential "
           f"axes {sequential} ({plan.schedule.reason})")
+  # JAX cannot check a while loop whose trip count differs between batched lanes.
+  map_lanes = checked and jaxpr_util.uses(checked_jaxpr, (ji.while_p,))
   return Prepared(plan, ji.discharge_state(checked_jaxpr), parallel, sequential, checked,
-                  ip.detect_races)
+                  ip.detect_races, map_lanes)
 
 
 _prepared = kplan.PerParams()
@@ -262,12 +265,24 @@ def _run_programs(call: Call, seq_coords, state: State):
   lane = functools.partial(_program_at, call, seq_coords, index_vals, ins, state.outs, state.glob)
   if not par:
     return lane(*state.scratch)
+  if call.prep.map_lanes:
+    return _map_lanes(lane, [grid[a] for a in par], state.scratch)
   fn = lane
   for level in reversed(range(len(par))):
     axes = [None] * len(par) + [0] * len(state.scratch)
     axes[level] = 0
     fn = jax.vmap(fn, in_axes=tuple(axes))
   return fn(*[jnp.arange(grid[a], dtype=jnp.int32) for a in par], *state.scratch)
+
+
+def _map_lanes(lane, sizes, scratch):
+  """The lanes one after another, with results stacked as the nested vmaps stack them: checks
+  inside a while loop then see one lane's trip count."""
+  n = math.prod(sizes)
+  ids = _unravel(jnp.arange(n, dtype=jnp.int32), sizes)
+  flat = [s.reshape((n,) + s.shape[len(sizes):]) for s in scratch]
+  res = lax.map(lambda a: lane(*a), (*ids, *flat))
+  return jax.tree.map(lambda x: x.reshape(tuple(sizes) + x.shape[1:]), res)
 
 
 def _program_at(call: Call, seq_coords, index_vals, ins, outs, glob, *par_ids_and_scratch):
