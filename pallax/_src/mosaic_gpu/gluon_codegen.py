@@ -41,6 +41,8 @@ class SmemRef:
   shape: tuple
   dtype: np.dtype
   layout: str
+  swizzle: int = 0        # bytes (the buffer's): where it may be sliced
+  lead: tuple = ()        # leading dimensions stored flattened into one (buffers of rank > 3)
 
 
 @dataclasses.dataclass

@@ -22,20 +22,33 @@ def check_shape(shape, what: str, kind: str = "register tiles"):
                               "powers of two in every dimension; padding is not done yet)")
 
 
+def _blocked_params(shape, dtype):
+  vec = max(1, min(shape[-1] if shape else 1, 16 // np.dtype(dtype).itemsize))
+  lanes_c = max(1, min(32, shape[-1] // vec)) if len(shape) > 1 else 32
+  return vec, lanes_c, 32 // lanes_c
+
+
 def blocked(shape, dtype) -> str:
   """A coalesced layout: 16-byte vectors along the last dimension, warps along the first."""
   shape = tuple(shape)
-  vec = max(1, min(shape[-1] if shape else 1, 16 // np.dtype(dtype).itemsize))
+  vec, lanes_c, lanes_r = _blocked_params(shape, dtype)
   if len(shape) <= 1:
     return f"gl.BlockedLayout([{vec}], [32], [{WARPS}], [0])"
-  lanes_c = max(1, min(32, shape[-1] // vec))
-  lanes_r = 32 // lanes_c
   lead = len(shape) - 2
   spt = [1] * lead + [1, vec]
   tpw = [1] * lead + [lanes_r, lanes_c]
   wpc = [1] * lead + [WARPS, 1]
   order = list(range(len(shape) - 1, -1, -1))
   return f"gl.BlockedLayout({spt}, {tpw}, {wpc}, {order})"
+
+
+def coverage(kind: str, shape, dtype) -> tuple:
+  """The extent of a layout's one repetition along each dimension of a 2-D tile: a dimension
+  larger than that repeats in each thread's registers, so its halves are in the same thread."""
+  if kind == "wgmma":
+    return (16 * WARPS, 8)       # 16 rows a warp; 2 of each 8 columns a thread
+  vec, lanes_c, lanes_r = _blocked_params(tuple(shape), dtype)
+  return (lanes_r * WARPS, vec * lanes_c)
 
 
 def wgmma(n: int, in_bits: int) -> str:

@@ -198,6 +198,70 @@ def _iota(ctx, *, dtype, shape, dimension, **_):
   return _broadcast_tile(ctx, v, shape, (dimension,))
 
 
+def _half(gen, x, dim: int, upper: bool):
+  """The lower or upper half of register tile ``x`` along ``dim``: Gluon has no slicing of
+  registers, but splits a trailing dimension of 2 (reshape, move it last, split)."""
+  shape = list(x.shape)
+  split = shape[:dim] + [2, shape[dim] // 2] + shape[dim + 1:]
+  order = [d for d in range(len(shape) + 1) if d != dim] + [dim]
+  pair = gen.fresh("halves")
+  gen.emit(f"{pair} = {gen.render(x)}.reshape({split}).permute({tuple(order)}).split()")
+  shape[dim] //= 2
+  return ex.Subscript(ex.Name(pair), (_i32(int(upper)),), dtype=x.dtype, shape=tuple(shape))
+
+
+def _kind(gen, layout) -> str:
+  text = next((t for t, name in gen.constexprs.items() if name == layout), "")
+  return "wgmma" if text.startswith("gl.NVMMADistributedLayout") else \
+      "blocked" if text.startswith("gl.BlockedLayout") else "other"
+
+
+def _halve(gen, v, dim: int, upper: bool):
+  """One halving of a 2-D tile, in a layout that keeps both halves in each thread's registers
+  (a wgmma accumulator stays one while it has more rows than a warpgroup covers)."""
+  kind = _kind(gen, gen.layout_of(v))
+  if kind == "other" or L.coverage(kind, v.shape, v.dtype)[dim] * 2 > v.shape[dim]:
+    # The layout of a half-size tile: on the whole tile it repeats once along ``dim``.
+    half_shape = tuple(n // 2 if d == dim else n for d, n in enumerate(v.shape))
+    kind = "blocked"
+    v = _convert_layout(gen, v, gen.layout(L.blocked(half_shape, v.dtype)))
+    if L.coverage(kind, half_shape, v.dtype)[dim] > half_shape[dim]:
+      gen.unsupported(f"slicing a register tile of shape {v.shape} along dimension {dim} into "
+                      "pieces smaller than a warp's rows or a thread's vector")
+  half = _half(gen, v, dim, upper)
+  if kind == "wgmma" and half.shape[0] >= 16 * L.WARPS:
+    text = next(t for t, name in gen.constexprs.items() if name == gen.layout_of(v))
+    k = int(text.rsplit(",", 1)[1].strip(" ])"))
+    layout = gen.layout(L.wgmma(half.shape[1], 256 // k))
+  else:
+    layout = gen.layout(L.blocked(half.shape, half.dtype))
+  return gen.value(call("gl.convert_layout", half, ex.Token(layout), dtype=half.dtype,
+                        shape=half.shape), layout)
+
+
+@rule(lax.slice_p)
+def _slice(ctx, x, *, start_indices, limit_indices, strides):
+  """Static slices of a 2-D register tile into power-of-two pieces (an accumulator's epilogue
+  tiles), by halving."""
+  gen = ctx.gen
+  if strides is not None and any(s != 1 for s in strides):
+    gen.unsupported("strided slices of register tiles")
+  if len(x.shape) != 2:
+    gen.unsupported("slices of register tiles other than 2-D ones")
+  v = x
+  for d, (lo, hi, n) in enumerate(zip(start_indices, limit_indices, x.shape)):
+    size = hi - lo
+    if size == n:
+      continue
+    if not (L._pow2(n) and L._pow2(size) and lo % size == 0):
+      gen.unsupported(f"a slice [{lo}:{hi}] of a register tile's dimension of {n} (pieces of "
+                      "a power-of-two size at multiples of it only)")
+    while v.shape[d] > size:
+      half = v.shape[d] // 2
+      v = _halve(gen, v, d, upper=(lo // half) % 2 == 1)
+  return v
+
+
 @rule(ji.axis_index_p)
 def _axis_index(ctx, *, axis_name):
   if axis_name not in ctx.gen.axes:
@@ -334,10 +398,12 @@ def allocate(gen, kind, aval):
     gen.emit(f"{phase} = 0")
     return BarrierRef(name, phase, n)
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
-    layout = gen.layout(L.shared(shape, dtype))
+    stored = shape if len(shape) <= 3 else (int(np.prod(shape[:-2])),) + shape[-2:]
+    layout = gen.layout(L.shared(stored, dtype, max(2, len(stored) - 1)))
     name = gen.fresh("smem")
-    gen.emit(f"{name} = gl.allocate_shared_memory({ex.dtype_name(dtype, 'gl')}, {list(shape)}, {layout})")
-    return SmemRef(name, shape, dtype, layout)
+    gen.emit(f"{name} = gl.allocate_shared_memory({ex.dtype_name(dtype, 'gl')}, {list(stored)}, {layout})")
+    return SmemRef(name, shape, dtype, layout, L.swizzle(shape[-2:], dtype),
+                   lead=shape[:-2] if len(shape) > 3 else ())
   gen.unsupported(f"scratch of type {kind}")
 
 
@@ -380,22 +446,31 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
 # --- views -------------------------------------------------------------------------------------
 
 def _smem_view(gen, ref: SmemRef, transforms) -> SmemRef:
-  text, shape = ref.text, list(ref.shape)
+  text, shape, permuted = ref.text, list(ref.shape), False
+  transforms = list(transforms)
+  if ref.lead:   # a buffer of rank > 3, stored with its leading dimensions flattened
+    if not transforms:
+      gen.unsupported(f"an SMEM buffer of shape {ref.shape} used whole (index its leading dimensions)")
+    text, shape, transforms[0] = _flat_index(gen, ref, transforms[0])
   for t in transforms:
     if isinstance(t, ji.TransposeRef):
       text = f"{text}.permute({tuple(t.permutation)})"
       shape = [shape[p] for p in t.permutation]
+      permuted = True
       continue
     if not isinstance(t, ji.NDIndexer):
       gen.unsupported(f"the SMEM view {t}")
-    new_shape, dim = [], 0
+    new_shape, dim, rank = [], 0, sum(isinstance(i, ji.Slice) for i in t.indices)
     for idx, size in zip(t.indices, shape):
       if isinstance(idx, ji.Slice):
         if not (isinstance(idx.start, Lit) or isinstance(idx.start, int)) or idx.stride != 1:
           gen.unsupported("dynamic or strided slices of SMEM")
         start = idx.start.value if isinstance(idx.start, Lit) else idx.start
-        if (start, idx.size) != (0, size):   # Gluon splits swizzled SMEM at whole tiles only
-          gen.unsupported("partial slices of an SMEM matrix (index leading dimensions instead)")
+        if (start, idx.size) != (0, size):
+          if permuted:
+            gen.unsupported("partial slices of a transposed SMEM view")
+          _check_smem_slice(gen, ref, start, idx.size, rank - dim)
+          text = f"{text}.slice({start}, {idx.size}, {dim})"
         new_shape.append(idx.size)
         dim += 1
       elif not getattr(idx, "shape", ()):
@@ -405,7 +480,37 @@ def _smem_view(gen, ref: SmemRef, transforms) -> SmemRef:
       else:
         gen.unsupported("gathers from SMEM")
     shape = new_shape
-  return SmemRef(text, tuple(shape), ref.dtype, ref.layout)
+  return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle)
+
+
+def _flat_index(gen, ref: SmemRef, t):
+  """(text, shape, the rest of indexer ``t``) after indexing every leading dimension of a
+  flattened buffer at once (Gluon's SMEM layouts describe at most one leading dimension)."""
+  n = len(ref.lead)
+  if not isinstance(t, ji.NDIndexer) or len(t.indices) < n or any(
+      isinstance(i, ji.Slice) or getattr(i, "shape", ()) for i in t.indices[:n]):
+    gen.unsupported(f"slicing the leading dimensions of an SMEM buffer of shape {ref.shape} "
+                    "(index them with integers)")
+  flat = t.indices[0]
+  for idx, size in zip(t.indices[1:n], ref.lead[1:]):
+    flat = gen.bind(ex.add(ex.mul(flat, _i32(size)), idx), "slot")
+  rest = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
+  return f"{ref.text}.index({gen.render(flat)})", list(ref.shape[n:]), rest
+
+
+def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int):
+  """Swizzled SMEM splits at whole swizzle atoms only: along rows in groups of 8, along the
+  last dimension in whole swizzle widths (16 bytes when not swizzled)."""
+  if from_end == 1:
+    atom = max(ref.swizzle, 16) // ref.dtype.itemsize
+    what = f"{atom} elements (its {ref.swizzle}-byte swizzle)"
+  elif from_end == 2:
+    atom, what = 8, "8 rows"
+  else:
+    return
+  if start % atom or size % atom:
+    gen.unsupported(f"a slice [{start}:{start + size}] of SMEM that does not start and end at a "
+                    f"multiple of {what}")
 
 
 def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:

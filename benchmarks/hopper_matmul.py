@@ -1,0 +1,93 @@
+"""JAX's own warp-specialized Hopper matmul (``jax/experimental/pallas/ops/gpu/hopper_matmul_mgpu.py``)
+on pallax (Gluon) and on JAX's Mosaic GPU, beside XLA's dot (cuBLAS): the same source, its two import
+lines switched (``tests/mgpu_ops.py``). Every result is checked against XLA's product first; kernel
+time from a profiler trace and back-to-back wall time per call.
+
+On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/hopper_matmul.py [--small] [--out FILE]``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+import mgpu_ops  # noqa: E402  (the import-switching loader)
+import triton_vs_pallas as tvp  # noqa: E402  (timing helpers)
+
+CONFIGS = {   # name -> TuningConfig fields (JAX's test and tuning space, no clusters)
+    "128x128x64 s4 wgN w8": dict(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
+                                 grid_tile_width=8),
+    "128x128x64 s4 wgM w8": dict(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
+                                 grid_tile_width=8, wg_dimension=0),
+    "128x128x128 s2 wgN w4": dict(tile_m=128, tile_n=128, tile_k=128, max_concurrent_steps=2,
+                                  grid_tile_width=4),
+}
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--small", action="store_true")
+  ap.add_argument("--out", default=None)
+  args = ap.parse_args()
+  import jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu as jax_hm
+  px_hm = mgpu_ops.load("hopper_matmul_mgpu", num_sms=jax.devices()[0].core_count)
+  device = jax.devices()[0].device_kind
+  lines = [f"# JAX's hopper_matmul_mgpu: pallax (Gluon) vs JAX Mosaic GPU vs cuBLAS, {device}, "
+           f"{datetime.date.today()}", "",
+           "| work | config | kernel | mismatches vs XLA | kernel time (µs) | TFLOP/s | wall per call (µs) | kernel time / cuBLAS | / JAX |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  sizes = [(1024, 1024, 1024)] if args.small else [(4096, 4096, 4096), (4096, 8192, 4096)]
+  for dtype in (jnp.float16, jnp.bfloat16):
+    for m, k, n in sizes:
+      ka, kb = jax.random.split(jax.random.key(m + n))
+      a = jax.random.normal(ka, (m, k), dtype)
+      b = jax.random.normal(kb, (k, n), dtype)
+      cublas = jax.jit(lambda x, y: jnp.dot(x, y, precision=jax.lax.DotAlgorithmPreset.F16_F16_F32
+                                            if dtype == jnp.float16 else None,
+                                            preferred_element_type=jnp.float32).astype(dtype))
+      ref = np.asarray(cublas(a, b), np.float32)
+      for cname, fields in (list(CONFIGS.items())[:1] if args.small else CONFIGS.items()):
+        fns = {"cublas": cublas}
+        for kname, hm in (("pallax", px_hm), ("jax_mosaic", jax_hm)):
+          cfg = hm.TuningConfig(**{**fields, "wg_dimension": hm.MatmulDimension(fields.get("wg_dimension", 1))})
+          fns[kname] = jax.jit(lambda x, y, hm=hm, cfg=cfg: hm.matmul(x, y, None, cfg))
+        bad = {}
+        for name, f in list(fns.items()):
+          try:
+            got = np.asarray(f(a, b), np.float32)
+            bad[name] = int(np.sum(got != ref))
+          except Exception as e:  # noqa: BLE001 (reported in the table)
+            print(f"{name} {cname} failed: {type(e).__name__}: {str(e)[:400]}", flush=True)
+            del fns[name]
+        dev = tvp.device_times(fns, (a, b))
+        wall = tvp.time_calls(fns, (a, b))
+        flops = 2 * m * n * k
+        for name in fns:
+          jx = dev[name] / dev["jax_mosaic"] if "jax_mosaic" in dev else float("nan")
+          lines.append(
+              f"| {jnp.dtype(dtype).name} {m}x{k}x{n} | {cname} | {name} | {bad[name]} | "
+              f"{dev[name] * 1e6:.1f} | {flops / dev[name] / 1e12:.0f} | {wall[name][0] * 1e6:.1f} | "
+              f"{dev['cublas'] / dev[name]:.2f}x | {1 / jx:.2f}x |")
+        print(lines[-1], flush=True)
+  lines += ["", "Speed columns: cuBLAS time / kernel time and JAX time / kernel time (above 1 is "
+            "faster). Kernel time: summed GPU operations per call from a profiler trace (median of "
+            "interleaved rounds); wall: back-to-back calls. Mismatches: elements that differ from "
+            "XLA's dot (f16: F16_F16_F32 preset, as JAX's test compares)."]
+  text = "\n".join(lines)
+  print(text)
+  if args.out:
+    with open(args.out, "w") as f:
+      f.write(text + "\n")
+
+
+if __name__ == "__main__":
+  main()
