@@ -82,6 +82,8 @@ class Writer(src.Source):
   def __init__(self, kernel_name: str):
     super().__init__(kernel_name, TABLE, ex.Renderer("gl"))
     self.layouts: dict[str, str] = {}        # register value name -> layout source
+    self.splats: dict[str, ex.Expr] = {}     # register value name -> the scalar it repeats
+    self.smem_layouts: dict[str, list] = {}  # SMEM buffer layout key -> [shape, dtype, view ranks]
     self.constexprs: dict[str, str] = {}     # layout source -> constexpr name
     self.descriptors: dict = {}              # (ptr, box) -> descriptor name
     self.descriptor_lines: list[str] = []
@@ -114,6 +116,56 @@ class Writer(src.Source):
     if layout is not None and isinstance(name, ex.Name):
       self.layouts[name.name] = layout
     return name
+
+  def assign(self, targets, values):
+    """Loop and branch carries keep the layout they entered with (Gluon requires it)."""
+    values = [self.in_layout(v, self.layout_of(t)) for t, v in zip(targets, values)]
+    super().assign(targets, values)
+
+  def in_layout(self, v, layout: str | None):
+    have = self.layout_of(v)
+    if layout is None or have is None or have == layout or not getattr(v, "shape", ()):
+      return v
+    return self.convert(v, layout)
+
+  def splat(self, x, shape: tuple, layout: str) -> ex.Name:
+    """A tile of ``shape`` filled with scalar ``x``, in ``layout``."""
+    v = self.value(ex.call("gl.full", ex.Token(str(list(shape))), x, ex.Token(ex.dtype_name(x.dtype, "gl")),
+                           layout=ex.Token(layout), dtype=x.dtype, shape=shape), layout)
+    if isinstance(v, ex.Name):
+      self.splats[v.name] = x
+    return v
+
+  def convert(self, v, layout: str) -> ex.Name:
+    """``v`` converted to ``layout`` (each conversion is listed by ``debug=True``; a splat is
+    written again in the new layout)."""
+    if getattr(v, "name", None) in self.splats:
+      return self.splat(self.splats[v.name], tuple(v.shape), layout)
+    self.conversions.append((self.layout_of(v), layout, tuple(v.shape), self.last_frame))
+    return self.value(ex.call("gl.convert_layout", v, ex.Token(layout), dtype=v.dtype, shape=v.shape),
+                      layout)
+
+  def smem_layout(self, buffer: str, shape: tuple, dtype) -> str:
+    """The layout name of an SMEM buffer: written once its views are known (a Gluon shared
+    layout has one rank, which must be its views' rank or one less)."""
+    key = f"<smem {buffer}>"
+    self.smem_layouts[key] = [tuple(shape), dtype, set()]
+    return self.layout(key)
+
+  def note_view(self, layout: str, rank: int):
+    key = next((t for t, n in self.constexprs.items() if n == layout), None)
+    if key in self.smem_layouts:
+      self.smem_layouts[key][2].add(rank)
+
+  def layout_text(self, text: str) -> str:
+    """A layout's source (an SMEM buffer's: of the lowest rank of its views)."""
+    if text not in self.smem_layouts:
+      return text
+    shape, dtype, ranks = self.smem_layouts[text]
+    rank = min(ranks | {len(shape)})
+    if rank < len(shape) - 1 or max(ranks | {rank}) > rank + 1:
+      self.unsupported(f"SMEM views of ranks {sorted(ranks)} of one buffer of shape {list(shape)}")
+    return L.shared(shape, dtype, max(1, rank))
 
   def layout_of(self, e) -> str | None:
     return self.layouts.get(e.name) if isinstance(e, ex.Name) else None
@@ -211,7 +263,7 @@ def generate(params) -> GluonSource:
 def layout_report(gen: Writer, kernel: str) -> str:
   """The layouts chosen (``debug=True``) and each conversion between them, with its line."""
   lines = [f"Gluon layouts of {kernel}:"]
-  lines += [f"  {n} = {text}" for text, n in gen.constexprs.items()]
+  lines += [f"  {n} = {gen.layout_text(text)}" for text, n in gen.constexprs.items()]
   for src_l, dst_l, shape, frame in gen.conversions:
     lines.append(f"  convert_layout {src_l} -> {dst_l} of a {list(shape)} tile at {frame or 'library code'}"
                  " (may cost a round trip through shared memory)")
@@ -246,7 +298,7 @@ NAN = gl.constexpr(float("nan"))
 
 
 def _constexprs(gen: Writer) -> list[str]:
-  return [f"    {n}: gl.constexpr = {text}" for text, n in gen.constexprs.items()]
+  return [f"    {n}: gl.constexpr = {gen.layout_text(text)}" for text, n in gen.constexprs.items()]
 
 
 def _module(gen: Writer, name: str, params: list[str]) -> str:

@@ -35,8 +35,19 @@ _COMPARE = {lax.eq_p: "==", lax.ne_p: "!=", lax.lt_p: "<", lax.le_p: "<=", lax.g
             lax.ge_p: ">="}
 
 
+def _common(gen, *vals):
+  """``vals`` in one layout (register tiles of two layouts cannot meet in one operation): the
+  first computed tile's; a splatted constant is written again in it rather than converted."""
+  tiles = [v for v in vals if v.shape and gen.layout_of(v) is not None]
+  if not tiles:
+    return list(vals), None
+  target = next((v for v in tiles if getattr(v, "name", None) not in gen.splats), tiles[0])
+  layout = gen.layout_of(target)
+  return [gen.in_layout(v, layout) for v in vals], layout
+
+
 def _same_layout(gen, x, y):
-  """``y`` in ``x``'s layout (register tiles of two layouts cannot meet in one operation)."""
+  """``y`` in ``x``'s layout (``x`` is an accumulator: its layout stays)."""
   lx, ly = gen.layout_of(x), gen.layout_of(y)
   if lx is None or ly is None or lx == ly or not y.shape:
     return y, lx or ly
@@ -44,14 +55,13 @@ def _same_layout(gen, x, y):
 
 
 def _convert_layout(gen, v, layout):
-  gen.conversions.append((gen.layout_of(v), layout, tuple(v.shape), gen.last_frame))
-  return gen.value(call("gl.convert_layout", v, ex.Token(layout), dtype=v.dtype, shape=v.shape), layout)
+  return gen.convert(v, layout)
 
 
 def _binary_rule(op, compare=False):
   def lower(ctx, x, y, **_):
     gen = ctx.gen
-    y, layout = _same_layout(gen, x, y)
+    (x, y), layout = _common(gen, x, y)
     dtype = np.dtype(np.bool_) if compare else None
     return gen.value(binary(op, x, y, dtype=dtype), layout)
   return lower
@@ -66,7 +76,7 @@ for _p, _op in _COMPARE.items():
 
 @rule(lax.div_p)
 def _div(ctx, x, y):
-  y, layout = _same_layout(ctx.gen, x, y)
+  (x, y), layout = _common(ctx.gen, x, y)
   return ctx.gen.value(binary("/" if np.issubdtype(x.dtype, np.floating) else "//", x, y), layout)
 
 
@@ -74,13 +84,13 @@ def _div(ctx, x, y):
 def _rem(ctx, x, y):
   if np.issubdtype(x.dtype, np.floating):
     ctx.gen.unsupported("floating-point rem")
-  y, layout = _same_layout(ctx.gen, x, y)
+  (x, y), layout = _common(ctx.gen, x, y)
   return ctx.gen.value(binary("%", x, y), layout)
 
 
 @rule(lax.max_p, lax.min_p)
 def _max_min(ctx, x, y):
-  y, layout = _same_layout(ctx.gen, x, y)
+  (x, y), layout = _common(ctx.gen, x, y)
   fn = "gl.maximum" if ctx.eqn.primitive is lax.max_p else "gl.minimum"
   return ctx.gen.value(call(fn, x, y, dtype=x.dtype, shape=ctx.out.shape), layout)
 
@@ -100,8 +110,8 @@ def _select(ctx, pred, *cases):
   if len(cases) != 2:
     ctx.gen.unsupported("select_n with more than two cases")
   gen = ctx.gen
-  b, layout = _same_layout(gen, cases[0], cases[1])
-  return gen.value(call("gl.where", pred, b, cases[0], dtype=cases[0].dtype, shape=ctx.out.shape), layout)
+  (pred, a, b), layout = _common(gen, pred, *cases)
+  return gen.value(call("gl.where", pred, b, a, dtype=a.dtype, shape=ctx.out.shape), layout)
 
 
 @rule(lax.convert_element_type_p)
@@ -170,9 +180,7 @@ def _broadcast(ctx, x, *, shape, broadcast_dimensions, **_):
   if x.shape:
     return _broadcast_tile(ctx, x, tuple(shape), tuple(broadcast_dimensions))
   L.check_shape(shape, ctx.gen.kernel_name)
-  layout = ctx.gen.layout(L.blocked(shape, x.dtype))
-  return ctx.gen.value(call("gl.full", ex.Token(str(list(shape))), x, _dtype(x.dtype),
-                            layout=ex.Token(layout), dtype=x.dtype, shape=tuple(shape)), layout)
+  return ctx.gen.splat(x, tuple(shape), ctx.gen.layout(L.blocked(shape, x.dtype)))
 
 
 @rule(lax.iota_p)
@@ -269,9 +277,29 @@ def _axis_index(ctx, *, axis_name):
   return ctx.gen.axes[axis_name]
 
 
-@rule(mp.layout_cast_p, ji.optimization_barrier_p)
+@rule(ji.optimization_barrier_p)
 def _identity(ctx, *xs, **_):
-  return list(xs) if ctx.eqn.primitive.multiple_results else xs[0]
+  return list(xs)
+
+
+# A vector of a wgmma tile's rows sits in the same threads whatever the instruction's N, so
+# ``Layout.WGMMA.reduce(1)`` picks one (slices of two N convert without moving data).
+ROW_VECTOR_N = 64
+
+
+@rule(mp.layout_cast_p)
+def _layout_cast(ctx, x, *, new_layout):
+  """``plgpu.layout_cast``: the wgmma layouts are Gluon's (choosing them before a loop keeps its
+  carries in the layout the loop computes in); other layouts are hints Gluon chooses itself."""
+  gen = ctx.gen
+  if new_layout == mc.Layout.WGMMA and len(x.shape) == 2:
+    layout = gen.layout(L.wgmma(x.shape[1], gen.mma_bits))
+  elif isinstance(new_layout, mc.ReducedLayout) and new_layout.layout == mc.Layout.WGMMA \
+      and new_layout.axes == (1,) and len(x.shape) == 1:
+    layout = _slice_layout(gen, gen.layout(L.wgmma(ROW_VECTOR_N, gen.mma_bits)), 1)
+  else:
+    return x
+  return _to_layout(gen, x, layout, x.shape, x.dtype)
 
 
 @rule(prims.hint_p)
@@ -399,8 +427,8 @@ def allocate(gen, kind, aval):
     return BarrierRef(name, phase, n)
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
     stored = shape if len(shape) <= 3 else (int(np.prod(shape[:-2])),) + shape[-2:]
-    layout = gen.layout(L.shared(stored, dtype, max(2, len(stored) - 1)))
     name = gen.fresh("smem")
+    layout = gen.smem_layout(name, stored, dtype)
     gen.emit(f"{name} = gl.allocate_shared_memory({ex.dtype_name(dtype, 'gl')}, {list(stored)}, {layout})")
     return SmemRef(name, shape, dtype, layout, L.swizzle(shape[-2:], dtype),
                    lead=shape[:-2] if len(shape) > 3 else ())
@@ -480,6 +508,7 @@ def _smem_view(gen, ref: SmemRef, transforms) -> SmemRef:
       else:
         gen.unsupported("gathers from SMEM")
     shape = new_shape
+  gen.note_view(ref.layout, len(shape))
   return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle)
 
 

@@ -1,0 +1,73 @@
+"""JAX's own warp-specialized flash attention (``attention_mgpu.py``, imports switched) on the
+Gluon backend: two compute threads and a TMA thread, loop-carried softmax statistics in the
+wgmma layout's row slices (from ``layout_cast(..., Layout.WGMMA.reduce(1))``), register-``a``
+wgmma, causal masks from ``broadcasted_iota(..., layout=WGMMA)``. sm_90a PTX on any machine; on
+a Hopper GPU, against JAX's reference at the tolerances of JAX's own test (atol 2e-3, rtol 1e-3)."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mgpu_ops
+import pallax.mosaic_gpu as plgpu
+
+
+@functools.cache
+def attention_module():
+  return mgpu_ops.load("attention_mgpu")
+
+
+def _on_hopper() -> bool:
+  d = jax.devices()[0]
+  return d.platform == "gpu" and float(getattr(d, "compute_capability", "0")) >= 9.0
+
+
+gpu = pytest.mark.skipif(not _on_hopper(), reason="needs a Hopper GPU")
+
+
+def inputs(batch, seq, heads, kv_heads, head_dim, seed=0):
+  k = jax.random.split(jax.random.key(seed), 3)
+  q = jax.random.normal(k[0], (batch, seq, heads, head_dim), jnp.float16)
+  kk = jax.random.normal(k[1], (batch, seq, kv_heads, head_dim), jnp.float16)
+  v = jax.random.normal(k[2], (batch, seq, kv_heads, head_dim), jnp.float16)
+  return q, kk, v
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_jax_attention_lowers_to_warp_specialized_sm90a_ptx(causal, head_dim):
+  am = attention_module()
+  s = jax.ShapeDtypeStruct((1, 256, 2, head_dim), jnp.float16)
+  cfg = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, causal=causal)
+  (k,) = plgpu.lower(lambda q, k, v: am.attention(q, k, v, cfg), s, s, s)
+  assert "gl.warp_specialize" in k.source and k.num_warps == 12
+  assert all(w in k.ptx for w in ("wgmma.mma_async", "setmaxnreg", "cp.async.bulk.tensor"))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("batch,seq,heads,kv_heads,head_dim,block_q,block_kv", [
+    (1, 256, 2, 1, 64, 64, 64), (2, 512, 2, 2, 128, 64, 64), (1, 1024, 4, 2, 64, 64, 128),
+    (1, 2048, 2, 2, 128, 64, 128)])
+def test_jax_attention_on_the_gpu(causal, batch, seq, heads, kv_heads, head_dim, block_q, block_kv):
+  am = attention_module()
+  q, k, v = inputs(batch, seq, heads, kv_heads, head_dim, seed=seq + head_dim)
+  cfg = am.TuningConfig(block_q=block_q, block_kv=block_kv, max_concurrent_steps=2, causal=causal)
+  out = np.asarray(jax.jit(lambda q, k, v: am.attention(q, k, v, cfg))(q, k, v), np.float32)
+  ref = np.asarray(am.attention_reference(q, k, v, causal=causal), np.float32)
+  np.testing.assert_allclose(out, ref, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@gpu
+def test_jax_attention_residuals_on_the_gpu():
+  am = attention_module()
+  q, k, v = inputs(1, 256, 2, 2, 64, seed=5)
+  cfg = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
+  out, (lse,) = jax.jit(lambda *a: am._attention_forward(*a, cfg, save_residuals=True))(q, k, v)
+  ref, ref_lse = am.attention_reference(q, k, v, save_residuals=True)
+  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=2e-3, rtol=1e-3)
+  np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse).reshape(lse.shape), atol=2e-3, rtol=1e-3)
