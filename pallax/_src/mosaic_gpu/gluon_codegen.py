@@ -82,7 +82,9 @@ class Writer(src.Source):
   def __init__(self, kernel_name: str):
     super().__init__(kernel_name, TABLE, ex.Renderer("gl"))
     self.layouts: dict[str, str] = {}        # register value name -> layout source
-    self.splats: dict[str, ex.Expr] = {}     # register value name -> the scalar it repeats
+    self.remat: dict = {}                    # register value name -> layout -> the value
+                                             # computed again in it (or None): splats, iotas,
+                                             # broadcasts are rebuilt rather than converted
     self.smem_layouts: dict[str, list] = {}  # SMEM buffer layout key -> [shape, dtype, view ranks]
     self.constexprs: dict[str, str] = {}     # layout source -> constexpr name
     self.descriptors: dict = {}              # (ptr, box) -> descriptor name
@@ -133,14 +135,17 @@ class Writer(src.Source):
     v = self.value(ex.call("gl.full", ex.Token(str(list(shape))), x, ex.Token(ex.dtype_name(x.dtype, "gl")),
                            layout=ex.Token(layout), dtype=x.dtype, shape=shape), layout)
     if isinstance(v, ex.Name):
-      self.splats[v.name] = x
+      self.remat[v.name] = lambda new: self.splat(x, shape, new)
     return v
 
   def convert(self, v, layout: str) -> ex.Name:
-    """``v`` converted to ``layout`` (each conversion is listed by ``debug=True``; a splat is
-    written again in the new layout)."""
-    if getattr(v, "name", None) in self.splats:
-      return self.splat(self.splats[v.name], tuple(v.shape), layout)
+    """``v`` converted to ``layout`` (each conversion is listed by ``debug=True``), or computed
+    again in it where that is cheaper."""
+    again = self.remat.get(getattr(v, "name", None))
+    if again is not None:
+      new = again(layout)
+      if new is not None:
+        return new
     self.conversions.append((self.layout_of(v), layout, tuple(v.shape), self.last_frame))
     return self.value(ex.call("gl.convert_layout", v, ex.Token(layout), dtype=v.dtype, shape=v.shape),
                       layout)

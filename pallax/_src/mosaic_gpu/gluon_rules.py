@@ -41,7 +41,7 @@ def _common(gen, *vals):
   tiles = [v for v in vals if v.shape and gen.layout_of(v) is not None]
   if not tiles:
     return list(vals), None
-  target = next((v for v in tiles if getattr(v, "name", None) not in gen.splats), tiles[0])
+  target = next((v for v in tiles if getattr(v, "name", None) not in gen.remat), tiles[0])
   layout = gen.layout_of(target)
   return [gen.in_layout(v, layout) for v in vals], layout
 
@@ -158,6 +158,23 @@ for _p, _fn in _UNARY.items():
   rule(_p)(_unary_rule(_fn))
 
 
+def _expand(gen, x, shape, dim: int, layout: str):
+  """Vector ``x`` (in ``layout``'s slice along ``dim``) broadcast along ``dim`` to ``shape``."""
+  e = call("gl.expand_dims", x, _i32(dim), dtype=x.dtype,
+           shape=tuple(1 if d == dim else n for d, n in enumerate(shape)))
+  full = call("gl.full", ex.Token(str(list(shape))), _i32(0), _dtype(x.dtype), layout=ex.Token(layout),
+              dtype=x.dtype, shape=tuple(shape))
+  pair = gen.fresh("pair")
+  gen.emit(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
+  v = gen.value(ex.Subscript(ex.Name(pair), (_i32(0),), dtype=x.dtype, shape=tuple(shape)), layout)
+  def again(new):   # broadcast again from the vector in the new layout's slice
+    if _kind(gen, new) == "other":
+      return None
+    return _expand(gen, gen.in_layout(x, _slice_layout(gen, new, dim)), shape, dim, new)
+  gen.remat[v.name] = again
+  return v
+
+
 def _broadcast_tile(ctx, x, shape, broadcast_dimensions):
   """A reduced vector back to a tile: ``expand_dims`` undoes its slice layout."""
   gen = ctx.gen
@@ -166,13 +183,7 @@ def _broadcast_tile(ctx, x, shape, broadcast_dimensions):
   if sliced is None or len(new_dims) != 1 or new_dims[0] != sliced[0]:
     gen.unsupported("broadcasting a register tile other than a reduction's result back")
   dim, parent = sliced
-  e = call("gl.expand_dims", x, _i32(dim), dtype=x.dtype,
-           shape=tuple(1 if d == dim else n for d, n in enumerate(shape)))
-  full = call("gl.full", ex.Token(str(list(shape))), _i32(0), _dtype(x.dtype), layout=ex.Token(parent),
-              dtype=x.dtype, shape=tuple(shape))
-  pair = gen.fresh("pair")
-  gen.emit(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
-  return gen.value(ex.Subscript(ex.Name(pair), (_i32(0),), dtype=x.dtype, shape=tuple(shape)), parent)
+  return _expand(gen, x, shape, dim, parent)
 
 
 @rule(lax.broadcast_in_dim_p)
@@ -186,24 +197,26 @@ def _broadcast(ctx, x, *, shape, broadcast_dimensions, **_):
 @rule(lax.iota_p)
 def _iota(ctx, *, dtype, shape, dimension, **_):
   """``broadcasted_iota``: an ``arange`` along ``dimension``, broadcast over the others."""
-  gen = ctx.gen
   shape = tuple(shape)
-  L.check_shape(shape, gen.kernel_name)
-  layout = gen.layout(L.blocked(shape, dtype))
-  if len(shape) == 1:
-    lane = layout
-  elif len(shape) == 2:
-    lane = _slice_layout(gen, layout, 1 - dimension)
-  else:
-    gen.unsupported("iotas of rank 3 or more")
+  L.check_shape(shape, ctx.gen.kernel_name)
+  if len(shape) > 2:
+    ctx.gen.unsupported("iotas of rank 3 or more")
+  return _iota_in(ctx.gen, np.dtype(dtype), shape, dimension, ctx.gen.layout(L.blocked(shape, dtype)))
+
+
+def _iota_in(gen, dtype, shape, dimension: int, layout: str):
+  lane = layout if len(shape) == 1 else _slice_layout(gen, layout, 1 - dimension)
   e = call("gl.arange", _i32(0), _i32(shape[dimension]), layout=ex.Token(lane), dtype=I32,
            shape=(shape[dimension],))
-  if np.dtype(dtype) != I32:
-    e = method(e, "to", _dtype(dtype), dtype=np.dtype(dtype))
+  if dtype != I32:
+    e = method(e, "to", _dtype(dtype), dtype=dtype)
   if len(shape) == 1:
-    return gen.value(e, layout)
-  v = gen.value(e, lane, "iota")
-  return _broadcast_tile(ctx, v, shape, (dimension,))
+    v = gen.value(e, layout)
+  else:
+    v = _expand(gen, gen.value(e, lane, "iota"), shape, 1 - dimension, layout)
+  gen.remat[v.name] = lambda new: None if _kind(gen, new) == "other" else \
+      _iota_in(gen, dtype, shape, dimension, new)
+  return v
 
 
 def _half(gen, x, dim: int, upper: bool):
