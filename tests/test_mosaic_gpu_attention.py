@@ -71,3 +71,51 @@ def test_jax_attention_residuals_on_the_gpu():
   ref, ref_lse = am.attention_reference(q, k, v, save_residuals=True)
   np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=2e-3, rtol=1e-3)
   np.testing.assert_allclose(np.asarray(lse), np.asarray(ref_lse).reshape(lse.shape), atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["pipeline_emitter", "backward"])
+def test_jax_attention_variants_lower(kind):
+  """``attention_with_pipeline_emitter`` (``emit_pipeline_warp_specialized``; its softmax
+  statistics start as plain ``jnp.full`` constants: the loop body tells their layout) and the
+  backward kernels (dq, dkv)."""
+  am = attention_module()
+  s = jax.ShapeDtypeStruct((1, 256, 2, 64), jnp.float16)
+  cfg = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, block_q_dkv=64,
+                        block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+  if kind == "pipeline_emitter":
+    f = lambda q, k, v: am.attention_with_pipeline_emitter(q, k, v, cfg)
+  else:
+    f = lambda q, k, v: jax.vjp(lambda q, k, v: am.attention(q, k, v, cfg), q, k, v)[1](q)
+  kernels = plgpu.lower(f, s, s, s)
+  assert kernels and all("wgmma.mma_async" in k.ptx for k in kernels)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_jax_attention_with_pipeline_emitter_on_the_gpu(head_dim):
+  am = attention_module()
+  q, k, v = inputs(1, 512, 2, 2, head_dim, seed=11)
+  cfg = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2)
+  out = np.asarray(jax.jit(lambda q, k, v: am.attention_with_pipeline_emitter(q, k, v, cfg))(q, k, v), np.float32)
+  ref = np.asarray(am.attention_reference(q, k, v), np.float32)
+  np.testing.assert_allclose(out, ref, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("compute_wgs", [1, 2])
+def test_jax_attention_backward_on_the_gpu(compute_wgs):
+  """dq, dk, dv against the reference's gradient in float32, within two float16 roundings of
+  the largest gradient (as the interpreter's test)."""
+  am = attention_module()
+  q, k, v = inputs(1, 512, 2, 2, 64, seed=12)
+  do = jax.random.normal(jax.random.key(13), q.shape, jnp.float16)
+  cfg = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, block_q_dkv=64,
+                        block_kv_dkv=64, block_q_dq=64, block_kv_dq=64, compute_wgs_bwd=compute_wgs)
+  grads = jax.jit(lambda q, k, v, do: jax.vjp(lambda q, k, v: am.attention(q, k, v, cfg), q, k, v)[1](do))
+  f32 = lambda t: t.astype(jnp.float32)
+  _, vjp_ref = jax.vjp(lambda q, k, v: am.attention_reference(q, k, v), f32(q), f32(k), f32(v))
+  for got, want in zip(grads(q, k, v, do), vjp_ref(f32(do))):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2.0**-11 * 2 * np.abs(want).max())

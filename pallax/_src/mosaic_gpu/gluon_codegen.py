@@ -86,6 +86,8 @@ class Writer(src.Source):
                                              # computed again in it (or None): splats, iotas,
                                              # broadcasts are rebuilt rather than converted
     self.smem_layouts: dict[str, list] = {}  # SMEM buffer layout key -> [shape, dtype, view ranks]
+    self.accs: list = []                     # every AccRef (probe restores their layouts)
+    self.tentative: set = set()              # probe carries: their layout is not chosen yet
     self.constexprs: dict[str, str] = {}     # layout source -> constexpr name
     self.descriptors: dict = {}              # (ptr, box) -> descriptor name
     self.descriptor_lines: list[str] = []
@@ -118,6 +120,21 @@ class Writer(src.Source):
     if layout is not None and isinstance(name, ex.Name):
       self.layouts[name.name] = layout
     return name
+
+  def probe(self, fn):
+    """``fn()``'s result, with what it wrote taken back: a loop body is lowered once to learn
+    the layouts it produces, then again for real."""
+    lines, conversions, pending = len(self.lines), len(self.conversions), list(self.pending_accs)
+    accs = [(a, a.layout) for a in self.accs]
+    frame, depth, registers = self.last_frame, self.depth, self.registers
+    try:
+      return fn()
+    finally:
+      del self.lines[lines:], self.conversions[conversions:]
+      self.pending_accs[:] = pending
+      for a, layout in accs:
+        a.layout = layout
+      self.last_frame, self.depth, self.registers = frame, depth, registers
 
   def assign(self, targets, values):
     """Loop and branch carries keep the layout they entered with (Gluon requires it)."""

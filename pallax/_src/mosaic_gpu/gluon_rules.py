@@ -41,7 +41,8 @@ def _common(gen, *vals):
   tiles = [v for v in vals if v.shape and gen.layout_of(v) is not None]
   if not tiles:
     return list(vals), None
-  target = next((v for v in tiles if getattr(v, "name", None) not in gen.remat), tiles[0])
+  chosen = lambda v: getattr(v, "name", None) not in gen.remat and v.name not in gen.tentative
+  target = next((v for v in tiles if chosen(v)), tiles[0])
   layout = gen.layout_of(target)
   return [gen.in_layout(v, layout) for v in vals], layout
 
@@ -178,12 +179,21 @@ def _expand(gen, x, shape, dim: int, layout: str):
 def _broadcast_tile(ctx, x, shape, broadcast_dimensions):
   """A reduced vector back to a tile: ``expand_dims`` undoes its slice layout."""
   gen = ctx.gen
-  sliced = gen.slices.get(gen.layout_of(x))
   new_dims = [d for d in range(len(shape)) if d not in broadcast_dimensions]
-  if sliced is None or len(new_dims) != 1 or new_dims[0] != sliced[0]:
-    gen.unsupported("broadcasting a register tile other than a reduction's result back")
-  dim, parent = sliced
-  return _expand(gen, x, shape, dim, parent)
+  if len(new_dims) != 1 or len(shape) != 2:
+    gen.unsupported("broadcasts of register tiles other than vectors to 2-D tiles")
+  x, parent = _slice_of(gen, x, new_dims[0], shape)
+  return _expand(gen, x, shape, new_dims[0], parent)
+
+
+def _slice_of(gen, x, dim: int, shape):
+  """(``dim``, parent layout) of vector ``x`` as a slice of a tile of ``shape``: converted to a
+  slice of a coalesced layout unless it is a slice along ``dim`` already."""
+  sliced = gen.slices.get(gen.layout_of(x))
+  if sliced is not None and sliced[0] == dim:
+    return x, sliced[1]
+  parent = gen.layout(L.blocked(shape, x.dtype))
+  return gen.convert(x, _slice_layout(gen, parent, dim)), parent
 
 
 @rule(lax.broadcast_in_dim_p)
@@ -322,6 +332,20 @@ def _hint(ctx, x, **_):
 
 # --- control flow ------------------------------------------------------------------------------
 
+def _settled(gen, init: list, body) -> list:
+  """Loop carries that start as constants (splats, iotas) written in the layouts the loop body
+  produces for them: ``body(carries)`` is lowered once, as a probe, to learn those."""
+  if not any(getattr(v, "name", None) in gen.remat and v.shape for v in init):
+    return init
+  def probe():
+    carries = [_carry(gen, v) for v in init]
+    gen.tentative.update(c.name for c, v in zip(carries, init) if getattr(v, "name", None) in gen.remat)
+    return body(carries)
+  outs = gen.probe(probe)
+  return [gen.in_layout(v, gen.layout_of(o)) if getattr(v, "name", None) in gen.remat else v
+          for v, o in zip(init, outs)]
+
+
 def _carry(gen, v: ex.Expr, hint="c") -> ex.Name:
   """A fresh variable holding ``v`` (loop and branch carries need names of their own)."""
   name = gen.fresh_name(hint, v.dtype, v.shape)
@@ -341,8 +365,9 @@ def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
     gen.unsupported("lax.scan over arrays")
   consts, init = list(invals[:nc]), list(invals[nc:])
   if ncarry and jaxpr_util.fori_index(body, nc):
-    carry = [_carry(gen, v) for v in init[1:]]
     i = gen.fresh_name("i", I32, ())
+    init[1:] = _settled(gen, init[1:], lambda c: gen.lower_jaxpr(body, [*consts, i, *c])[1:])
+    carry = [_carry(gen, v) for v in init[1:]]
     stop = ex.add(init[0], _i32(length))
     gen.emit(f"for {i.name} in range({gen.render(init[0])}, {gen.render(stop)}):")
     gen.depth += 1
@@ -350,6 +375,7 @@ def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
     gen.assign(carry, new[1:])
     gen.depth -= 1
     return [gen.bind(stop, "i_end"), *carry]
+  init = _settled(gen, init, lambda c: gen.lower_jaxpr(body, [*consts, *c]))
   carry = [_carry(gen, v) for v in init]
   gen.emit(f"for _ in range({length}):")
   gen.depth += 1
@@ -363,6 +389,7 @@ def _while(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
   """``while go: carry = body(carry); go = cond(carry)``: the flag is a carry like the others."""
   gen, cn, bn = ctx.gen, cond_nconsts, body_nconsts
   cconsts, bconsts, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
+  init = _settled(gen, list(init), lambda c: gen.lower_jaxpr(body_jaxpr, [*bconsts, *c]))
   carry = [_carry(gen, v) for v in init]
   (go,) = gen.lower_jaxpr(cond_jaxpr, [*cconsts, *carry])
   flag = _carry(gen, go, "go")
@@ -427,7 +454,8 @@ def allocate(gen, kind, aval):
     layout = gen.layout(L.wgmma(shape[1], gen.mma_bits))
     name = gen.fresh("acc")
     gen.emit(f"{name} = gl.zeros({list(shape)}, {ex.dtype_name(dtype, 'gl')}, layout={layout})")
-    return AccRef(name, shape, layout)
+    gen.accs.append(AccRef(name, shape, layout))
+    return gen.accs[-1]
   if gen.depth != 1:
     gen.unsupported("SMEM or barrier allocations inside loops or branches")
   if isinstance(kind, mc.Barrier):
@@ -467,7 +495,8 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
     layout = gen.layout(L.wgmma(shape[1], gen.mma_bits))
     name = gen.fresh("acc")
     gen.emit(f"{name} = {gen.render(_to_layout(gen, x, layout, shape, x.dtype))}")
-    refs.append(AccRef(name, shape, layout))
+    gen.accs.append(AccRef(name, shape, layout))
+    refs.append(gen.accs[-1])
   gen.lower_jaxpr(jaxpr, refs)
   outs = []
   for r, v in zip(refs, ctx.eqn.outvars):
