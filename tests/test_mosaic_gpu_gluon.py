@@ -386,3 +386,31 @@ def test_threads_on_the_gpu_match_the_interpreter(dtype):
   got = np.asarray(jax.jit(producer_consumer)(x), np.float32)
   want = np.asarray(producer_consumer(x, interpret=True), np.float32)
   np.testing.assert_array_equal(got, want)
+
+
+def _scale_blocks(x_ref, o_ref, smem, bar):
+  i = lax.axis_index("x")
+  plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(i * 64, 64)], smem, bar)
+  plgpu.barrier_wait(bar)
+  o_ref[pl.ds(i * 64, 64)] = smem[...] * 3 + i.astype(jnp.float32)
+
+
+def scale_blocks(x, interpret=False):
+  return plgpu.kernel(_scale_blocks, out_type=jax.ShapeDtypeStruct((192,), jnp.float32), grid=(3,),
+                      grid_names=("x",), scratch_types=[plgpu.SMEM((64,), jnp.float32), plgpu.Barrier()],
+                      interpret=interpret)(x)
+
+
+def test_vmap_adds_a_grid_axis_that_indexes_the_operands_when_lowered():
+  (k,) = plgpu.lower(jax.vmap(scale_blocks), jax.ShapeDtypeStruct((5, 192), jnp.float32))
+  assert "id0 * 192" in k.source and "tma.async_copy_global_to_shared(in0_ptr_desc, [id0," in k.source
+
+
+@pytest.mark.gpu
+@gpu
+def test_vmap_on_the_gpu_matches_the_interpreter():
+  x = jax.random.normal(jax.random.key(1), (5, 192))
+  got = np.asarray(jax.jit(jax.vmap(scale_blocks))(x))
+  want = np.asarray(jax.vmap(functools.partial(scale_blocks, interpret=True))(x))
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_allclose(got, np.asarray(x) * 3 + np.repeat(np.arange(3.0), 64), rtol=1e-6)

@@ -36,6 +36,13 @@ def identifier(s: str) -> str:
   return f"{s}_v" if s in _RESERVED else s
 
 
+def kernel_identifier(name: str) -> str:
+  """The kernel function's name: an identifier that PTX accepts too (not only underscores, as
+  the ``_`` of a ``@pl.core_map`` body)."""
+  s = identifier(name)
+  return s if s.strip("_") else f"kernel{s}"
+
+
 @dataclasses.dataclass(frozen=True)
 class ConstArray:
   """A constant array the kernel closed over: an error if an equation uses it."""

@@ -27,11 +27,13 @@ rule = TABLE.register
 
 @dataclasses.dataclass
 class GmemRef:
-  """A kernel operand in GMEM: its pointer parameter and static shape."""
+  """A kernel operand in GMEM: its pointer parameter and static shape; ``pre`` indexes it
+  before the kernel's own views (the block of a grid axis that ``jax.vmap`` added)."""
   ptr: str
   shape: tuple
   dtype: np.dtype
   origin: str
+  pre: tuple = ()
 
 
 @dataclasses.dataclass
@@ -171,22 +173,25 @@ class Writer(src.Source):
     """The layout name of an SMEM buffer: written once its views are known (a Gluon shared
     layout has one rank, which must be its views' rank or one less)."""
     key = f"<smem {buffer}>"
-    self.smem_layouts[key] = [tuple(shape), dtype, set()]
+    self.smem_layouts[key] = [tuple(shape), dtype, set(), set()]
     return self.layout(key)
 
-  def note_view(self, layout: str, rank: int):
+  def note_view(self, layout: str, rank: int, registers: bool = False):
+    """A view of rank ``rank`` of the buffer of ``layout``; register loads and stores need the
+    buffer's layout of exactly their rank."""
     key = next((t for t, n in self.constexprs.items() if n == layout), None)
     if key in self.smem_layouts:
-      self.smem_layouts[key][2].add(rank)
+      self.smem_layouts[key][3 if registers else 2].add(rank)
 
   def layout_text(self, text: str) -> str:
     """A layout's source (an SMEM buffer's: of the lowest rank of its views)."""
     if text not in self.smem_layouts:
       return text
-    shape, dtype, ranks = self.smem_layouts[text]
+    shape, dtype, ranks, exact = self.smem_layouts[text]
     rank = min(ranks | {len(shape)})
-    if rank < len(shape) - 1 or max(ranks | {rank}) > rank + 1:
-      self.unsupported(f"SMEM views of ranks {sorted(ranks)} of one buffer of shape {list(shape)}")
+    if rank < len(shape) - 1 or max(ranks | {rank}) > rank + 1 or exact - {rank}:
+      self.unsupported(f"SMEM views of ranks {sorted(ranks)} of one buffer of shape {list(shape)}, "
+                       f"register loads or stores of rank {sorted(exact)} among them")
     return L.shared(shape, dtype, max(1, rank))
 
   def layout_of(self, e) -> str | None:
@@ -241,7 +246,7 @@ def generate(params) -> GluonSource:
   info = params.threads
   threads = info is not None and info.num_threads > 1
   gm = params.grid_mapping
-  name = src.identifier(params.name)
+  name = src.kernel_identifier(params.name)
   gen = Writer(name)
   names = tuple(gm.grid_names or ())
   axes = [(n, g) for n, g in zip(names, gm.grid)] + list(info.axis_env() if info else ())
@@ -256,10 +261,9 @@ def generate(params) -> GluonSource:
       gen.axes[info.thread_name] = ex.Lit(0, dtype=np.dtype(np.int32))
   refs, signature = [], {}
   for k, bm in enumerate(gm.block_mappings):
-    if tuple(bm.ref_aval.shape) != tuple(bm.array_aval.shape):
-      gen.unsupported(f"{params.name}: blocked operand {bm.origin}")
     ptr = src.identifier(f"{'in' if bm.origin.startswith('args') else 'out'}{k}_ptr")
-    refs.append(GmemRef(ptr, tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), bm.origin))
+    refs.append(GmemRef(ptr, tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), bm.origin,
+                        _block_indexer(gen, bm, ids)))
     signature[ptr] = "*" + ex.SIGNATURE[np.dtype(bm.array_aval.dtype).name]
   if threads:
     from pallax._src.mosaic_gpu import gluon_threads
@@ -268,6 +272,11 @@ def generate(params) -> GluonSource:
     parts = gluon_threads.partitions(gen, jaxpr, [*ids, *refs], info)
   else:
     gen.lower_jaxpr(jaxpr, [*ids, *refs])
+  try:
+    for text in gen.smem_layouts:
+      gen.layout_text(text)
+  except NotImplementedError as e:
+    raise src.Unsupported(f"pallas_call {params.name}: {e}; run it with interpret=True") from None
   if gen.stored & gen.read:
     raise src.Unsupported(
         f"pallas_call {params.name}: the kernel reads GMEM that it also writes with "
@@ -280,6 +289,23 @@ def generate(params) -> GluonSource:
   if params.debug:
     print(layout_report(gen, params.name))
   return GluonSource(name, source, signature, (math.prod(gm.grid), 1, 1))
+
+
+def _block_indexer(gen: Writer, bm, ids) -> tuple:
+  """The operand's block as a view of the whole array: squeezed leading dimensions indexed by
+  the index map (``jax.vmap`` of a kernel adds them); every other dimension whole."""
+  from pallax._src import core as pc
+  shape = tuple(bm.array_aval.shape)
+  if tuple(bm.ref_aval.shape) == shape:
+    return ()
+  lead = len(shape) - len(bm.ref_aval.shape)
+  if tuple(bm.ref_aval.shape) != shape[lead:] or not all(
+      isinstance(d, pc.Squeezed) for d in bm.block_shape[:lead]):
+    gen.unsupported(f"the blocked operand {bm.origin} (blocks other than squeezed leading "
+                    "dimensions of whole arrays)")
+  idx = gen.lower_jaxpr(bm.index_map_jaxpr, list(ids))
+  indices = tuple(idx[:lead]) + tuple(ji.Slice(0, n, 1) for n in shape[lead:])
+  return (ji.NDIndexer(indices, shape, ()),)
 
 
 def layout_report(gen: Writer, kernel: str) -> str:

@@ -571,7 +571,11 @@ def _flat_index(gen, ref: SmemRef, t):
 
 def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int):
   """Swizzled SMEM splits at whole swizzle atoms only: along rows in groups of 8, along the
-  last dimension in whole swizzle widths (16 bytes when not swizzled)."""
+  last dimension in whole swizzle widths (16 bytes when not swizzled); and a slice starts at a
+  multiple of its own size (Gluon's subslices are aligned tiles)."""
+  if start % size:
+    gen.unsupported(f"a slice [{start}:{start + size}] of SMEM that does not start at a multiple "
+                    f"of its size {size}")
   if from_end == 1:
     atom = max(ref.swizzle, 16) // ref.dtype.itemsize
     what = f"{atom} elements (its {ref.swizzle}-byte swizzle)"
@@ -590,7 +594,7 @@ def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:
   starts = [_i32(0) for _ in ref.shape]
   dims = list(range(len(ref.shape)))       # view dimension -> operand dimension
   box = list(ref.shape)
-  for t in transforms:
+  for t in (*ref.pre, *transforms):
     if not isinstance(t, ji.NDIndexer):
       gen.unsupported(f"the GMEM view {t}")
     kept = []
@@ -612,8 +616,11 @@ def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:
 def _box_view(gen, smem: SmemRef, box) -> tuple[str, str]:
   """(the SMEM expression a TMA copy of ``box`` reads or writes, the descriptor's layout): a box
   with more dimensions than the buffer (unit ones) sees it through a reshape."""
-  if tuple(box) == tuple(smem.shape):
+  if tuple(box) == tuple(smem.shape) and len(box) <= 2:
     return smem.text, smem.layout
+  if tuple(box) == tuple(smem.shape):   # the buffer's layout may have a lower rank (its views')
+    layout = gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
+    return f"{smem.text}._reinterpret({ex.dtype_name(smem.dtype, 'gl')}, {list(box)}, {layout})", layout
   if tuple(d for d in box if d != 1) != tuple(d for d in smem.shape if d != 1):
     gen.unsupported(f"a TMA box {tuple(box)} for an SMEM buffer of shape {smem.shape}")
   return f"{smem.text}.reshape({list(box)})", gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
@@ -654,7 +661,7 @@ def _gmem_pointers(gen, ref: GmemRef, transforms) -> tuple[ex.Name, tuple, str |
   offset: ex.Expr = _i32(0)
   dims = list(range(rank))          # view dimension -> operand dimension
   sizes = list(ref.shape)
-  for t in transforms:
+  for t in (*ref.pre, *transforms):
     if not isinstance(t, ji.NDIndexer):
       gen.unsupported(f"the GMEM view {t}")
     new_dims, new_sizes = [], []
@@ -720,6 +727,7 @@ def _get(ctx, *invals, **_):
   if not isinstance(a.ref, SmemRef):
     gen.unsupported(f"register loads from {a.ref}")
   view = _smem_view(gen, a.ref, a.transforms)
+  gen.note_view(a.ref.layout, len(view.shape), registers=True)
   L.check_shape(view.shape, gen.kernel_name)
   layout = gen.layout(L.blocked(view.shape, view.dtype))
   smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
@@ -746,6 +754,7 @@ def _swap(ctx, ref, value, *leaves, **_):
   if not isinstance(a.ref, SmemRef):
     gen.unsupported(f"register stores to {a.ref}")
   view = _smem_view(gen, a.ref, a.transforms)
+  gen.note_view(a.ref.layout, len(view.shape), registers=True)
   if not value.shape:
     L.check_shape(view.shape, gen.kernel_name)
     layout = gen.layout(L.blocked(view.shape, view.dtype))
