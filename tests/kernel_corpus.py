@@ -1126,3 +1126,167 @@ def _running_max_kernel(x_ref, o_ref):
 def _(interpret):
   return jax.jit(lambda x: pl.pallas_call(
       _running_max_kernel, out_shape=S((100,), jnp.bfloat16), interpret=interpret)(x))
+
+
+# --- NumPy's integer-array indexing: negative entries, mixed indices, scalar-and-array views -------
+# Each kernel is written against the modules it is given, so that tests/test_indexing.py runs the
+# very same kernel on JAX Pallas (interpret mode) too: INDEXING[name](pl, plgpu, interpret).
+
+INDEXING: dict = {}
+
+
+def _indexing_case(name, args, tol=0):
+  def register(call):
+    INDEXING[name] = call
+    CASES.append(Case(name, lambda interpret: call(pl, plgpu, interpret), args, tol))
+    return call
+  return register
+
+
+def signed_indices(key, shape, size):
+  """Random indices in [-size, size), as NumPy allows, the first one negative."""
+  i = jax.random.randint(key, shape, -size, size, jnp.int32)
+  first = (0,) * len(shape)
+  return i.at[first].set(-1 - jnp.abs(i[first]) % size)
+
+
+def distinct_indices(key, n, size):
+  """``n`` indices of distinct elements (stores must not collide), randomly negative, the first
+  one negative."""
+  k1, k2 = jax.random.split(key)
+  perm = jax.random.permutation(k1, size)[:n].astype(jnp.int32)
+  negative = jax.random.bernoulli(k2, 0.5, (n,)).at[0].set(True)
+  return perm - size * negative.astype(jnp.int32)
+
+
+def _mixed_gather_args(key):
+  k = jax.random.split(key, 6)
+  x2 = jax.random.normal(k[0], (4, 12), jnp.float32)
+  x3 = jax.random.normal(k[1], (5, 6, 7), jnp.float32)
+  return (x2, x3, signed_indices(k[2], (6,), 4), signed_indices(k[3], (3, 1), 5),
+          signed_indices(k[4], (4,), 6), signed_indices(k[5], (4,), 7))
+
+
+def _mixed_gather_kernel(x2_ref, x3_ref, c_ref, a_ref, b_ref, e_ref, *outs):
+  c, a, b, e = c_ref[...], a_ref[...], b_ref[...], e_ref[...]
+  o_neg, o_pair, o_split, o_int, o_int_split, o_adj, o_rank2 = outs
+  o_neg[...] = x2_ref[c, ::3]                # negative entries, a strided slice
+  o_pair[...] = x3_ref[a, b, :]              # (3, 1) and (4,) broadcast to (3, 4)
+  o_split[...] = x3_ref[a, 1::2, e]          # separated by a slice: the (3, 4) axes go first
+  o_int[...] = x3_ref[-1, b, ::2]            # an integer beside an array
+  o_int_split[...] = x3_ref[2, :, e]         # an integer and an array separated by a slice
+  o_adj[...] = x3_ref[:, b, -3]              # adjacent: the array's axis stays in place
+  o_rank2[...] = x3_ref[1:4, a]              # a 2-D index array after a slice
+
+
+@_indexing_case("indexing_mixed_gathers_negative_entries", _mixed_gather_args)
+def mixed_gathers(pl, plgpu, interpret):
+  f32 = jnp.float32
+  outs = [S((6, 4), f32), S((3, 4, 7), f32), S((3, 4, 3), f32), S((4, 4), f32), S((4, 6), f32),
+          S((5, 4), f32), S((3, 3, 1, 7), f32)]
+  return jax.jit(lambda *a: pl.pallas_call(_mixed_gather_kernel, out_shape=outs,
+                                           interpret=interpret)(*a))
+
+
+def _mixed_scatter_args(key):
+  k = jax.random.split(key, 9)
+  x2 = jax.random.normal(k[0], (4, 12), jnp.float32)
+  x3 = jax.random.normal(k[1], (5, 6, 7), jnp.float32)
+  rows, cols = distinct_indices(k[2], 2, 5)[:, None], distinct_indices(k[3], 3, 6)
+  last, first = distinct_indices(k[4], 3, 7), distinct_indices(k[5], 3, 4)
+  vals = [jax.random.normal(kk, s, jnp.float32)
+          for kk, s in zip(k[6:], ((2, 3, 7), (2, 3, 6), (3, 4)))]
+  return (x2, x3, x3 * 2, x3 * 3, rows, cols, last, first, *vals)
+
+
+def _mixed_scatter_kernel(_x2, _x3a, _x3b, _x3c, r_ref, c_ref, l_ref, f_ref, v1, v2, v3,
+                          o_pair, o_split, o_neg, o_int):
+  # One store per output, each starting as an input (aliased): two stores of the same elements
+  # by different GPU threads, unsynchronized, would race.
+  rows, cols, last = r_ref[...], c_ref[...], l_ref[...]
+  o_pair[rows, cols, :] = v1[...]                    # (2, 1) and (3,) broadcast to (2, 3)
+  o_split[rows, :, last] = v2[...]                   # separated by a slice: (2, 3) first
+  o_neg[f_ref[...], ::3] = v3[...]                   # negative entries, a strided slice
+  o_int[-2, cols, 1::3] = v1[0, :, :2] * 5           # an integer beside an array
+
+
+@_indexing_case("indexing_mixed_scatters_negative_entries", _mixed_scatter_args)
+def mixed_scatters(pl, plgpu, interpret):
+  f32 = jnp.float32
+  outs = [S((5, 6, 7), f32), S((5, 6, 7), f32), S((4, 12), f32), S((5, 6, 7), f32)]
+  return jax.jit(lambda *a: pl.pallas_call(
+      _mixed_scatter_kernel, out_shape=outs, input_output_aliases={1: 0, 2: 1, 0: 2, 3: 3},
+      interpret=interpret)(*a))
+
+
+def _row_view_softmax_kernel(x_ref, o_ref, *, block, pl, plgpu):
+  # Triton style, as JAX's examples write it: a row and a power-of-two range of columns
+  row, cols = pl.program_id(0), jnp.arange(block)
+  mask = cols < x_ref.shape[1]
+  x = plgpu.load(x_ref.at[(row, cols)], mask=mask, other=-jnp.inf)
+  e = jnp.exp(x - jnp.max(x))
+  plgpu.store(o_ref.at[(row, cols)], e / jnp.sum(e), mask=mask)
+
+
+# exp, max, sum and a division: the tolerance of softmax_rows_nonpow2
+@_indexing_case("indexing_row_softmax_scalar_and_arange_view", normal((6, 100)), tol=1e-5)
+def row_view_softmax(pl, plgpu, interpret):
+  kernel = functools.partial(_row_view_softmax_kernel, block=128, pl=pl, plgpu=plgpu)
+  return jax.jit(lambda x: pl.pallas_call(kernel, out_shape=S(x.shape, x.dtype), grid=(x.shape[0],),
+                                          interpret=interpret)(x))
+
+
+def _atomic_view_args(key, repeated=True):
+  k = jax.random.split(key, 5)
+  idx = signed_indices(k[0], (16,), 8) if repeated else distinct_indices(k[0], 8, 8)
+  vals = jax.random.randint(k[1], idx.shape, -50, 50, jnp.int32)
+  mask = jax.random.bernoulli(k[2], 0.7, idx.shape)
+  o0 = jax.random.randint(k[3], (3, 8), -100, 100, jnp.int32)
+  cols = signed_indices(k[4], idx.shape, 8) if repeated else distinct_indices(k[4], 8, 8)
+  return idx, vals, mask, cols, o0
+
+
+def _atomic_view_kernel(i_ref, v_ref, m_ref, c_ref, _o0, o_ref, *, plgpu, masked=True):
+  idx, vals = i_ref[...], v_ref[...]
+  plgpu.atomic_add(o_ref.at[0, idx], (), vals)                        # an integer and an array
+  mask = m_ref[...] if masked else None
+  plgpu.atomic_add(o_ref.at[1, idx], (), vals, mask=mask)
+  plgpu.atomic_max(o_ref.at[(2, c_ref[...])], (), vals)
+
+
+def atomic_views(pl, plgpu, interpret, masked=True):
+  """Repeated indices all apply, on a GPU as in the interpreter. (JAX Pallas's interpret mode keeps
+  one update per element and refuses masked atomics: it is compared on distinct indices,
+  unmasked.)"""
+  kernel = functools.partial(_atomic_view_kernel, plgpu=plgpu, masked=masked)
+  return jax.jit(lambda *a: pl.pallas_call(kernel, out_shape=S((3, 8), jnp.int32),
+                                           input_output_aliases={4: 0}, interpret=interpret)(*a))
+
+
+CASES.append(Case("indexing_atomics_on_index_array_views",
+                  lambda interpret: atomic_views(pl, plgpu, interpret), _atomic_view_args, 0))
+
+
+# Views of views, indexed by arrays (JAX Pallas 0.11 fails on these in broadcast_in_dim: pallax's
+# tests compare them with NumPy).
+
+def _chained_view_kernel(x_ref, r_ref, i_ref, v_ref, _o0, g_ref, w_ref, o_ref):
+  rows, idx = r_ref[...], i_ref[...]
+  g_ref[...] = x_ref.at[rows][:, 1::2]           # the gather view, then a strided slice
+  w_ref[...] = x_ref.at[2].at[idx][...]          # a row, then an array into it
+  plgpu.atomic_add(o_ref.at[1].at[idx], (), v_ref[...])
+
+
+def _chained_view_args(key):
+  k = jax.random.split(key, 5)
+  return (jax.random.normal(k[0], (5, 12), jnp.float32), signed_indices(k[1], (4,), 5),
+          signed_indices(k[2], (16,), 12), jax.random.randint(k[3], (16,), -50, 50, jnp.int32),
+          jax.random.randint(k[4], (3, 12), -100, 100, jnp.int32))
+
+
+@case("indexing_chained_views_gather_and_atomics", _chained_view_args, tol=0)
+def _(interpret):
+  return jax.jit(lambda *a: pl.pallas_call(
+      _chained_view_kernel, out_shape=(S((4, 6), jnp.float32), S((16,), jnp.float32),
+                                       S((3, 12), jnp.int32)),
+      input_output_aliases={4: 2}, interpret=interpret)(*a))

@@ -46,9 +46,8 @@ def violations(transforms, shape, mask):
     if not all(isinstance(t, ji.NDIndexer) for t in transforms):
       return
     for d, (c, size) in enumerate(zip(prims.base_coords(transforms), shape)):
-      ok_lane = (c >= 0) & (c < size)
-      bad = jnp.where(ok_lane | ~mask, 0, c)
-      yield jnp.all(ok_lane | ~mask), d, size, jnp.min(bad) if bad.ndim else bad, False
+      ok = ((c >= 0) & (c < size)) | ~mask
+      yield jnp.all(ok), d, size, _first_bad(c, ok), False
     return
   for t in transforms:
     if not isinstance(t, ji.NDIndexer):
@@ -62,9 +61,17 @@ def violations(transforms, shape, mask):
         yield (start >= 0) & (end < size), d, size, jnp.where(start < 0, start, end), False
       else:
         i = jnp.asarray(i)
-        ok = jnp.all((i >= 0) & (i < size))
-        yield ok, d, size, (jnp.where((i >= 0) & (i < size), 0, i).min() if i.ndim else i), i.ndim == 0
+        ok = (i >= 0) & (i < size)
+        yield jnp.all(ok), d, size, _first_bad(i, ok), i.ndim == 0
     shape = tuple(t.get_indexer_shape())
+
+
+def _first_bad(i, ok):
+  """The first entry of ``i`` (row-major) where ``ok`` is False: the index an error reports."""
+  if not np.ndim(i):
+    return i
+  ok = jnp.broadcast_to(ok, jnp.shape(i))
+  return jnp.ravel(i)[jnp.argmin(jnp.ravel(ok))]
 
 
 def _describe(kernel, eqn, name, d, size, shape):
@@ -138,7 +145,10 @@ class _Leaf:
 
 
 def _from_end(eqn, invals):
-  """Static negative indices count from the end, as in NumPy: make them non-negative."""
+  """NumPy's rule: negative integer indices count from the end. Literal ones are made
+  non-negative here; so are the entries of index arrays in [-size, 0), with ``jnp.where``.
+  Entries below -size stay as written, for the bounds check to report. A computed scalar index
+  is not an array: a negative one stays out of bounds (a GPU cannot tell it from a bug)."""
   span = ref_access.leaf_span(eqn)
   shape = eqn.invars[0].aval.shape
   atoms = eqn.invars[span]
@@ -151,11 +161,23 @@ def _from_end(eqn, invals):
     for i, d in zip(t.indices, shape):
       k = (i.start if isinstance(i, ji.Slice) else i)
       k = k.k if isinstance(k, _Leaf) else None
-      if k is not None and isinstance(atoms[k], ji.Literal) and np.ndim(leaves[k]) == 0 \
-          and int(leaves[k]) < 0:
+      if k is None:
+        continue
+      if np.ndim(leaves[k]) > 0 and not isinstance(i, ji.Slice):
+        leaves[k] = _wrap_negative(leaves[k], d)
+      elif isinstance(atoms[k], ji.Literal) and np.ndim(leaves[k]) == 0 and int(leaves[k]) < 0:
         leaves[k] = np.asarray(int(leaves[k]) + d, np.asarray(leaves[k]).dtype)
-    shape = tuple(t.get_indexer_shape()) if all(isinstance(x, ji.Slice) for x in t.indices) else ()
+    shape = tuple(t.get_indexer_shape())
   return ref_access.with_leaves(eqn, invals, leaves)
+
+
+def _wrap_negative(i, size: int):
+  """An index array's entries in [-size, 0) moved to the end: ``i + size``, in int32 at least
+  (an int8 -1 indexing 200 elements becomes 199)."""
+  if jnp.issubdtype(i.dtype, jnp.unsignedinteger):
+    return i
+  i = jnp.asarray(i, jnp.promote_types(i.dtype, jnp.int32))
+  return jnp.where((i < 0) & (i >= -size), i + size, i)
 
 
 def _check_access(eqn, invals, names, kernel) -> None:

@@ -88,6 +88,19 @@ def _indexer(idx, shape):
   return ji.NDIndexer(idx, tuple(shape), tuple(int_shape), validate=False)
 
 
+def _broadcast_to_batched(args, dims, *, shape):
+  """JAX's ``broadcast_to`` (how Ref indexing broadcasts an integer beside an index array) under
+  vmap, which the interpreter runs programs with: the batch axis first, then the broadcast."""
+  (x,), (d,) = args, dims
+  x = jnp.moveaxis(x, d, 0)
+  x = x.reshape(x.shape[:1] + (1,) * (len(shape) - x.ndim + 1) + x.shape[1:])
+  return jnp.broadcast_to(x, x.shape[:1] + tuple(shape)), 0
+
+
+if ji.broadcast_to_p not in ji.batching.fancy_primitive_batchers:   # JAX 0.11 has no rule for it
+  ji.batching.primitive_batchers[ji.broadcast_to_p] = _broadcast_to_batched
+
+
 def _view_shape(ref_aval, transforms):
   shape = ref_aval.shape
   for t in transforms:
@@ -133,15 +146,14 @@ def indexer_coords(indexer) -> list[jax.Array]:
 
 
 def poison(shape, dtype):
-  """Values that stand out when read before written: NaN, the smallest int (JAX Pallas's
-  interpreter pads with it too), True."""
+  """Values that stand out when read before written: NaN, the largest int, True."""
   dtype = jnp.dtype(dtype)
   if jnp.issubdtype(dtype, jnp.inexact):
     v = jnp.nan
   elif dtype == jnp.bool_:
     v = True
   else:
-    v = jnp.iinfo(dtype).min
+    v = jnp.iinfo(dtype).max
   return jnp.full(shape, v, dtype)
 
 

@@ -64,8 +64,8 @@ def _atomic_discharge(ctx, x, *args, tree, op, has_mask):
   nv, n = _n_values(op), tree.num_leaves
   vals, leaves = args[:nv], args[nv:nv + n]
   mask = args[nv + n] if has_mask else None
-  (indexer,) = ji.tree_util.tree_unflatten(tree, leaves)
-  coords = tuple(prims.indexer_coords(indexer))
+  transforms = ji.tree_util.tree_unflatten(tree, leaves)   # ref.at[...] views, then the index
+  coords = tuple(prims.base_coords(transforms))
   shape = coords[0].shape if coords else x.shape
   lanes = [c.ravel() for c in coords] if coords else \
       [c.ravel() for c in jnp.indices(x.shape, sparse=False)]

@@ -2,6 +2,8 @@
 
 A Ref view is a pointer and, per dimension of the array behind it, where the view starts, its
 size, and the step between neighbouring elements: global coordinate = start + step * local.
+A dimension indexed by an array takes its local coordinates from the array instead; the arrays of
+one indexer span the view's gather axes, placed by NumPy's rule for advanced indexing.
 """
 from __future__ import annotations
 
@@ -28,11 +30,9 @@ class RefDim:
   array_size: int
   stride: int         # elements between neighbours in the array
   step: int = 1
-  kept: bool = True   # a dimension of the view (False: squeezed or integer-indexed)
+  kept: bool = True   # an axis of the view (False: squeezed, or indexed by an integer or an array)
   exact: bool = True  # every local coordinate < size lies inside the array
-  index: ex.Expr | None = None  # a tensor of offsets: global = start + step * index[local]
-  index_rank: int = 1       # the index tensor's rank (> 1 when several arrays index the view)
-  index_axis: int = 0       # this dimension's axis in the index tensor
+  index: ex.Expr | None = None  # an index array: global = start + step * index[gather lanes]
   low: bool = False         # start may be negative (an Element block with low padding)
 
 
@@ -42,10 +42,18 @@ class RefVal:
   dtype: np.dtype
   dims: tuple
   origin: str
+  gather: tuple = ()    # the shape the index arrays of the dimensions with an ``index`` broadcast to
+  gather_at: int = 0    # where those axes sit among the view's axes (NumPy's rule)
 
   @property
   def shape(self) -> tuple[int, ...]:
-    return tuple(d.size for d in self.dims if d.kept)
+    kept = tuple(d.size for d in self.dims if d.kept)
+    return kept[:self.gather_at] + tuple(self.gather) + kept[self.gather_at:]
+
+  def kept_axes(self) -> list[int]:
+    """The view axis of each kept dimension, in order."""
+    n = sum(d.kept for d in self.dims)
+    return [k if k < self.gather_at else k + len(self.gather) for k in range(n)]
 
 
 def whole(ptr: ex.Name, dtype, shape, origin: str, lead: tuple = ()) -> RefVal:
@@ -67,28 +75,69 @@ def index_ref(gen, ref: RefVal, transforms, static=frozenset(), verb="access to"
   for t in transforms:
     if not isinstance(t, ji.NDIndexer):
       raise Unsupported(f"Ref transform {type(t).__name__}")
-    kept = [i for i, d in enumerate(ref.dims) if d.kept]
-    dims = list(ref.dims)
-    gather = _gather_axes(t)
-    for k, idx in zip(kept, t.indices):
-      dims[k] = _index_dim(gen, ref, dims[k], idx, t, gather, static, verb, kept.index(k))
-    ref = dataclasses.replace(ref, dims=tuple(dims))
+    ref = _index_view(gen, ref, t, static, verb)
   return ref
 
 
-def _index_dim(gen, ref, d: RefDim, idx, t, gather, static, verb, axis) -> RefDim:
-  if d.index is not None:   # only the whole of an array-indexed dimension can be taken
-    if not (isinstance(idx, ji.Slice) and idx.start == 0 and idx.size == d.size and idx.stride == 1):
-      raise Unsupported("indexing a Ref view that was itself indexed with an array")
-    return d
-  if isinstance(idx, ex.Expr) and len(idx.shape) == 1 and len(t.int_indexer_shape) == 1 and \
-      sum(not isinstance(i, ji.Slice) for i in t.indices) == 1:
-    # One array of indices (a gather): the dimension stays where it is (NumPy's rule).
-    return dataclasses.replace(d, size=idx.shape[0], index=_index(idx), exact=False)
-  if gather is not None and id(idx) in gather:
-    m = gather[id(idx)]
-    return dataclasses.replace(d, size=idx.shape[m], index=_index(idx), exact=False,
-                               index_rank=len(idx.shape), index_axis=m)
+def _index_view(gen, ref: RefVal, t, static, verb) -> RefVal:
+  """``ref`` indexed by one NDIndexer: one index per axis of the view. Index arrays (JAX has
+  broadcast them, and any integer beside them, to ``t.int_indexer_shape``) select the gather
+  axes, which go where NumPy puts them."""
+  shape, owners = ref.shape, _owners(ref)
+  arrays = bool(t.int_indexer_shape)
+  if arrays and ref.gather:
+    raise Unsupported("indexing with arrays a Ref view that was itself indexed with an array")
+  dims = list(ref.dims)
+  for axis, idx in enumerate(t.indices):
+    k = owners[axis]
+    if k is None:   # a gather axis of the view: only the whole of it can be taken
+      if not (isinstance(idx, ji.Slice) and idx.start == 0 and idx.size == shape[axis] and idx.stride == 1):
+        raise Unsupported("indexing part of a Ref view that was itself indexed with an array")
+      continue
+    if arrays and not isinstance(idx, ji.Slice):
+      dims[k] = _gather_dim(gen, dims[k], idx, tuple(t.int_indexer_shape))
+    else:
+      dims[k] = _index_dim(gen, ref, dims[k], idx, static, verb, axis)
+  if arrays:
+    return dataclasses.replace(ref, dims=tuple(dims), gather=tuple(t.int_indexer_shape),
+                               gather_at=_gather_position(t))
+  before = [k for k in owners[:ref.gather_at] if k is not None]   # kept dims before the gather axes
+  return dataclasses.replace(ref, dims=tuple(dims), gather_at=sum(dims[k].kept for k in before))
+
+
+def _owners(ref: RefVal) -> list:
+  """Per axis of the view: the position in ``ref.dims`` of the dimension it runs along, or None
+  for a gather axis."""
+  kept = [k for k, d in enumerate(ref.dims) if d.kept]
+  return kept[:ref.gather_at] + [None] * len(ref.gather) + kept[ref.gather_at:]
+
+
+def _gather_position(t) -> int:
+  """NumPy's rule: the gather axes replace the integer-indexed ones where those are adjacent,
+  and go first where slices separate them."""
+  pos = [k for k, i in enumerate(t.indices) if not isinstance(i, ji.Slice)]
+  return pos[0] if pos == list(range(pos[0], pos[0] + len(pos))) else 0
+
+
+def _gather_dim(gen, d: RefDim, idx, gather: tuple) -> RefDim:
+  """A dimension indexed by an array: its coordinates come from the array, along the gather axes."""
+  if not isinstance(idx, ex.Expr) or idx.shape == ():   # a scalar that JAX did not broadcast
+    idx = tl.full(gather, _int(idx), tl.I32)
+  return dataclasses.replace(d, size=1, kept=False, exact=False, index=_from_end(gen, idx, d.size))
+
+
+def _from_end(gen, idx: ex.Expr, size: int) -> ex.Expr:
+  """NumPy's rule for index arrays, as in the interpreter: negative entries count from the end
+  (entries below -size stay negative, outside the Ref, and are masked off)."""
+  unsigned = np.issubdtype(idx.dtype, np.unsignedinteger)
+  idx = _index(idx)
+  if unsigned:
+    return idx
+  wrapped = tl.where(tl.compare("<", idx, tl.i32(0)), add(idx, tl.i32(size)), idx)
+  return gen.bind(wrapped, "idx")
+
+
+def _index_dim(gen, ref, d: RefDim, idx, static, verb, axis) -> RefDim:
   if isinstance(idx, ji.Slice):
     if not isinstance(idx.size, (int, np.integer)):
       raise Unsupported("slices of dynamic size")
@@ -105,20 +154,7 @@ def _index_dim(gen, ref, d: RefDim, idx, t, gather, static, verb, axis) -> RefDi
                        f"{gen.enclosing_frame}: index {lit} along dimension {axis}, which has "
                        f"size {d.size}")
     return dataclasses.replace(d, start=add(d.start, mul(i, d.step)), size=1, kept=False)
-  raise Unsupported("indexing a Ref with an array of indices (gather/scatter)")
-
-
-def _gather_axes(t) -> dict | None:
-  """For a view indexed by several arrays side by side (``ref.at[rows, cols]``, broadcast by
-  JAX to one shape whose rank is their number): {id(index): its axis in that shape}."""
-  pos = [k for k, i in enumerate(t.indices) if not isinstance(i, ji.Slice)]
-  arrays = [t.indices[k] for k in pos]
-  shape = tuple(t.int_indexer_shape)
-  if len(arrays) < 2 or pos != list(range(pos[0], pos[0] + len(pos))) or len(shape) != len(arrays):
-    return None
-  if any(not isinstance(a, ex.Expr) or tuple(a.shape) != shape for a in arrays):
-    return None
-  return {id(a): m for m, a in enumerate(arrays)}
+  raise Unsupported(f"indexing a Ref with {type(idx).__name__}")
 
 
 def _index(idx: ex.Expr) -> ex.Expr:
@@ -142,18 +178,19 @@ def address(ref: RefVal, user_mask: ex.Expr | None):
   shape = ref.shape
   padded = tuple(ex.pow2(s) for s in shape)
   big = math.prod(d.array_size for d in ref.dims) >= 2**31
-  offs, conds, j = tl.i32(0), [], 0
+  lanes = [tl.expand(tl.arange(p), a, len(padded)) for a, p in enumerate(padded)]
+  conds = [tl.compare("<", lanes[a], tl.i32(s)) for a, (s, p) in enumerate(zip(shape, padded)) if s != p]
+  offs, axes = tl.i32(0), iter(ref.kept_axes())
   for d in ref.dims:
     if d.kept:
-      coord, dim_conds = _lane_coord(d, j, padded, user_mask is not None)
-      j += 1
+      local = lanes[next(axes)]
+    elif d.index is not None:   # the index array spans the gather axes (aligned at their end)
+      end = ref.gather_at + len(ref.gather)
+      local = tl.expand(d.index, range(end - len(d.index.shape), end), len(padded))
     else:
-      coord = d.start
-      dim_conds = [tl.compare("<", coord, ex.index_literal(d.array_size))] if not d.exact and \
-          not ex.is_zero(coord) else []
-      if d.low:
-        dim_conds.append(tl.compare(">=", coord, tl.i32(0)))
-    conds += dim_conds
+      local = None
+    coord = d.start if local is None else add(d.start, mul(local, d.step))
+    conds += _coord_bounds(d, coord, local is None, user_mask is not None)
     if not ex.is_zero(coord):
       offs = add(offs, mul(tl.to(coord, np.int64) if big else coord, d.stride))
   if user_mask is not None:
@@ -161,20 +198,15 @@ def address(ref: RefVal, user_mask: ex.Expr | None):
   return offs, tl.all_of(conds), shape
 
 
-def _lane_coord(d: RefDim, j: int, padded, masked_by_user: bool):
-  lane = tl.expand(tl.arange(padded[j]), j, len(padded))
-  first = j - d.index_axis   # an index tensor spans the result axes of all arrays indexing the view
-  local = lane if d.index is None else \
-      tl.expand(d.index, range(first, first + d.index_rank), len(padded))
-  coord = add(d.start, mul(local, d.step))
+def _coord_bounds(d: RefDim, coord, fixed: bool, masked_by_user: bool) -> list:
+  """The conditions that keep one dimension's coordinates inside the array."""
   conds = []
-  if d.size != padded[j]:
-    conds.append(tl.compare("<", lane, tl.i32(d.size)))
   if d.index is not None or d.low:
     conds.append(tl.compare(">=", coord, tl.i32(0)))
-  if not d.exact or masked_by_user:
+  past_end = (not d.exact and not ex.is_zero(coord)) if fixed else (not d.exact or masked_by_user)
+  if past_end:
     conds.append(tl.compare("<", coord, ex.index_literal(d.array_size)))
-  return coord, conds
+  return conds
 
 
 def _pointer(ref: RefVal, offs: ex.Expr) -> ex.Expr:
@@ -282,7 +314,7 @@ def _check_known_bounds(gen, ref: RefVal, verb: str):
   interpreter checks: unmasked, a GPU would read or write outside it."""
   for axis, d in enumerate(x for x in ref.dims if x.kept):
     lit = ex.literal(d.start)
-    if lit is None or d.index is not None or d.size == 0:
+    if lit is None or d.size == 0:
       continue
     last = lit + (d.size - 1) * d.step
     lo, hi = min(lit, last), max(lit, last)
