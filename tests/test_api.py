@@ -349,7 +349,7 @@ def test_pallas_call_tuple_and_list_of_outputs_and_specs():
   np.testing.assert_allclose(d, x - y, rtol=1e-6)
   lst = pl.pallas_call(kernel, out_shape=[sds(x), sds(x)], grid=(2,), in_specs=[spec, spec],
                        out_specs=[spec, spec])(x, y)
-  assert isinstance(lst, list) and len(lst) == 2
+  assert isinstance(lst, tuple) and len(lst) == 2   # a list out_shape gives a tuple, as in JAX
   np.testing.assert_array_equal(lst[0], s)
   np.testing.assert_array_equal(lst[1], d)
 

@@ -3,7 +3,8 @@
 
 Each test builds its kernel from a module ``pl`` (pallax or JAX Pallas), runs it on both and
 compares. Outputs are compared only where the semantics define them: in-range elements, and
-padding only for floats (NaN on both; integer padding values are unspecified).
+padding only for floats (NaN on both; integer padding is iinfo.min on both, tested in
+``tests/test_jax_api_compat.py``).
 
 JAX 0.11 moved masked ``load``/``store`` out of ``jax.experimental.pallas`` into
 ``jax.experimental.pallas.triton`` (``plgpu.load(ref.at[idx], mask=...)``); the masked test

@@ -128,12 +128,31 @@ no_block_spec = NoBlockSpec()
 
 @dataclasses.dataclass(frozen=True)
 class GridSpec:
-  """The grid, the operands' block specs and the scratch buffers of a ``pallas_call``."""
+  """The grid, the operands' block specs and the scratch buffers of a ``pallas_call``.
+
+  A named grid, ``grid=(("i", 2), ("j", 4))`` as in JAX Pallas, is kept as its sizes in
+  ``grid`` and its names in ``grid_names``; kernels see the names through
+  ``lax.axis_index``/``lax.axis_size`` and ``pl.program_id(name)``.
+  """
   grid: Any = ()
   in_specs: Any = no_block_spec
   out_specs: Any = no_block_spec
   scratch_shapes: Any = ()
   num_scalar_prefetch: int = 0
+  grid_names: tuple[Hashable, ...] | None = None
+
+  def __post_init__(self):
+    if self.grid_names is None and _is_named_grid(self.grid):
+      names, sizes = zip(*self.grid)
+      object.__setattr__(self, "grid", tuple(sizes))
+      object.__setattr__(self, "grid_names", tuple(names))
+
+
+def _is_named_grid(grid) -> bool:
+  """Whether every entry of ``grid`` is a (name, size) pair (a mix is left for the grid's
+  check to refuse, with the kernel's name)."""
+  return (isinstance(grid, (tuple, list)) and len(grid) > 0
+          and all(isinstance(g, tuple) and len(g) == 2 for g in grid))
 
 
 def PrefetchScalarGridSpec(num_scalar_prefetch, grid=(), in_specs=no_block_spec,
@@ -235,6 +254,12 @@ def grid_env(env: GridEnv):
     yield
   finally:
     stack.pop()
+
+
+def innermost_grid_env() -> GridEnv | None:
+  """The grid of the kernel being traced (None outside kernels)."""
+  stack = getattr(_grid_envs, "stack", [])
+  return stack[-1] if stack else None
 
 
 def current_grid_env(what: str) -> GridEnv:

@@ -74,6 +74,20 @@ def _binds(fn, n: int, kw_names=()) -> bool:
   return True
 
 
+def _defined_at(fn) -> str | None:
+  """'file:line' of a function's definition (through partials), or None."""
+  while isinstance(fn, functools.partial):
+    fn = fn.func
+  code = getattr(fn, "__code__", None)
+  return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None
+
+
+def _label(name: str, kernel) -> str:
+  """'k (kernel at file:line)': how the errors of a call's specification name its kernel."""
+  where = _defined_at(kernel)
+  return f"{name} (kernel at {where})" if where else name
+
+
 def _signature(fn) -> str:
   try:
     return str(inspect.signature(fn))
@@ -93,6 +107,9 @@ def _as_tuple_grid(grid, name) -> tuple[int, ...]:
   except TypeError:
     raise TypeError(f"pallas_call {name}: grid must be an int or a tuple of ints, got {grid!r}") from None
   for g in grid:
+    if isinstance(g, tuple):
+      raise TypeError(f"pallas_call {name}: grid {grid!r} mixes named and unnamed axes; name "
+                      "every axis, grid=((\"i\", 2), (\"j\", 4)), or none")
     if not isinstance(g, (int, np.integer)):
       raise TypeError(f"pallas_call {name}: grid sizes must be static Python ints, got {grid!r}; "
                       "dynamic grids are not supported")
@@ -102,9 +119,15 @@ def _as_tuple_grid(grid, name) -> tuple[int, ...]:
 
 
 def _flatten_specs(specs, tree, what: str, count: int, name: str):
-  """One BlockSpec (or None) per operand; a single spec broadcasts over a pytree prefix."""
+  """One BlockSpec (or None) per operand. in_specs is a list or tuple (as in JAX Pallas) whose
+  entries may be prefixes of the inputs' pytrees; out_specs may be a single spec."""
   if specs is pc.no_block_spec:
     return [None] * count
+  if what == "in_specs" and not isinstance(specs, (list, tuple)):
+    # As JAX Pallas: a lone BlockSpec is not spread over the inputs.
+    got = "a single BlockSpec" if isinstance(specs, pc.BlockSpec) else repr(specs)
+    raise ValueError(f"pallas_call {name}: in_specs must be a tuple or a list with one entry "
+                     f"per input, got {got}; wrap it: in_specs=[spec] (or [spec] * {count})")
   is_leaf = lambda s: s is None or isinstance(s, (pc.BlockSpec, pc.NoBlockSpec))
   if isinstance(specs, (list, tuple)) and tree.num_leaves == count and tree.num_nodes == count + 1 \
       and len(specs) != count and all(is_leaf(s) for s in specs):
@@ -118,10 +141,21 @@ def _flatten_specs(specs, tree, what: str, count: int, name: str):
   try:
     flat = ji.tree_util.broadcast_prefix(specs, full, is_leaf=is_leaf)
   except (ValueError, TypeError) as e:
+    operands = "inputs" if what == "in_specs" else "outputs"
     raise ValueError(f"pallas_call {name}: the structure of {what} does not match the "
-                     f"{'inputs' if what == 'in_specs' else 'outputs'} ({tree}); pass one BlockSpec "
-                     f"per operand. ({e})") from None
+                     f"{operands} ({tree}); pass one BlockSpec (or None) per operand. "
+                     f"{_prefix_error(specs, full, is_leaf, what, operands) or e}") from None
   return [None if isinstance(s, pc.NoBlockSpec) else s for s in flat]
+
+
+def _prefix_error(specs, full, is_leaf, what: str, operands: str) -> str | None:
+  """Where ``specs`` stops being a prefix of ``full``, with the key path named after ``what``
+  (one line)."""
+  errors = ji.tree_util.prefix_errors(specs, full, is_leaf=is_leaf)
+  if not errors:
+    return None
+  return " ".join(str(errors[0](what)).split()).replace("the full pytree has",
+                                                        f"the {operands} have")
 
 
 def _block_mapping(spec: pc.BlockSpec | None, aval, origin: str, grid, index_avals,
@@ -158,14 +192,20 @@ def _block_mapping(spec: pc.BlockSpec | None, aval, origin: str, grid, index_ava
           + (f" plus {extra} scalar-prefetch operands" if extra else "")
           + f"); its signature is {_signature(index_map)}")
 
+  the_map = f"the index_map of {origin}" + (f" (at {_defined_at(index_map)})"
+                                             if _defined_at(index_map) else "")
+
   def flat_index_map(*args):
     out = index_map(*args)
+    out = tuple(out) if isinstance(out, list) else out
     if not isinstance(out, tuple):
       out = (out,) if nd == 1 else out
     if not isinstance(out, tuple) or len(out) != nd:
       n = len(out) if isinstance(out, (tuple, list)) else 1
-      raise ValueError(f"pallas_call {name}: the index_map of {origin} returned {n} indices but "
-                       f"{origin} has rank {nd}; return one block index per dimension")
+      raise ValueError(f"{the_map} returned {n} indices but {origin} has rank {nd}; return "
+                       "one block index per dimension")
+    for k, i in enumerate(out):
+      _check_block_index(i, k, the_map)
     return [jnp.asarray(i, jnp.int32) for i in out]
 
   try:
@@ -173,12 +213,30 @@ def _block_mapping(spec: pc.BlockSpec | None, aval, origin: str, grid, index_ava
   except (ValueError, TypeError) as e:
     _reraise(e, f"pallas_call {name}")
   if any(isinstance(c, jax.core.Tracer) for c in consts):
-    raise ValueError(f"pallas_call {name}: the index_map of {origin} closes over a traced value; "
+    raise ValueError(f"pallas_call {name}: {the_map} closes over a traced value; "
                      "pass it as a scalar-prefetch operand instead")
+  if consts:
+    # As JAX Pallas: an index map computes block indices from the grid indices alone.
+    raise ValueError(
+        f"pallas_call {name}: {the_map} captures constants "
+        f"[{', '.join(jax.typeof(c).str_short() for c in consts)}]; compute the block index from "
+        "the grid indices, or pass the table as a scalar-prefetch operand (PrefetchScalarGridSpec)")
   kernel_shape = tuple(d.block_size for d in block_shape if not isinstance(d, pc.Squeezed))
   ref = ji.ref_aval(kernel_shape, aval.dtype, getattr(spec, "memory_space", None))
   return BlockMapping(block_shape, ref, ji.closed(jaxpr, consts), None, ji.ShapedArray(shape, aval.dtype),
                       origin, pipeline_mode=getattr(spec, "pipeline_mode", None), debug=debug)
+
+
+def _check_block_index(i, k: int, the_map: str):
+  """An index map's output ``k`` must be an integer scalar (as in JAX Pallas)."""
+  if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
+    return
+  dtype = getattr(i, "dtype", None)
+  if getattr(i, "shape", None) == () and dtype is not None and jnp.issubdtype(dtype, jnp.integer):
+    return
+  what = jax.typeof(i).str_short() if dtype is not None else f"a {type(i).__name__}"
+  raise ValueError(f"{the_map} returned {what} at position {k}; index maps return integer "
+                   "scalars, one block index per dimension")
 
 
 def _scratch_aval(s, name):
@@ -191,17 +249,18 @@ def _scratch_aval(s, name):
 
 
 def make_grid_mapping(name, grid_spec: pc.GridSpec, in_avals, in_tree, out_avals, out_tree,
-                      debug=False) -> GridMapping:
+                      debug=False, kernel=None) -> GridMapping:
   grid = _as_tuple_grid(grid_spec.grid, name)
+  label = _label(name, kernel)
   nidx = grid_spec.num_scalar_prefetch
   index_avals = [ji.ref_aval(a.shape, a.dtype, pc.MemorySpace.INDEX) for a in in_avals[:nidx]]
   grid_avals = [ji.ShapedArray((), jnp.int32)] * len(grid)
   map_avals = grid_avals + index_avals
   ins = in_avals[nidx:]
-  in_specs = _flatten_specs(grid_spec.in_specs, in_tree, "in_specs", len(ins), name) \
+  in_specs = _flatten_specs(grid_spec.in_specs, in_tree, "in_specs", len(ins), label) \
       if nidx == 0 else _flatten_specs(grid_spec.in_specs, jax.tree.structure([0] * len(ins)),
-                                       "in_specs", len(ins), name)
-  out_specs = _flatten_specs(grid_spec.out_specs, out_tree, "out_specs", len(out_avals), name)
+                                       "in_specs", len(ins), label)
+  out_specs = _flatten_specs(grid_spec.out_specs, out_tree, "out_specs", len(out_avals), label)
   bms = [_block_mapping(s, a, f"args[{nidx + i}]", grid, map_avals, name, debug)
          for i, (s, a) in enumerate(zip(in_specs, ins))]
   bms += [_block_mapping(s, a, f"out[{i}]", grid, map_avals, name, debug)
@@ -297,12 +356,14 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
       return jax.new_ref(jnp.zeros(what.shape, what.dtype))
 
     env = pc.GridEnv(name, tuple(ids), grid, tuple(grid_names), get_global)
-    named = [(n, s) for n, s in zip(grid_names, grid) if isinstance(n, str)] + list(extra_axes)
+    named = [(n, s) for n, s in zip(grid_names, grid) if n is not None] + list(extra_axes)
     with pc.grid_env(env), ji.extend_axis_env_nd(named):
       out = kernel_args.call(kernel, list(refs))
-    if out is not None and jax.tree.leaves(out):
-      raise ValueError(f"the kernel {name} returned a value; kernels write their results into "
-                       "output Refs and return None")
+    if out is not None:   # even () or 0, as in JAX Pallas
+      where = _defined_at(kernel)
+      raise ValueError(f"the kernel {name}{f' (at {where})' if where else ''} returned "
+                       f"{_describe(out)}; kernels write their results into output Refs and "
+                       "return None")
     return []
 
   in_avals = [ji.ShapedArray((), jnp.int32)] * len(grid) + list(ref_avals)
@@ -324,6 +385,30 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
   closed = ji.closed(jaxpr, consts)
   checks.check_static_indices(closed, name, ref_names)
   return closed, tuple(globals_avals)
+
+
+def _describe(x) -> str:
+  """What a kernel returned, short: '()', '0', 'float32[8]', 'a tuple'."""
+  leaves = jax.tree.leaves(x)
+  if not leaves:
+    return repr(x)
+  return f"a {type(x).__name__}" if len(leaves) > 1 else (
+      jax.typeof(leaves[0]).str_short() if hasattr(leaves[0], "dtype") else repr(leaves[0]))
+
+
+def _axis_index_staging(trace, source_info, *, axis_name):
+  """``lax.axis_index(name)`` of a named grid axis, while a kernel is traced, is that axis's
+  program id (what ``pl.program_id`` gives): the kernel jaxpr holds an ordinary program id,
+  which the interpreter vectorizes and the GPU backends lower, also after vmap prepends an axis.
+  Other names (Mosaic GPU threads, axes bound inside the kernel) stay ``axis_index``."""
+  env = pc.innermost_grid_env()
+  if env is not None and axis_name is not None and axis_name in env.names:
+    return trace.to_jaxpr_tracer(env.ids[env.names.index(axis_name)], source_info)
+  return trace.default_process_primitive(ji.axis_index_p, (), {"axis_name": axis_name},
+                                         source_info)
+
+
+ji.pe.custom_staging_rules[ji.axis_index_p] = _axis_index_staging
 
 
 def _kernel_args(in_tree, out_tree, scratch_shapes) -> KernelArgs:
@@ -732,10 +817,14 @@ def _code_of(fn):
 
 
 def _check_aliases(call: _Call, in_avals):
+  label = _label(call.name, call.kernel)
   for i, o in call.aliases:
-    if not (0 <= i < len(in_avals)) or not (0 <= o < len(call.out_avals)):
-      raise ValueError(f"pallas_call {call.name}: input_output_aliases {{{i}: {o}}} names a "
-                       f"missing operand ({len(in_avals)} inputs, {len(call.out_avals)} outputs)")
+    for what, k, n in (("input", i, len(in_avals)), ("output", o, len(call.out_avals))):
+      if not (isinstance(k, (int, np.integer)) and 0 <= k < n):
+        counted = " (flattened, scalar-prefetch operands included)" if what == "input" else ""
+        raise ValueError(
+            f"pallas_call {label}: input_output_aliases {{{i}: {o}}} names {what} {k!r}, outside "
+            f"the range [0, {n}) of the call's {n} {what}s{counted}")
     a, b = in_avals[i], call.out_avals[o]
     if a.shape != b.shape or a.dtype != b.dtype:
       raise ValueError(f"pallas_call {call.name}: input_output_aliases {{{i}: {o}}}: args[{i}] is "
@@ -749,7 +838,7 @@ def _trace(call: _Call, in_tree, in_avals) -> Params:
   nidx, name = call.grid_spec.num_scalar_prefetch, call.name
   ins_tree = in_tree if nidx == 0 else jax.tree.structure([0] * (len(in_avals) - nidx))
   gm = make_grid_mapping(name, call.grid_spec, in_avals, ins_tree, list(call.out_avals),
-                         call.out_tree, call.debug)
+                         call.out_tree, call.debug, call.kernel)
   if call.grid_names:
     gm = dataclasses.replace(gm, grid_names=tuple(call.grid_names))
   ref_avals = ([ji.ref_aval(a.shape, a.dtype, pc.MemorySpace.INDEX) for a in in_avals[:nidx]]
@@ -768,6 +857,12 @@ def _trace(call: _Call, in_tree, in_avals) -> Params:
   return params
 
 
+def _check_grid_names(names, name: str):
+  if len(set(names)) != len(names) or any(n is None for n in names):
+    raise ValueError(f"pallas_call {name}: the names of a named grid must be distinct and not "
+                     f"None, got {names}")
+
+
 def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.GridSpec | None = None,
                 grid=(), in_specs=pc.no_block_spec, out_specs=pc.no_block_spec, scratch_shapes=(),
                 input_output_aliases: dict[int, int] | None = None, debug: bool = False,
@@ -781,6 +876,8 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
   """
   del metadata
   name = _kernel_name(kernel, name)
+  if isinstance(out_shape, list):   # as JAX Pallas: the results come back as a tuple
+    out_shape = tuple(out_shape)
   if grid_spec is None:
     grid_spec = pc.GridSpec(grid, in_specs, out_specs, scratch_shapes)
   elif grid != () or in_specs is not pc.no_block_spec or out_specs is not pc.no_block_spec \
@@ -793,9 +890,11 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
   if isinstance(compiler_params, dict):
     compiler_params = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
                                    for k, v in compiler_params.items()))
+  grid_names = tuple(_grid_names) or tuple(grid_spec.grid_names or ())
+  _check_grid_names(grid_names, name)
   call = _Call(kernel, name, grid_spec, out_tree, out_avals,
                tuple(sorted((input_output_aliases or {}).items())), interpret, debug,
-               compiler_params, cost_estimate, backend, tuple(_grid_names), _threads)
+               compiler_params, cost_estimate, backend, grid_names, _threads)
   call_key = call.key()
 
   @functools.wraps(kernel)

@@ -146,14 +146,15 @@ def indexer_coords(indexer) -> list[jax.Array]:
 
 
 def poison(shape, dtype):
-  """Values that stand out when read before written: NaN, the largest int, True."""
+  """Values that stand out when read before written: NaN, the smallest int (JAX Pallas's
+  interpreter pads with it too), True."""
   dtype = jnp.dtype(dtype)
   if jnp.issubdtype(dtype, jnp.inexact):
     v = jnp.nan
   elif dtype == jnp.bool_:
     v = True
   else:
-    v = jnp.iinfo(dtype).max
+    v = jnp.iinfo(dtype).min
   return jnp.full(shape, v, dtype)
 
 

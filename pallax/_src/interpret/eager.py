@@ -510,7 +510,8 @@ def _block_view(bm, buf: Buffer, ids, kernel: str) -> View:
 
 def _kind(params) -> tuple[bool, bool]:
   """(a Mosaic GPU kernel: threads, or a primitive only they have; a kernel asking for its
-  position by name, ``lax.axis_index``, which the vectorized interpreter cannot give)."""
+  position by a name that is not a grid axis's, ``lax.axis_index`` of a thread or cluster axis,
+  which the vectorized interpreter cannot give: grid names became program ids when traced)."""
   mosaic = getattr(params, "threads", None) is not None or jaxpr_util.uses(params.jaxpr, EAGER_ONLY)
   return mosaic, mosaic or jaxpr_util.uses(params.jaxpr, {ji.axis_index_p})
 
