@@ -59,6 +59,10 @@ def test_jax_hopper_matmul_lowers_to_warp_specialized_sm90a_ptx(cfg, with_c):
   (k,) = plgpu.lower(lambda a, b, c: hm.matmul(a, b, c, config(hm, *cfg)), *args)
   assert "gl.warp_specialize" in k.source and k.num_warps == 12
   assert all(w in k.ptx for w in ("wgmma.mma_async", "setmaxnreg", "cp.async.bulk.tensor"))
+  # Every operand goes through TMA only: each is passed as a descriptor made on the host, so no
+  # block builds one and no scratch memory is allocated at launch.
+  assert all(h is not None for h in k.host_descriptors) and k.global_scratch_size == 0
+  assert "make_tensor_descriptor" not in k.source and len(k.tensordesc_meta) == len(args) - (not with_c)
 
 
 def test_a_configuration_too_large_for_smem_is_a_clear_error():
@@ -126,6 +130,14 @@ def test_smem_slices_gluon_cannot_take_are_refused(start, size, message):
                    scratch_types=[plgpu.SMEM((64, 256), jnp.float16), plgpu.Barrier()])
   with pytest.raises(NotImplementedError, match=message):
     plgpu.lower(f, jax.ShapeDtypeStruct((64, 256), jnp.float16))
+
+
+def assert_close_to_interpreter(got, want):
+  """wgmma sums in float32 in its own order: the two may round to neighbouring values of the
+  output dtype (within two units of its last place at the output's largest magnitude)."""
+  u = {jnp.dtype(jnp.float16): 2.0**-11, jnp.dtype(jnp.bfloat16): 2.0**-8}[jnp.dtype(got.dtype)]
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  np.testing.assert_allclose(got, want, rtol=0, atol=2 * u * np.abs(want).max())
 
 
 # --- on the GPU ------------------------------------------------------------------------------

@@ -75,6 +75,9 @@ class GluonSource:
   signature: dict
   grid: tuple
   num_warps: int = 4
+  # Per operand: None (a pointer) or (shape, strides) of the host-side TMA descriptor passed in
+  # its place (its box and swizzle come from the compiled kernel's metadata).
+  host_descriptors: tuple = ()
 
 
 class Writer(src.Source):
@@ -92,7 +95,9 @@ class Writer(src.Source):
     self.tentative: set = set()              # probe carries: their layout is not chosen yet
     self.constexprs: dict[str, str] = {}     # layout source -> constexpr name
     self.descriptors: dict = {}              # (ptr, box) -> descriptor name
-    self.descriptor_lines: list[str] = []
+    self.descriptor_lines: dict = {}         # descriptor name -> its line (made in the kernel)
+    self.pointer_uses: set = set()           # GMEM operands accessed through registers
+    self.descriptor_layouts: dict = {}       # descriptor name -> its SMEM layout name
     self.axes: dict = {}                     # axis name -> index expression
     self.slices: dict = {}                   # slice layout name -> (dim, parent layout name)
     self.mma_bits = 16                       # the operand width of the kernel's wgmmas
@@ -213,9 +218,10 @@ class Writer(src.Source):
       name = self.fresh(f"{ref.ptr}_desc")
       strides = [int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape))]
       self.descriptors[key] = name
-      self.descriptor_lines.append(
+      self.descriptor_lines[name] = (
           f"{name} = tma.make_tensor_descriptor({ref.ptr}, {list(ref.shape)}, {strides}, "
           f"{list(box)}, {smem_layout})")
+      self.descriptor_layouts[name] = smem_layout
     return self.descriptors[key]
 
   def skips(self, eqn) -> bool:
@@ -259,12 +265,11 @@ def generate(params) -> GluonSource:
     gen.axes.update({n: ex.Lit(0, dtype=np.dtype(np.int32)) for n, _ in info.cluster})
     if info.thread_name is not None:
       gen.axes[info.thread_name] = ex.Lit(0, dtype=np.dtype(np.int32))
-  refs, signature = [], {}
+  refs = []
   for k, bm in enumerate(gm.block_mappings):
     ptr = src.identifier(f"{'in' if bm.origin.startswith('args') else 'out'}{k}_ptr")
     refs.append(GmemRef(ptr, tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), bm.origin,
                         _block_indexer(gen, bm, ids)))
-    signature[ptr] = "*" + ex.SIGNATURE[np.dtype(bm.array_aval.dtype).name]
   if threads:
     from pallax._src.mosaic_gpu import gluon_threads
     gluon_threads.hoist(gen, jaxpr, info.thread_name, gluon_rules.allocate)
@@ -282,13 +287,39 @@ def generate(params) -> GluonSource:
         f"pallas_call {params.name}: the kernel reads GMEM that it also writes with "
         "copy_smem_to_gmem; Gluon can wait for such a store's reads of SMEM only, not for its "
         "writes: not supported by the Gluon backend yet; run it with interpret=True")
+  signature, host = _signature(gen, refs)
   if threads:
     source = _threaded_module(gen, name, list(signature), main, parts, ids)
   else:
     source = _module(gen, name, list(signature))
   if params.debug:
     print(layout_report(gen, params.name))
-  return GluonSource(name, source, signature, (math.prod(gm.grid), 1, 1))
+  return GluonSource(name, source, signature, (math.prod(gm.grid), 1, 1), host_descriptors=host)
+
+
+def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
+  """The kernel's parameters: an operand that the kernel reaches through one TMA descriptor
+  only is passed as that descriptor, made on the host at launch (no descriptor to build in every
+  block, no scratch memory for it); the others as pointers."""
+  signature, host = {}, []
+  boxes = {}
+  for (ptr, box), desc in gen.descriptors.items():
+    boxes.setdefault(ptr, []).append((box, desc))
+  for ref in refs:
+    dtype = ex.SIGNATURE[ref.dtype.name]
+    uses = boxes.get(ref.ptr, [])
+    if len(uses) != 1 or ref.ptr in gen.pointer_uses:
+      signature[ref.ptr] = "*" + dtype
+      host.append(None)
+      continue
+    (box, desc), = uses
+    layout = next(t for t, n in gen.constexprs.items() if n == gen.descriptor_layouts[desc])
+    layout = gen.layout_text(layout).removeprefix("gl.")
+    signature[desc] = f"tensordesc<{dtype}[{', '.join(map(str, box))}],{layout}>"
+    del gen.descriptor_lines[desc]
+    strides = tuple(int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape)))
+    host.append((tuple(ref.shape), strides))
+  return signature, tuple(host)
 
 
 def _block_indexer(gen: Writer, bm, ids) -> tuple:
@@ -351,7 +382,7 @@ def _constexprs(gen: Writer) -> list[str]:
 
 def _module(gen: Writer, name: str, params: list[str]) -> str:
   lines = [_HEADER, "@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
-  lines += [f"    {d}" for d in gen.descriptor_lines]
+  lines += [f"    {d}" for d in gen.descriptor_lines.values()]
   lines += gen.lines
   return "\n".join(lines) + "\n"
 
@@ -367,6 +398,6 @@ def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids
     lines += ["@gluon.jit", f"def {name}_t{t}({', '.join(shared)}):"] + _constexprs(gen)
     lines += body + ["    pass", ""]   # a thread may have nothing to do
   lines += ["@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
-  lines += [f"    {d}" for d in gen.descriptor_lines] + main
+  lines += [f"    {d}" for d in gen.descriptor_lines.values()] + main
   lines += gluon_threads.split(name, shared, parts)
   return "\n".join(lines) + "\n"

@@ -31,6 +31,8 @@ class Compiled:
   global_scratch_size: int
   global_scratch_align: int
   grid: tuple
+  host_descriptors: tuple = ()   # per operand: None (a pointer) or (shape, strides)
+  tensordesc_meta: tuple = ()    # per host descriptor: its box, swizzle and element type
 
 
 def _module_dir() -> str:
@@ -39,7 +41,8 @@ def _module_dir() -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _compile_source(name: str, source: str, signature: tuple, grid: tuple, num_warps: int) -> Compiled:
+def _compile_source(name: str, source: str, signature: tuple, grid: tuple, num_warps: int,
+                    host_descriptors: tuple = ()) -> Compiled:
   import triton
   from triton.backends.compiler import GPUTarget
   from triton.experimental.gluon._runtime import GluonASTSource
@@ -56,17 +59,20 @@ def _compile_source(name: str, source: str, signature: tuple, grid: tuple, num_w
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   sig = dict(signature)
-  attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(sig))}   # XLA aligns buffers
+  attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())   # XLA aligns buffers
+           if t.startswith("*")}
   k = triton.compile(GluonASTSource(getattr(module, name), sig, {}, attrs),
                      target=GPUTarget("cuda", TARGET, 32), options={"num_warps": num_warps})
   md = k.metadata
   return Compiled(name, source, k.asm["ttgir"], k.asm["ptx"], int(md.shared), int(md.num_warps),
                   int(getattr(md, "global_scratch_size", 0) or 0),
-                  int(getattr(md, "global_scratch_align", 1) or 1), grid)
+                  int(getattr(md, "global_scratch_align", 1) or 1), grid, host_descriptors,
+                  tuple(getattr(md, "tensordesc_meta", None) or ()))
 
 
 def compile_source(gs: GluonSource, kernel_name: str) -> Compiled:
-  c = _compile_source(gs.name, gs.source, tuple(gs.signature.items()), gs.grid, gs.num_warps)
+  c = _compile_source(gs.name, gs.source, tuple(gs.signature.items()), gs.grid, gs.num_warps,
+                      gs.host_descriptors)
   if c.shared_mem_bytes > SHARED_MEMORY_LIMIT:
     raise ValueError(f"plgpu kernel {kernel_name}: it needs {c.shared_mem_bytes} bytes of shared "
                      f"memory but sm_90 offers {SHARED_MEMORY_LIMIT}; allocate less SMEM")
@@ -87,12 +93,34 @@ def gluon_lowering(ctx, *args, params):
   c = compile_params(params)
   kernel = lib.TritonKernel(c.name, c.num_warps, 1, c.shared_mem_bytes, c.ptx, c.ttgir, TARGET,
                             c.global_scratch_size, c.global_scratch_align)
-  kernel_params = [lib.create_array_parameter(0, 16) for _ in range(len(args) + len(ctx.avals_out))]
-  call = lib.TritonKernelCall(kernel, *c.grid, kernel_params)
+  call = lib.TritonKernelCall(kernel, *c.grid, _kernel_params(lib, c))
   LAUNCHES += 1
   rule = jax.ffi.ffi_lowering("triton_kernel_call_ffi", api_version=4,
                               operand_output_aliases=dict(params.input_output_aliases))
   return rule(ctx, *args, opaque=zlib.compress(call.to_proto(c.name, b"")))
+
+
+# Triton's element type codes of TMA descriptors -> CUDA's CUtensorMapDataType (they differ for
+# three types; triton/backends/nvidia/driver.py keeps the same table).
+_TMA_ELEMENT_TYPE = {8: 10, 9: 8, 10: 9}
+
+
+def _kernel_params(lib, c: Compiled) -> list:
+  """One parameter per operand, in order: a pointer, or a host-side TMA descriptor followed by
+  the operand's shape (i32) and strides (i64), as Triton's launcher passes them."""
+  params, meta = [], iter(c.tensordesc_meta)
+  for host in c.host_descriptors:
+    if host is None:
+      params.append(lib.create_array_parameter(0, 16))
+      continue
+    shape, strides = host
+    m = next(meta)
+    elem = _TMA_ELEMENT_TYPE.get(m["elem_type"], m["elem_type"])
+    params.append(lib.create_tma_descriptor_parameter(elem, m["swizzle"], list(shape), list(strides),
+                                                      list(m["block_size"]), 0))
+    params += [lib.create_scalar_parameter(int(n), "i32") for n in shape]
+    params += [lib.create_scalar_parameter(int(n), "i64") for n in strides]
+  return params
 
 
 def lower(fun, *args, **kwargs) -> list[Compiled]:

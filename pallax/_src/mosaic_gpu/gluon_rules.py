@@ -656,6 +656,7 @@ def _slice_layout(gen, layout: str, dim: int) -> str:
 def _gmem_pointers(gen, ref: GmemRef, transforms) -> tuple[ex.Name, tuple, str | None]:
   """(the pointer tensor of a GMEM view, the view's shape, its layout): register accesses of
   GMEM read or write whole views; the interpreter checks their bounds."""
+  gen.pointer_uses.add(ref.ptr)
   rank = len(ref.shape)
   strides = [int(np.prod(ref.shape[k + 1:])) for k in range(rank)]
   offset: ex.Expr = _i32(0)
