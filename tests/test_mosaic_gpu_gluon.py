@@ -413,4 +413,5 @@ def test_vmap_on_the_gpu_matches_the_interpreter():
   got = np.asarray(jax.jit(jax.vmap(scale_blocks))(x))
   want = np.asarray(jax.vmap(functools.partial(scale_blocks, interpret=True))(x))
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)   # the GPU may fuse x * 3 + i (one FMA)
-  np.testing.assert_allclose(got, np.asarray(x) * 3 + np.repeat(np.arange(3.0), 64), rtol=1e-6)
+  np.testing.assert_allclose(got, np.asarray(x) * 3 + np.repeat(np.arange(3.0), 64), rtol=1e-6,
+                             atol=1e-6)
