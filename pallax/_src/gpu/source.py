@@ -40,7 +40,7 @@ def kernel_identifier(name: str) -> str:
   """The kernel function's name: an identifier that PTX accepts too (not only underscores, as
   the ``_`` of a ``@pl.core_map`` body)."""
   s = identifier(name)
-  return s if s.strip("_") else f"kernel{s}"
+  return s if s.strip("_") else "kernel"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ import numpy as np
 from pallax._src.plan import plan_for
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import legalize, tiling
-from pallax._src.gpu.source import Unsupported, identifier, kernel_identifier
+from pallax._src.gpu.source import Unsupported, kernel_identifier
 from pallax._src.triton import control, movement, reductions, rules, shapes  # noqa: F401  (rules)
 from pallax._src.triton import lang as tl
 from pallax._src.triton import memory
@@ -111,8 +111,7 @@ def prepare(params, compute_capability: int):
 
 
 def _kernel_name(params) -> str:
-  name = kernel_identifier(params.name)
-  return name if name.strip("_") else "kernel"   # PTX has no identifier "_" (`def _():`)
+  return kernel_identifier(params.name)
 
 
 def _check_supported(params, compute_capability: int):
