@@ -259,3 +259,81 @@ def test_vmap_with_an_unbatched_aliased_operand(interpret, in_axes):
   np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
   expected = (accs if a_acc is not None else acc[None]) * 2 + (xs if a_x is not None else x[None])
   np.testing.assert_allclose(out, np.broadcast_to(expected, (n, 13, 32)), rtol=1e-6, atol=1e-6)
+
+
+# --- kernels JAX's Triton path runs (issue point 5): same results on pallax ------------------
+
+def _both(build, *args):
+  """``build(pl)`` run on JAX Pallas (interpret) and on pallax; the results, as NumPy."""
+  got = jax.tree.map(np.asarray, build(pallax)(*args))
+  want = jax.tree.map(np.asarray, build(jpl)(*args))
+  return got, want
+
+
+def test_a_kernel_that_writes_nothing_runs_and_lowers():
+  """Its Triton source needs a statement (CI lowers every kernel the tests run)."""
+  x = rand((8,))
+  out = pallax.pallas_call(lambda x_ref, o_ref: None, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
+                           interpret=True)(x)
+  assert out.shape == (8,)
+  import pallax.triton as plt
+  (k,) = plt.lower(lambda x: pallax.pallas_call(
+      lambda x_ref, o_ref: None, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32))(x),
+      jax.ShapeDtypeStruct((8,), jnp.float32), compute_capability=80)
+  assert ".entry" in k.ptx
+
+
+def test_split_and_unstack_match_jax_pallas():
+  def build(pl):
+    def kernel(x_ref, y_ref, o_ref, p_ref):
+      a, b, c = jnp.split(x_ref[...], [2, 8], axis=1)
+      o_ref[...] = a.sum(axis=1, keepdims=True) * b[:, :1] + c[:, 3:4]
+      v = y_ref[...]
+      p_ref[...] = v[0] * v[1] - v[2]
+    return lambda x, y: pl.pallas_call(kernel, out_shape=(
+        jax.ShapeDtypeStruct((4, 1), jnp.float32), jax.ShapeDtypeStruct((16,), jnp.float32)),
+        interpret=True)(x, y)
+  got, want = _both(build, rand((4, 12)), rand((3, 16), salt="y"))
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_scan_with_a_cond_over_a_ref_matches_jax_pallas():
+  def build(pl):
+    def kernel(x_ref, o_ref):
+      def body(c, i):
+        c = jax.lax.cond(i % 2 == 0, lambda: c + x_ref[...], lambda: c * x_ref[...])
+        return c, None
+      o_ref[...] = jax.lax.scan(body, jnp.ones(8), jnp.arange(5))[0]
+    return lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
+                                    interpret=True)(x)
+  got, want = _both(build, rand((8,)))
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.interpreter
+def test_int4_casts_run_in_the_interpreter_and_are_refused_clearly_on_triton():
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...].astype(jnp.int4).astype(jnp.int32)
+  x = jax.random.randint(key(), (16,), -8, 8, jnp.int32)
+  call = lambda x, interpret: pallax.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((16,), jnp.int32), interpret=interpret)(x)
+  np.testing.assert_array_equal(np.asarray(call(x, True)), np.asarray(x))
+  import pallax.triton as plt
+  with pytest.raises(NotImplementedError, match="int4 is not supported by the GPU backends"):
+    plt.lower(lambda x: call(x, False), jax.ShapeDtypeStruct((16,), jnp.int32), compute_capability=80)
+
+
+@pytest.mark.parametrize("op", ["load", "store"])
+def test_a_mask_that_cannot_broadcast_to_the_access_is_a_clear_error(op):
+  import pallax.triton as plt
+  def kernel(x_ref, o_ref):
+    mask = jnp.arange(4) < 2
+    if op == "load":
+      o_ref[...] = plt.load(x_ref.at[pallax.ds(0, 8)], mask=mask, other=0.0)
+    else:
+      plt.store(o_ref.at[pallax.ds(0, 8)], x_ref[...], mask=mask)
+  with pytest.raises(ValueError, match=rf"pallas_call kernel at {HERE}.*mask has shape \(4,\).*"
+                                       r"does not broadcast"):
+    pallax.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
+                       interpret=True)(rand((8,)))

@@ -164,15 +164,33 @@ masked_load_p = ji.Primitive("masked_load")
 masked_swap_p = ji.Primitive("masked_swap")
 
 
+def _check_broadcasts(what: str, named, shape, verb: str):
+  """A mask or fill value broadcasts to the accessed view (NumPy's rule), as in Triton."""
+  for name, aval in named:
+    try:
+      ok = np.broadcast_shapes(tuple(aval.shape), shape) == shape
+    except ValueError:
+      ok = False
+    if not ok:
+      raise ValueError(f"{what} a Ref view of shape {shape}: its {name} has shape "
+                       f"{tuple(aval.shape)}, which does not broadcast to it; {verb}")
+
+
 def _masked_load_abstract_eval(ref_aval, *args, tree, has_mask, has_other, cache=None, evict=None):
   transforms = ji.tree_util.tree_unflatten(tree, args[:tree.num_leaves])
   shape = _view_shape(ref_aval, transforms)
+  names = (["mask"] if has_mask else []) + (["other"] if has_other else [])
+  _check_broadcasts("load from", zip(names, args[tree.num_leaves:]), shape,
+                    "give it the shape of the loaded block")
   return ji.ShapedArray(shape, ref_aval.dtype), {ji.ReadEffect(0)}
 
 
 def _masked_swap_abstract_eval(ref_aval, val_aval, *args, tree, has_mask, evict=None):
   transforms = ji.tree_util.tree_unflatten(tree, args[:tree.num_leaves])
   shape = _view_shape(ref_aval, transforms)
+  if has_mask:
+    _check_broadcasts("store into", [("mask", args[tree.num_leaves])], shape,
+                      "give it the shape of the stored block")
   if tuple(val_aval.shape) != shape:
     raise ValueError(f"store of shape {val_aval.shape} into a Ref view of shape {shape}")
   if val_aval.dtype != ref_aval.dtype:

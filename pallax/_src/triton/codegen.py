@@ -159,7 +159,8 @@ def _source(gen, params, ptrs, launch: int) -> KernelSource:
   signature = {n: "*" + ex.SIGNATURE[np.dtype(d).name] for n, d in zip(names, dtypes)}
   warps, stages, chosen = _default_warps_stages(params, gen)
   header = f"@triton.jit\ndef {name}({', '.join(names)}):"
-  source = PROLOGUE + "\n\n" + header + "\n" + "\n".join(gen.lines) + "\n"
+  # ``pass``: a kernel whose body writes nothing has no statement of its own.
+  source = PROLOGUE + "\n\n" + header + "\n" + "\n".join(gen.lines) + "\n    pass\n"
   hidden = tuple((shape, dtype, zeroed) for _, shape, dtype, zeroed in gen.hidden)
   return KernelSource(name, source, signature, (launch, 1, 1), warps, stages, gen.has_checks,
                       chosen, hidden, tuple(gen.accesses), tuple(a for _, a in gen.constants))

@@ -35,10 +35,10 @@ def row(buf: RefVal, index: ex.Expr) -> RefVal:
   return _view(buf, {0: (index, 1, 1)}, drop=(0,))
 
 
-def _read(ctx, buf: RefVal, hint: str):
+def _read(ctx, buf: RefVal, hint: str, shape=None):
   out = memory.load(ctx.gen, buf, hint=hint)
   ctx.gen.emit("tl.debug_barrier()")
-  if tuple(out.shape) != tuple(ctx.out.shape):
+  if tuple(out.shape) != tuple(ctx.out.shape if shape is None else shape):
     raise AssertionError((out.shape, ctx.out.shape))
   return out
 
@@ -58,6 +58,15 @@ def _slice(ctx, x, start_indices, limit_indices, strides):
   dims = {a: (tl.i32(lo), -(-(hi - lo) // st), st)
           for a, (lo, hi, st) in enumerate(zip(start_indices, limit_indices, strides))}
   return _read(ctx, _view(buf, dims), "part")
+
+
+@rule(lax.split_p)
+def _split(ctx, x, sizes, axis):
+  """``jnp.split``: slices of one spilled buffer along ``axis``."""
+  buf = memory.spill(ctx.gen, x)
+  starts = np.cumsum((0,) + tuple(sizes))[:-1]
+  return [_read(ctx, _view(buf, {axis: (tl.i32(int(lo)), n, 1)}), "part", shape)
+          for lo, n, shape in zip(starts, sizes, [v.aval.shape for v in ctx.eqn.outvars])]
 
 
 @rule(lax.rev_p)
