@@ -158,27 +158,32 @@ def _prefix_error(specs, full, is_leaf, what: str, operands: str) -> str | None:
                                                         f"the {operands} have")
 
 
+def _block_shape(spec: pc.BlockSpec | None, shape: tuple, origin: str, name: str) -> tuple:
+  """The spec's block shape in canonical form (the whole array without a spec)."""
+  if spec is None or spec.block_shape is None:
+    return tuple(pc.Blocked(d) if d > 0 else pc.Blocked(1) for d in shape)
+  if isinstance(spec.block_shape, (int, np.integer)) or not isinstance(spec.block_shape, Sequence):
+    raise TypeError(f"pallas_call {name}: block_shape of {origin} must be a tuple, got {spec.block_shape!r}")
+  if len(spec.block_shape) != len(shape):
+    raise ValueError(
+        f"pallas_call {name}: {origin} has rank {len(shape)} (shape {shape}) but its block_shape "
+        f"{tuple(spec.block_shape)} has rank {len(spec.block_shape)}; give one block size per "
+        "dimension (None to squeeze a dimension)")
+  try:
+    block_shape = tuple(pc.canonical_block_dim(d) for d in spec.block_shape)
+  except TypeError as e:
+    raise TypeError(f"pallas_call {name}: {origin}: {e}") from None
+  for d in block_shape:
+    if d.block_size <= 0:
+      raise ValueError(f"pallas_call {name}: block sizes must be positive; {origin} has block_shape "
+                       f"{tuple(spec.block_shape)}")
+  return block_shape
+
+
 def _block_mapping(spec: pc.BlockSpec | None, aval, origin: str, grid, index_avals,
                    name: str, debug: bool) -> BlockMapping:
   shape = tuple(aval.shape)
-  if spec is None or spec.block_shape is None:
-    block_shape = tuple(pc.Blocked(d) if d > 0 else pc.Blocked(1) for d in shape)
-  else:
-    if isinstance(spec.block_shape, (int, np.integer)) or not isinstance(spec.block_shape, Sequence):
-      raise TypeError(f"pallas_call {name}: block_shape of {origin} must be a tuple, got {spec.block_shape!r}")
-    if len(spec.block_shape) != len(shape):
-      raise ValueError(
-          f"pallas_call {name}: {origin} has rank {len(shape)} (shape {shape}) but its block_shape "
-          f"{tuple(spec.block_shape)} has rank {len(spec.block_shape)}; give one block size per "
-          "dimension (None to squeeze a dimension)")
-    try:
-      block_shape = tuple(pc.canonical_block_dim(d) for d in spec.block_shape)
-    except TypeError as e:
-      raise TypeError(f"pallas_call {name}: {origin}: {e}") from None
-    for d in block_shape:
-      if d.block_size <= 0:
-        raise ValueError(f"pallas_call {name}: block sizes must be positive; {origin} has block_shape "
-                         f"{tuple(spec.block_shape)}")
+  block_shape = _block_shape(spec, shape, origin, name)
   index_map = None if spec is None else spec.index_map
   nd = len(shape)
   if index_map is None:
