@@ -154,3 +154,18 @@ def test_a_slice_starting_before_the_ref_is_out_of_bounds_on_both_backends(kerne
     call(True)(x)
   with pytest.raises(IndexError, match=r"out-of-bounds read from args\[0\].*index -4"):
     plgpu.lower(call(False), x)
+
+
+def test_trace_sharing_survives_a_full_cache(monkeypatch):
+  """The cache of shared traces drops its oldest entries when full: a trace made just before
+  (the same kernel again) is still shared (clearing the whole cache made this flaky)."""
+  from pallax._src import pallas_call as pcall
+  monkeypatch.setattr(pcall, "_SAME_TRACE_SIZE", 3)
+  def call(s):
+    return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(Ellipsis, x_ref[...] * s),
+                          out_shape=jax.ShapeDtypeStruct((8,), jnp.float32), interpret=True)
+  x = jnp.ones(8)
+  for s in (1.0, 2.0, 3.0, 4.0, 5.0):   # fills the cache past its size, repeatedly
+    first, again = (e.params["params"] for f in (call(s), call(s))
+                    for e in jax.make_jaxpr(f)(x).eqns if e.primitive is pcall.pallas_call_p)
+    assert first is again

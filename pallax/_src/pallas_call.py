@@ -1,6 +1,7 @@
 """``pallas_call``: tracing a kernel, the primitive, and its rules (abstract eval, vmap, AD, lowering)."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import inspect
@@ -726,7 +727,8 @@ def _out_aval(s, i, name):
 # (call, content of its trace) -> Params. Kernels are traced at every call, as in JAX Pallas: a
 # kernel may read Python globals that changed since. Traces with the same content share one
 # Params object, so that the backends' caches (compiled kernels, plans) still hit.
-_SAME_TRACE: dict = {}
+_SAME_TRACE: collections.OrderedDict = collections.OrderedDict()   # least recently used first
+_SAME_TRACE_SIZE = 512
 
 
 def _const_key(c):
@@ -779,9 +781,14 @@ def _deduplicated(call_key, params: Params) -> Params:
   if call_key is None:
     return params
   key = (call_key, _content_key(params))
-  if len(_SAME_TRACE) > 512:
-    _SAME_TRACE.clear()
-  return _SAME_TRACE.setdefault(key, params)
+  found = _SAME_TRACE.get(key)
+  if found is not None:
+    _SAME_TRACE.move_to_end(key)
+    return found
+  _SAME_TRACE[key] = params
+  if len(_SAME_TRACE) > _SAME_TRACE_SIZE:   # the oldest goes: a trace just made stays shared
+    _SAME_TRACE.popitem(last=False)
+  return params
 
 
 @dataclasses.dataclass(frozen=True)
