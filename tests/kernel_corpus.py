@@ -1290,3 +1290,29 @@ def _(interpret):
       _chained_view_kernel, out_shape=(S((4, 6), jnp.float32), S((16,), jnp.float32),
                                        S((3, 12), jnp.int32)),
       input_output_aliases={4: 2}, interpret=interpret)(*a))
+
+
+# --- kernels JAX's Triton path runs: split/unstack, a body that writes nothing ---------------
+
+def _split_unstack_kernel(x_ref, y_ref, o_ref, p_ref, q_ref):
+  a, b, c = jnp.split(x_ref[...], [2, 8], axis=1)             # lax.split, uneven pieces
+  o_ref[...] = a.sum(axis=1, keepdims=True) * b[:, :1] + c[:, 3:4]
+  v = y_ref[...]
+  p_ref[...] = v[0] * v[1] - v[2]                              # unstacking a stacked value
+  del q_ref                                                    # an output the kernel never writes
+
+
+@case("split_unstack_and_an_unwritten_output", normals(((16, 12), jnp.float32), ((3, 64), jnp.float32)))
+def _(interpret):
+  def run(x, y):
+    o, p, _ = pl.pallas_call(_split_unstack_kernel, out_shape=(
+        S((16, 1), jnp.float32), S((64,), jnp.float32), S((8,), jnp.float32)),
+        interpret=interpret)(x, y)
+    return o, p                       # the unwritten output is undefined: not compared
+  return jax.jit(run)
+
+
+@case("a_body_that_writes_nothing", normal((8,)))
+def _(interpret):
+  return jax.jit(lambda x: pl.pallas_call(lambda x_ref, o_ref: None, out_shape=S((8,), jnp.float32),
+                                          interpret=interpret)(x)[:0])
