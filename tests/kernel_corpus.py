@@ -1316,3 +1316,16 @@ def _(interpret):
 def _(interpret):
   return jax.jit(lambda x: pl.pallas_call(lambda x_ref, o_ref: None, out_shape=S((8,), jnp.float32),
                                           interpret=interpret)(x)[:0])
+
+
+def _increment_kernel(a_ref, b_ref, ao, bo):
+  ao[...] = a_ref[...] + 1
+  bo[...] = b_ref[...] * 3 - 2
+
+
+@case("scalar_outputs_aliased_to_scalar_inputs",
+      lambda k: tuple(jax.random.randint(k, (2,), -100, 100, jnp.int32)), tol=0)
+def _(interpret):
+  return jax.jit(lambda a, b: pl.pallas_call(
+      _increment_kernel, out_shape=(S((), jnp.int32),) * 2, input_output_aliases={0: 0, 1: 1},
+      interpret=interpret)(a, b))

@@ -337,3 +337,21 @@ def test_a_mask_that_cannot_broadcast_to_the_access_is_a_clear_error(op):
                                        r"does not broadcast"):
     pallax.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
                        interpret=True)(rand((8,)))
+
+
+def test_scalar_outputs_aliased_to_python_int_inputs_match_jax_pallas():
+  """The atomic-lock counter pattern: ``increment(0, 0)`` with ``()``-shaped outputs aliased to
+  Python-int inputs (it failed with "cannot reshape array of size 0" before)."""
+  def build(pl):
+    def increment(a_ref, b_ref, ao, bo):
+      ao[...] = a_ref[...] + 1
+      bo[...] = b_ref[...] * 3 - 2
+    return lambda a, b: pl.pallas_call(increment, out_shape=(jax.ShapeDtypeStruct((), jnp.int32),) * 2,
+                                       input_output_aliases={0: 0, 1: 1}, interpret=True)(a, b)
+  a, b = (int(v) for v in jax.random.randint(key(), (2,), -100, 100))
+  for args in ((0, 0), (a, b)):
+    got, want = _both(build, *args)
+    assert [np.asarray(g).dtype for g in got] == [np.int32, np.int32]
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    got_jit = jax.jit(build(pallax))(*args)
+    np.testing.assert_array_equal(np.asarray(got_jit), np.asarray(want))
