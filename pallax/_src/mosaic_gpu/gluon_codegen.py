@@ -174,6 +174,11 @@ class Writer(src.Source):
     return self.value(ex.call("gl.convert_layout", v, ex.Token(layout), dtype=v.dtype, shape=v.shape),
                       layout)
 
+  def layout_key(self, name: str | None) -> str:
+    """The source a layout name was made from ("" for none): the layout's own text, or an SMEM
+    buffer's key (``layout_text`` resolves it)."""
+    return next((t for t, n in self.constexprs.items() if n == name), "")
+
   def smem_layout(self, buffer: str, shape: tuple, dtype) -> str:
     """The layout name of an SMEM buffer: written once its views are known (a Gluon shared
     layout has one rank, which must be its views' rank or one less)."""
@@ -184,7 +189,7 @@ class Writer(src.Source):
   def note_view(self, layout: str, rank: int, registers: bool = False):
     """A view of rank ``rank`` of the buffer of ``layout``; register loads and stores need the
     buffer's layout of exactly their rank."""
-    key = next((t for t, n in self.constexprs.items() if n == layout), None)
+    key = self.layout_key(layout)
     if key in self.smem_layouts:
       self.smem_layouts[key][3 if registers else 2].add(rank)
 
@@ -313,8 +318,7 @@ def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
       host.append(None)
       continue
     (box, desc), = uses
-    layout = next(t for t, n in gen.constexprs.items() if n == gen.descriptor_layouts[desc])
-    layout = gen.layout_text(layout).removeprefix("gl.")
+    layout = gen.layout_text(gen.layout_key(gen.descriptor_layouts[desc])).removeprefix("gl.")
     signature[desc] = f"tensordesc<{dtype}[{', '.join(map(str, box))}],{layout}>"
     del gen.descriptor_lines[desc]
     strides = tuple(int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape)))

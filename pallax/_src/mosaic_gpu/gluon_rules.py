@@ -242,7 +242,7 @@ def _half(gen, x, dim: int, upper: bool):
 
 
 def _kind(gen, layout) -> str:
-  text = next((t for t, name in gen.constexprs.items() if name == layout), "")
+  text = gen.layout_key(layout)
   return "wgmma" if text.startswith("gl.NVMMADistributedLayout") else \
       "blocked" if text.startswith("gl.BlockedLayout") else "other"
 
@@ -261,8 +261,7 @@ def _halve(gen, v, dim: int, upper: bool):
                       "pieces smaller than a warp's rows or a thread's vector")
   half = _half(gen, v, dim, upper)
   if kind == "wgmma" and half.shape[0] >= 16 * L.WARPS:
-    text = next(t for t, name in gen.constexprs.items() if name == gen.layout_of(v))
-    k = int(text.rsplit(",", 1)[1].strip(" ])"))
+    k = int(gen.layout_key(gen.layout_of(v)).rsplit(",", 1)[1].strip(" ])"))   # instr_shape's K
     layout = gen.layout(L.wgmma(half.shape[1], 256 // k))
   else:
     layout = gen.layout(L.blocked(half.shape, half.dtype))
