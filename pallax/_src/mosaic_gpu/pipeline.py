@@ -415,11 +415,7 @@ def emit_pipeline_warp_specialized(body: Callable[..., Any], *, grid, memory_reg
     raise NotImplementedError("emit_pipeline_warp_specialized(pipeline_state=...): pipelines of "
                               "pipelines are not supported by pallax yet")
   grid = _check_grid(grid)
-  in_specs = tuple(in_specs) if isinstance(in_specs, (list, tuple)) else (in_specs,)
-  out_specs = tuple(out_specs) if isinstance(out_specs, (list, tuple)) else (out_specs,)
-  flat_in, in_tree = jax.tree.flatten(in_specs)
-  flat_out, out_tree = jax.tree.flatten(out_specs)
-  flat_in, flat_out = tuple(map(_gpu_spec, flat_in)), tuple(map(_gpu_spec, flat_out))
+  (flat_in, in_tree), (flat_out, out_tree) = _flat_specs(in_specs), _flat_specs(out_specs)
   delay = _check_warp_specialized(flat_in, flat_out, grid, max_concurrent_steps, memory_thread_idx,
                                   num_compute_wgs)
   memory_thread_idx = num_compute_wgs
@@ -427,14 +423,7 @@ def emit_pipeline_warp_specialized(body: Callable[..., Any], *, grid, memory_reg
   num_steps = _num_steps(grid)
   slots = _slots(max_concurrent_steps, num_steps)
 
-  def flat_gmem(gmem_refs):
-    ins, outs = gmem_refs[:len(in_specs)], gmem_refs[len(in_specs):]
-    flat_i, tree_i = jax.tree.flatten(tuple(ins))
-    flat_o, tree_o = jax.tree.flatten(tuple(outs))
-    if tree_i != in_tree or tree_o != out_tree:
-      raise ValueError("the GMEM Refs must have the pytree structure of in_specs and out_specs: "
-                       f"{in_tree} and {out_tree}, got {tree_i} and {tree_o}")
-    return flat_i, flat_o
+  flat_gmem = functools.partial(_flat_gmem, in_tree=in_tree, out_tree=out_tree)
 
   def get_allocations(*gmem_refs):
     flat_i, flat_o = flat_gmem(gmem_refs)
@@ -460,6 +449,24 @@ def emit_pipeline_warp_specialized(body: Callable[..., Any], *, grid, memory_reg
 
   pipeline.get_allocations = get_allocations
   return pipeline
+
+
+def _flat_specs(specs):
+  """(the flat GPU BlockSpecs, their tree): each top-level entry is one argument of ``body``."""
+  specs = tuple(specs) if isinstance(specs, (list, tuple)) else (specs,)
+  flat, tree = jax.tree.flatten(specs)
+  return tuple(map(_gpu_spec, flat)), tree
+
+
+def _flat_gmem(gmem_refs, *, in_tree, out_tree):
+  """The pipeline's GMEM Refs, flat, checked against the specs' structure."""
+  n_in = len(in_tree.children())
+  flat_i, tree_i = jax.tree.flatten(tuple(gmem_refs[:n_in]))
+  flat_o, tree_o = jax.tree.flatten(tuple(gmem_refs[n_in:]))
+  if tree_i != in_tree or tree_o != out_tree:
+    raise ValueError("the GMEM Refs must have the pytree structure of in_specs and out_specs: "
+                     f"{in_tree} and {out_tree}, got {tree_i} and {tree_o}")
+  return flat_i, flat_o
 
 
 def _check_warp_specialized(flat_in, flat_out, grid, max_concurrent_steps, memory_thread_idx,
