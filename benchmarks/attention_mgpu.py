@@ -53,17 +53,10 @@ def main():
       for kname, am in (("pallax", px_am), ("jax_mosaic", jax_am)):
         cfg = am.TuningConfig(block_q=64, block_kv=block_kv, max_concurrent_steps=2, causal=causal)
         fns[kname] = jax.jit(lambda q, k, v, am=am, cfg=cfg: am.attention(q, k, v, cfg))
-      err = {}
-      for name, f in list(fns.items()):
-        try:
-          got = np.asarray(f(q, k, v), np.float32)
-          err[name] = float(np.abs(got - ref).max())
-          within = np.allclose(got, ref, atol=2e-3, rtol=1e-3)
-          err[name] = f"{err[name]:.1e}" + ("" if within else " (outside atol 2e-3, rtol 1e-3)")
-        except Exception as e:  # noqa: BLE001 (reported, and the kernel left out)
-          print(f"{name} seq={seq} d={head_dim} causal={causal} kv={block_kv} failed: "
-                f"{type(e).__name__}: {str(e)[:300]}", flush=True)
-          del fns[name]
+      outs = tvp.checked_outputs(fns, (q, k, v), f"seq={seq} d={head_dim} causal={causal} kv={block_kv}")
+      err = {name: f"{np.abs(got - ref).max():.1e}"
+             + ("" if np.allclose(got, ref, atol=2e-3, rtol=1e-3) else " (outside atol 2e-3, rtol 1e-3)")
+             for name, got in outs.items()}
       dev = tvp.device_times(fns, (q, k, v))
       wall = tvp.time_calls(fns, (q, k, v))
       flops = 4 * seq * seq * head_dim * 16 / (2 if causal else 1)
@@ -77,11 +70,7 @@ def main():
   lines += ["", "Speed columns: cuDNN time / kernel time and JAX time / kernel time (above 1 is "
             "faster). Kernel time: summed GPU operations per call from a profiler trace (median of "
             "interleaved rounds); wall: back-to-back calls."]
-  text = "\n".join(lines)
-  print(text)
-  if args.out:
-    with open(args.out, "w") as f:
-      f.write(text + "\n")
+  tvp.write_report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -60,14 +60,8 @@ def main():
         for kname, hm in (("pallax", px_hm), ("jax_mosaic", jax_hm)):
           cfg = hm.TuningConfig(**{**fields, "wg_dimension": hm.MatmulDimension(fields.get("wg_dimension", 1))})
           fns[kname] = jax.jit(lambda x, y, hm=hm, cfg=cfg: hm.matmul(x, y, None, cfg))
-        bad = {}
-        for name, f in list(fns.items()):
-          try:
-            got = np.asarray(f(a, b), np.float32)
-            bad[name] = int(np.sum(got != ref))
-          except Exception as e:  # noqa: BLE001 (reported in the table)
-            print(f"{name} {cname} failed: {type(e).__name__}: {str(e)[:400]}", flush=True)
-            del fns[name]
+        outs = tvp.checked_outputs(fns, (a, b), cname)
+        bad = {name: int(np.sum(got != ref)) for name, got in outs.items()}
         dev = tvp.device_times(fns, (a, b))
         wall = tvp.time_calls(fns, (a, b))
         flops = 2 * m * n * k
@@ -82,11 +76,7 @@ def main():
             "faster). Kernel time: summed GPU operations per call from a profiler trace (median of "
             "interleaved rounds); wall: back-to-back calls. Mismatches: elements that differ from "
             "XLA's dot (f16: F16_F16_F32 preset, as JAX's test compares)."]
-  text = "\n".join(lines)
-  print(text)
-  if args.out:
-    with open(args.out, "w") as f:
-      f.write(text + "\n")
+  tvp.write_report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -86,13 +86,8 @@ def main():
              "pallax": jax.jit(lambda x, y: pipeline_matmul(pl, plgpu, x, y)),
              "jax_mosaic": jax.jit(lambda x, y: pipeline_matmul(jpl, jplgpu, x, y))}
       ref = fns["cublas"](a, b)
-      errs = {}
-      for name, f in list(fns.items()):
-        try:
-          errs[name] = tvp.rel_err(f(a, b), ref)
-        except Exception as e:  # noqa: BLE001 (reported in the table)
-          print(f"{name} failed: {type(e).__name__}: {str(e)[:300]}")
-          del fns[name]
+      outs = tvp.checked_outputs(fns, (a, b), f"{jnp.dtype(dtype).name} {m}x{k}x{n}")
+      errs = {name: tvp.rel_err(got, ref) for name, got in outs.items()}
       dev = tvp.device_times(fns, (a, b))
       wall = tvp.time_calls(fns, (a, b))
       flops = 2 * m * n * k
@@ -103,11 +98,7 @@ def main():
   lines += ["", "Kernel time: summed GPU operations per call from a profiler trace (median of 7 "
             "interleaved rounds of 10 calls); wall: back-to-back calls (median of 15 rounds of 10). "
             "The pallax kernel is the one-warpgroup Gluon subset (no warp specialization yet)."]
-  text = "\n".join(lines)
-  print(text)
-  if args.out:
-    with open(args.out, "w") as f:
-      f.write(text + "\n")
+  tvp.write_report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -221,6 +221,28 @@ def device_times(fns: dict, args, n=10, rounds=7):
   return {k: float(np.median(v)) if v and min(v) > 0 else float("nan") for k, v in spans.items()}
 
 
+def checked_outputs(fns: dict, args, label: str) -> dict:
+  """Each function's output as float32 NumPy. A function that fails is reported and dropped
+  from ``fns`` (so that the timings skip it)."""
+  outs = {}
+  for name, f in list(fns.items()):
+    try:
+      outs[name] = np.asarray(f(*args), np.float32)
+    except Exception as e:  # noqa: BLE001 (reported, and the kernel left out)
+      print(f"{name} {label} failed: {type(e).__name__}: {str(e)[:400]}", flush=True)
+      del fns[name]
+  return outs
+
+
+def write_report(lines: list, path: str | None):
+  """Prints the report's lines and writes them to ``path`` too, if given."""
+  text = "\n".join(lines)
+  print(text)
+  if path:
+    with open(path, "w") as f:
+      f.write(text + "\n")
+
+
 def rel_err(a, b):
   a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
   b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
