@@ -20,6 +20,7 @@ from jax._src.debugging import debug_effect
 from jax._src.interpreters import ad
 from jax._src.interpreters import batching
 from jax._src.interpreters import mlir
+from jax._src.lib.mlir import ir
 from jax._src.interpreters import partial_eval as pe
 from jax._src.lax import lax as lax_internals
 from jax._src.lax import parallel as lax_parallel

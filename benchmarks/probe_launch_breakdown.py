@@ -1,0 +1,101 @@
+"""Where the wall time of a call goes, pallax against JAX Pallas, for some of ``jax_ops.py``'s cases:
+the host-side trace events per call (XLA's thunks, the launch), the device operations per call
+(count, names, busy time) and the span from a round's first device operation to its last.
+Writes each side's optimized HLO to ``$OUT`` (thunks, command buffers, copies). A research probe.
+
+    PYTHONPATH=$PWD python3 benchmarks/probe_launch_breakdown.py [label substrings, ...]
+"""
+import glob
+import gzip
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import jax  # noqa: E402
+
+import jax_ops  # noqa: E402
+import triton_vs_pallas as tvp  # noqa: E402
+
+OUT = os.environ.get("OUT", "/tmp")
+N = 50
+
+
+def _events(fns, args):
+  d = os.path.join("/tmp", f"trace_{time.time_ns()}")
+  with jax.profiler.trace(d, create_perfetto_trace=True):
+    for k, f in fns.items():
+      with jax.profiler.TraceAnnotation(f"ROUND_{k}"):
+        o = None
+        for _ in range(N):
+          o = f(*args)
+        jax.block_until_ready(o)
+      time.sleep(0.02)
+  (p,) = glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)
+  ev = json.load(gzip.open(p))
+  ev = ev["traceEvents"] if isinstance(ev, dict) else ev
+  gpu_pids = {e["pid"] for e in ev if e.get("ph") == "M" and e.get("name") == "process_name"
+              and "GPU" in str(e.get("args", {}).get("name", ""))}
+  return [e for e in ev if e.get("ph") == "X"], gpu_pids
+
+
+def breakdown(label, fns, args):
+  X, gpu_pids = _events(fns, args)
+  print(f"\n=== {label}")
+  host = {}
+  for k in fns:
+    rnd = next(e for e in X if e["name"] == f"ROUND_{k}")
+    t0, t1 = rnd["ts"], rnd["ts"] + rnd["dur"]
+    inside = [e for e in X if t0 <= e["ts"] <= t1 and not e["name"].startswith("ROUND")]
+    d = [e for e in inside if e["pid"] in gpu_pids]
+    span = (max(e["ts"] + e["dur"] for e in d) - min(e["ts"] for e in d)) / N if d else float("nan")
+    busy = sum(e["dur"] for e in d) / N
+    names = {}
+    for e in d:
+      names[e["name"][:60]] = names.get(e["name"][:60], 0) + 1
+    print(f"{k:11} round {rnd['dur'] / N:7.2f} us/call; device: {len(d) / N:.1f} ops/call, busy "
+          f"{busy:.2f} us/call, first-to-last span {span:.2f} us/call")
+    for n, c in sorted(names.items(), key=lambda t: -t[1])[:8]:
+      print(f"    {c / N:4.1f}/call  {n}")
+    for e in inside:
+      if e["pid"] not in gpu_pids:
+        host.setdefault(e["name"][:70], {}).setdefault(k, []).append(e["dur"])
+  rows = sorted(host.items(), key=lambda t: -max(sum(v) for v in t[1].values()))
+  print(f"{'host event':70} " + " ".join(f"{k + ' us (n)':>18}" for k in fns))
+  for nm, per in rows[:25]:
+    cells = [f"{sum(per.get(k, [])) / N:9.2f} ({len(per.get(k, [])) / N:4.1f})" for k in fns]
+    print(f"{nm:70} " + " ".join(f"{c:>18}" for c in cells))
+
+
+def main():
+  import pallax
+  import pallax.triton as plt_
+  from jax.experimental.pallas import triton as jplt
+  import importlib
+  import jax.experimental.pallas.ops.gpu as gpu_ops
+  want = sys.argv[1:] or ["three", "softmax 32x", "layer_norm fwd 4x", "decode mqa"]
+  x = jax.random.normal(jax.random.key(1), (128,))
+  JP = tvp.jax_pallas()
+  if "three" in want:
+    fns = {"pallax": jax.jit(jax_ops._three(pallax, plt_.CompilerParams)),
+           "jax_pallas": jax.jit(jax_ops._three(JP, jplt.CompilerParams))}
+    for k, f in fns.items():
+      f(x)
+      open(os.path.join(OUT, f"hlo_three_{k}.txt"), "w").write(f.lower(x).compile().as_text())
+    breakdown("three kernels and XLA ops", fns, (x,))
+  for label, op, make, args, _ in jax_ops.cases(False, jax.random.key(2)):
+    if not any(w in label for w in want):
+      continue
+    jm = importlib.import_module(f"{gpu_ops.__name__}.{op}")
+    pm = jax_ops.jax_gpu_ops.load(op)
+    fns = {"pallax": jax.jit(make(pm)), "jax_pallas": jax.jit(make(jm))}
+    tag = label.split()[0] + "_" + label.split()[1]
+    for k, f in fns.items():
+      jax.block_until_ready(f(*args))
+      open(os.path.join(OUT, f"hlo_{tag}_{k}.txt"), "w").write(f.lower(*args).compile().as_text())
+    breakdown(label, fns, args)
+
+
+if __name__ == "__main__":
+  main()
