@@ -84,7 +84,7 @@ def launch_cost(rounds: int) -> list:
     want = np.asarray(xla(x))
     for k, f in fns.items():
       np.testing.assert_allclose(np.asarray(f(x)), want, rtol=1e-6, atol=1e-6, err_msg=k)
-    t = {k: v[0] * 1e6 for k, v in tvp.time_calls(fns, (x,), n=100, rounds=rounds).items()}
+    t = {k: v[0] * 1e6 for k, v in tvp.time_calls(fns, (x,), n=100, rounds=3 * rounds).items()}
     lines.append(f"| {label} | {t['xla_launch']:.1f} | {t['ffi_launch']:.1f} | {t['jax_pallas']:.1f} | "
                  f"{t['xla']:.1f} | {t['jax_pallas'] / t['xla_launch']:.3f}x | "
                  f"{t['jax_pallas'] / t['ffi_launch']:.3f}x |")

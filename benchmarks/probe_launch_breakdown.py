@@ -74,16 +74,18 @@ def main():
   from jax.experimental.pallas import triton as jplt
   import importlib
   import jax.experimental.pallas.ops.gpu as gpu_ops
-  want = sys.argv[1:] or ["three", "softmax 32x", "layer_norm fwd 4x", "decode mqa"]
+  want = sys.argv[1:] or ["one", "three", "softmax 32x", "layer_norm fwd 4x", "decode mqa"]
   x = jax.random.normal(jax.random.key(1), (128,))
   JP = tvp.jax_pallas()
-  if "three" in want:
-    fns = {"pallax": jax.jit(jax_ops._three(pallax, plt_.CompilerParams)),
-           "jax_pallas": jax.jit(jax_ops._three(JP, jplt.CompilerParams))}
-    for k, f in fns.items():
-      f(x)
-      open(os.path.join(OUT, f"hlo_three_{k}.txt"), "w").write(f.lower(x).compile().as_text())
-    breakdown("three kernels and XLA ops", fns, (x,))
+  for tag, make in (("one", jax_ops._trivial), ("three", jax_ops._three)):
+    if tag not in want:
+      continue
+    fns = {"pallax": jax_ops._jit_with_launch(make(pallax, plt_.CompilerParams), "xla", (x,)),
+           "pallax_ffi": jax_ops._jit_with_launch(make(pallax, plt_.CompilerParams), "ffi", (x,)),
+           "jax_pallas": jax.jit(make(JP, jplt.CompilerParams))}
+    for k in ("pallax", "jax_pallas"):   # lower() lowers again: with the default launch path
+      open(os.path.join(OUT, f"hlo_{tag}_{k}.txt"), "w").write(fns[k].lower(x).compile().as_text())
+    breakdown(f"{tag}: pallas_call of x + 1 on 128 floats", fns, (x,))
   for label, op, make, args, _ in jax_ops.cases(False, jax.random.key(2)):
     if not any(w in label for w in want):
       continue
