@@ -157,14 +157,18 @@ def ref_layer_norm(x, w, b, eps=1e-5):
 # --- measuring ----------------------------------------------------------------------------------------
 
 def time_calls(fns: dict, args, n=10, rounds=15):
-  """Median seconds per call of each function, timed in interleaved rounds (A B C A B C ...)
-  so that clock or thermal drift does not favour whichever runs first."""
+  """Median seconds per call of each function, timed in interleaved rounds, each round in a fresh
+  random order, so that neither drift nor a place in the round favours one function."""
   for f in fns.values():
     jax.block_until_ready(f(*args))
     jax.block_until_ready(f(*args))
   samples = {k: [] for k in fns}
+  order = list(fns)
+  rng = np.random.default_rng(0)
   for _ in range(rounds):
-    for k, f in fns.items():
+    rng.shuffle(order)
+    for k in order:
+      f = fns[k]
       t = time.perf_counter()
       out = None
       for _ in range(n):
