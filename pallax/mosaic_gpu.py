@@ -22,7 +22,7 @@ from pallax._src.mosaic_gpu.primitives import (
     wait_gmem_to_smem, wait_smem_to_gmem, wgmma, wgmma_wait)
 from pallax._src.mosaic_gpu.unsupported import (
     SemaphoreSignal,
-    as_torch_kernel, async_copy_scales_to_tmem, async_copy_smem_to_tmem,
+    async_copy_scales_to_tmem, async_copy_smem_to_tmem,
     async_copy_sparse_metadata_to_tmem, async_load_tmem, async_prefetch, async_store_smem,
     async_store_tmem, atomic_add, atomic_and, atomic_max, atomic_min, atomic_or, atomic_xor,
     barrier_test, cluster_ref, commit_tmem, dynamic_scheduling_loop, format_tcgen05_sparse_metadata,
@@ -33,3 +33,4 @@ from pallax._src.mosaic_gpu.unsupported import (
 
 GPUMemorySpace = MemorySpace   # the docs' older name
 from pallax._src.mosaic_gpu.pipeline import emit_pipeline, emit_pipeline_warp_specialized  # noqa: E402
+from pallax._src.torch_kernel import as_torch_kernel  # noqa: E402,F401  (Triton kernels; plgpu kernels refused clearly)

@@ -63,8 +63,6 @@ atomic_min = _unsupported("atomic_min", "Mosaic GPU atomics", "use pallax.triton
 atomic_and = _unsupported("atomic_and", "Mosaic GPU atomics", "use pallax.triton.atomic_and in a pallas_call")
 atomic_or = _unsupported("atomic_or", "Mosaic GPU atomics", "use pallax.triton.atomic_or in a pallas_call")
 atomic_xor = _unsupported("atomic_xor", "Mosaic GPU atomics", "use pallax.triton.atomic_xor in a pallas_call")
-as_torch_kernel = _unsupported("as_torch_kernel", "PyTorch entry points",
-                               "call the kernel from JAX (the PyTorch issue adds this)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -111,6 +111,15 @@ def _compile_cached(ks: KernelSource, cc: int, kernel_name: str) -> Compiled:
 
 
 def _compile(ks: KernelSource, cc: int, entry: str) -> Compiled:
+  k = _triton_compile(ks, cc, entry)
+  md = k.metadata
+  return Compiled(ks.name, ks.source, k.asm["ttir"], k.asm["ptx"], int(md.shared), ks.num_warps,
+                  ks.num_stages, cc, int(getattr(md, "global_scratch_size", 0) or 0),
+                  int(getattr(md, "global_scratch_align", 1) or 1), ks.grid, ks.hidden)
+
+
+def _triton_compile(ks: KernelSource, cc: int, entry: str):
+  """``triton.compile`` of the generated source: a triton CompiledKernel."""
   import triton
   from triton.backends.compiler import GPUTarget
   from triton.compiler import ASTSource
@@ -126,8 +135,19 @@ def _compile(ks: KernelSource, cc: int, entry: str) -> Compiled:
   attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(ks.signature))}
   src = ASTSource(fn, dict(ks.signature), {}, attrs)
   opts = {"num_warps": ks.num_warps, "num_stages": ks.num_stages, "debug": ks.debug}
-  k = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=opts)
-  md = k.metadata
-  return Compiled(ks.name, ks.source, k.asm["ttir"], k.asm["ptx"], int(md.shared), ks.num_warps,
-                  ks.num_stages, cc, int(getattr(md, "global_scratch_size", 0) or 0),
-                  int(getattr(md, "global_scratch_align", 1) or 1), ks.grid, ks.hidden)
+  return triton.compile(src, target=GPUTarget("cuda", cc, 32), options=opts)
+
+
+_launchable: dict[str, object] = {}
+
+
+def launchable_kernel(ks: KernelSource, cc: int, kernel_name: str = ""):
+  """The kernel as a triton CompiledKernel, for Triton's own launcher (``k[grid](*args)``; used
+  by ``as_torch_kernel``): compiled as ``compile_kernel`` compiles it (the same pipeline stages),
+  cached in memory here and on disk by Triton. Its pointer arguments must be 16-byte aligned."""
+  c = compile_kernel(ks, cc, kernel_name)
+  ks = dataclasses.replace(ks, num_stages=c.num_stages)
+  key = _key(ks, cc)
+  if key not in _launchable:
+    _launchable[key] = _triton_compile(ks, cc, os.path.join(cache_dir(), "triton", key))
+  return _launchable[key]

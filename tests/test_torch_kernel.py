@@ -1,0 +1,144 @@
+"""``pallax.as_torch_kernel``: pallas_call kernels called with torch tensors (skipped where torch is
+missing; the CUDA tests need a GPU). Results are compared elementwise with the same function run
+by JAX on the same inputs, and with plain torch references."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import pallax as pl  # noqa: E402
+from jax_gpu_ops import cases, load  # noqa: E402
+
+S = jax.ShapeDtypeStruct
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU for torch")
+
+
+def _axpy_kernel(x_ref, y_ref, o_ref):
+  o_ref[...] = x_ref[...] * 2 + y_ref[...]
+
+
+def axpy(x, y):
+  rows, cols = x.shape
+  spec = pl.BlockSpec((8, 128), lambda i, j: (i, j))
+  return pl.pallas_call(_axpy_kernel, out_shape=S(x.shape, x.dtype), in_specs=[spec, spec],
+                        out_specs=spec, grid=(pl.cdiv(rows, 8), pl.cdiv(cols, 128)))(x, y)
+
+
+def _rand(shape, dtype, device, seed):
+  g = torch.Generator().manual_seed(seed)
+  return torch.randn(shape, generator=g, dtype=torch.float32).to(dtype).to(device)
+
+
+def _np(t):
+  return t.detach().float().cpu().numpy()
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(8, 128), (13, 300), (1, 1)], ids=str)
+def test_a_blocked_kernel_matches_torch(shape, dtype):
+  f = pl.as_torch_kernel(axpy)
+  x, y = _rand(shape, dtype, "cuda", 1), _rand(shape, dtype, "cuda", 2)
+  out = f(x, y)
+  assert isinstance(out, torch.Tensor) and out.dtype == dtype and out.device == x.device
+  tol = 1e-6 if dtype == torch.float32 else 1e-2
+  np.testing.assert_allclose(_np(out), _np(x * 2 + y), rtol=tol, atol=tol)
+
+
+def test_cpu_tensors_run_in_the_interpreter():
+  f = pl.as_torch_kernel(axpy)
+  x, y = _rand((13, 300), torch.float32, "cpu", 1), _rand((13, 300), torch.float32, "cpu", 2)
+  np.testing.assert_allclose(_np(f(x, y)), _np(x * 2 + y), rtol=1e-6, atol=1e-6)
+
+
+@cuda
+def test_inputs_that_are_views_or_transposed():
+  f = pl.as_torch_kernel(axpy)
+  base = _rand((300, 26), torch.float32, "cuda", 3)
+  x = base.t()                        # not contiguous
+  y = _rand((13 * 300 + 1,), torch.float32, "cuda", 4)[1:].view(13, 300)   # 4-byte offset
+  np.testing.assert_allclose(_np(f(x[:13], y)), _np(x[:13] * 2 + y), rtol=1e-6, atol=1e-6)
+
+
+def _add_into(x_ref, acc_ref, o_ref):
+  o_ref[...] = acc_ref[...] + x_ref[...]
+
+
+@cuda
+def test_aliased_outputs_leave_the_input_alone():
+  f = pl.as_torch_kernel(lambda x, acc: pl.pallas_call(
+      _add_into, out_shape=S(x.shape, x.dtype), input_output_aliases={1: 0})(x, acc))
+  x, acc = _rand((64,), torch.float32, "cuda", 5), _rand((64,), torch.float32, "cuda", 6)
+  before = acc.clone()
+  out = f(x, acc)
+  np.testing.assert_allclose(_np(out), _np(before + x), rtol=1e-6)
+  assert torch.equal(acc, before), "as_torch_kernel is functional: the aliased input is not written"
+
+
+@cuda
+def test_no_host_synchronization_per_call():
+  f = pl.as_torch_kernel(axpy)
+  x, y = _rand((64, 256), torch.float32, "cuda", 7), _rand((64, 256), torch.float32, "cuda", 8)
+  f(x, y)   # the first call compiles (and may copy constants)
+  torch.cuda.set_sync_debug_mode("error")
+  try:
+    for _ in range(3):
+      out = f(x, y)
+  finally:
+    torch.cuda.set_sync_debug_mode("default")
+  np.testing.assert_allclose(_np(out), _np(x * 2 + y), rtol=1e-6)
+
+
+@cuda
+def test_runs_on_torchs_current_stream():
+  f = pl.as_torch_kernel(axpy)
+  x, y = _rand((256, 256), torch.float32, "cuda", 9), _rand((256, 256), torch.float32, "cuda", 10)
+  f(x, y)
+  s = torch.cuda.Stream()
+  s.wait_stream(torch.cuda.current_stream())
+  with torch.cuda.stream(s):
+    out = f(x, y)
+  s.synchronize()
+  np.testing.assert_allclose(_np(out), _np(x * 2 + y), rtol=1e-6)
+
+
+# JAX's own Pallas GPU ops (imports switched to pallax), from torch, against the same op in JAX.
+@cuda
+@pytest.mark.parametrize("case", cases(), ids=lambda c: c[0])
+def test_jax_gpu_ops_from_torch(case):
+  name, module, make, args, _ = case
+  f = make(load(module), False)
+  want = jax.tree.leaves(jax.jit(f)(*args))
+  targs = [torch.from_dlpack(jax.device_put(a, jax.devices("gpu")[0])) for a in args]
+  got = jax.tree.leaves(pl.as_torch_kernel(f)(*targs))
+  for g, w in zip(got, want):
+    w = np.asarray(w, np.float32)
+    np.testing.assert_allclose(_np(g), w, rtol=2e-3, atol=2e-3 * float(np.abs(w).max()), err_msg=name)
+
+
+def test_clear_errors():
+  f = pl.as_torch_kernel(axpy)
+  x = _rand((8, 128), torch.float32, "cpu", 1)
+  with pytest.raises(TypeError, match="argument 1 is a ndarray, not a torch.Tensor"):
+    f(x, np.ones((8, 128), np.float32))
+  g = pl.as_torch_kernel(lambda x, y: jnp.sort(axpy(x, y), axis=0))
+  if torch.cuda.is_available():
+    with pytest.raises(NotImplementedError, match="sort .* has no torch equivalent"):
+      g(x.cuda(), x.cuda())
+    with pytest.raises(ValueError, match="on different devices"):
+      f(x, x.cuda())
+
+
+@cuda
+def test_torch_compile_fullgraph():
+  f = pl.as_torch_kernel(axpy)
+
+  def model(x, y):
+    return torch.relu(f(x, y)) + 1
+
+  x, y = _rand((16, 256), torch.float32, "cuda", 11), _rand((16, 256), torch.float32, "cuda", 12)
+  compiled = torch.compile(model, fullgraph=True)
+  np.testing.assert_allclose(_np(compiled(x, y)), _np(model(x, y)), rtol=1e-6, atol=1e-6)
