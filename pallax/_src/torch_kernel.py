@@ -56,8 +56,8 @@ def _custom_op(fn, run):
   name = re.sub(r"\W", "_", getattr(fn, "__name__", "fn"))
   name = f"pallax::{name}_{id(run):x}"
 
-  @torch.library.custom_op(name, mutates_args=())
-  def op(args: list[torch.Tensor]) -> list[torch.Tensor]:
+  @torch.library.custom_op(name, mutates_args=(), schema="(Tensor[] args) -> Tensor[]")
+  def op(args):
     seen = {t.data_ptr() for t in args}
     outs = []
     for t in jax.tree.leaves(run(args)):   # a custom op's outputs alias nothing
