@@ -45,8 +45,12 @@ def as_torch_kernel(fn):
     torch = torch_rules._torch()
     if not torch.compiler.is_compiling():
       return run(tensors)   # eagerly: no custom-op dispatch on every call
-    flat, tree = op(list(tensors)), _out_tree(fn, tensors)
-    return jax.tree.unflatten(tree, flat)
+    return _rebuild(template(*[(tuple(t.shape), t.dtype) for t in tensors]), op(list(tensors)))
+
+  @functools.cache
+  def _template(*signature):
+    return _output_template(fn, signature)
+  template = torch_rules._torch().compiler.assume_constant_result(_template)
   return call
 
 
@@ -74,8 +78,20 @@ def _custom_op(fn, run):
   return op
 
 
-def _out_tree(fn, tensors):
-  return jax.tree.structure(jax.eval_shape(fn, *_avals(tensors)))
+def _output_template(fn, signature):
+  """``fn``'s output structure with leaf k replaced by k: nested tuples, lists and dicts of ints,
+  plain Python that torch.compile traces (a JAX tree definition it cannot)."""
+  avals = [jax.ShapeDtypeStruct(shape, _jax_dtype(dtype)) for shape, dtype in signature]
+  tree = jax.tree.structure(jax.eval_shape(fn, *avals))
+  return jax.tree.unflatten(tree, list(range(tree.num_leaves)))
+
+
+def _rebuild(template, flat):
+  if isinstance(template, int):
+    return flat[template]
+  if isinstance(template, dict):
+    return {k: _rebuild(v, flat) for k, v in template.items()}
+  return type(template)(_rebuild(v, flat) for v in template)
 
 
 def _avals(tensors):

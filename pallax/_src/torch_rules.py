@@ -72,7 +72,10 @@ def _reduce(name):
 
 
 def _binary(fn_name):
-  return lambda x, y: getattr(_torch(), fn_name)(x, y)
+  def rule(x, y, *, out_dtype=None):
+    out = getattr(_torch(), fn_name)(x, y)
+    return out if out_dtype is None else out.to(torch_dtype(out_dtype))
+  return rule
 
 
 def _unary(fn_name):
