@@ -135,9 +135,11 @@ def test_clear_errors():
 @cuda
 def test_torch_compile_fullgraph():
   f = pl.as_torch_kernel(axpy)
+  g = pl.as_torch_kernel(lambda x, y: {"a": axpy(x, y), "b": (axpy(y, x),)})   # a structure
 
   def model(x, y):
-    return torch.relu(f(x, y)) + 1
+    two = g(x, y)
+    return torch.relu(f(x, y)) + two["a"] * two["b"][0]
 
   x, y = _rand((16, 256), torch.float32, "cuda", 11), _rand((16, 256), torch.float32, "cuda", 12)
   compiled = torch.compile(model, fullgraph=True)

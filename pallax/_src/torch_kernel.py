@@ -37,7 +37,8 @@ def as_torch_kernel(fn):
       program = programs[key] = _Program(fn, tensors)
     return program(tensors)
 
-  op = _custom_op(fn, run)
+  templates: dict = {}  # input signature -> output structure (_output_template), for compile
+  op = _custom_op(fn, run, templates)
 
   @functools.wraps(fn)
   def call(*tensors):
@@ -45,17 +46,14 @@ def as_torch_kernel(fn):
     torch = torch_rules._torch()
     if not torch.compiler.is_compiling():
       return run(tensors)   # eagerly: no custom-op dispatch on every call
-    return _rebuild(template(*[(tuple(t.shape), t.dtype) for t in tensors]), op(list(tensors)))
-
-  @functools.cache
-  def _template(*signature):
-    return _output_template(fn, signature)
-  template = torch_rules._torch().compiler.assume_constant_result(_template)
+    flat = op(list(tensors))   # torch.compile traces this op; its shape function fills templates
+    return _rebuild(templates[_signature(tensors)], flat)
   return call
 
 
-def _custom_op(fn, run):
-  """``run`` as a torch custom op on a list of tensors, with a fake (shape) implementation."""
+def _custom_op(fn, run, templates):
+  """``run`` as a torch custom op on a list of tensors, with a fake (shape) implementation that
+  also records the output structure in ``templates``."""
   torch = torch_rules._torch()
   name = re.sub(r"\W", "_", getattr(fn, "__name__", "fn"))
   name = f"pallax::{name}_{id(run):x}"
@@ -71,19 +69,26 @@ def _custom_op(fn, run):
 
   @op.register_fake
   def _(args):
-    shapes = jax.tree.leaves(jax.eval_shape(fn, *_avals(args)))
+    signature = _signature(args)
+    template, shapes = _output_template(fn, signature)
+    templates[signature] = template
     device = args[0].device if args else torch.device("cuda")
     return [torch.empty(s.shape, dtype=torch_rules.torch_dtype(s.dtype), device=device)
             for s in shapes]
   return op
 
 
+def _signature(tensors):
+  return tuple((tuple(int(d) for d in t.shape), t.dtype) for t in tensors)
+
+
 def _output_template(fn, signature):
-  """``fn``'s output structure with leaf k replaced by k: nested tuples, lists and dicts of ints,
-  plain Python that torch.compile traces (a JAX tree definition it cannot)."""
+  """(``fn``'s output structure with leaf k replaced by k: nested tuples, lists and dicts of
+  ints, plain Python that torch.compile traces, where it cannot trace JAX; the output leaves'
+  shapes and dtypes)."""
   avals = [jax.ShapeDtypeStruct(shape, _jax_dtype(dtype)) for shape, dtype in signature]
-  tree = jax.tree.structure(jax.eval_shape(fn, *avals))
-  return jax.tree.unflatten(tree, list(range(tree.num_leaves)))
+  leaves, tree = jax.tree.flatten(jax.eval_shape(fn, *avals))
+  return jax.tree.unflatten(tree, list(range(len(leaves)))), leaves
 
 
 def _rebuild(template, flat):
