@@ -1,10 +1,30 @@
 """``pallax.as_torch_kernel``: pallas_call kernels called with torch tensors (skipped where torch is
 missing; the CUDA tests need a GPU). Results are compared elementwise with the same function run
 by JAX on the same inputs, and with plain torch references."""
+import os
+
 import numpy as np
 import pytest
 
+_TRITON_ENV = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
 torch = pytest.importorskip("torch")
+
+
+def _restore_triton_environment():
+  """torch points Triton at its own ptxas (TRITON_PTXAS_PATH), which may not know the older
+  targets other tests lower for (sm_70): keep the rest of the suite's environment as it was."""
+  for k in [k for k in os.environ if k.startswith("TRITON_")]:
+    del os.environ[k]
+  os.environ.update(_TRITON_ENV)
+
+
+_restore_triton_environment()
+
+
+@pytest.fixture(autouse=True)
+def _triton_environment_as_before_torch():
+  yield
+  _restore_triton_environment()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -142,6 +142,12 @@ class _Program:
   def kernel(self, eqn):
     k = self.kernels.get(id(eqn))
     if k is None:
+      from pallax._src.interpret import eager
+      if eager.is_mosaic_gpu(eqn.params["params"]):
+        raise NotImplementedError(
+            f"as_torch_kernel({getattr(self.fn, '__name__', 'fn')}): Mosaic GPU kernels "
+            "(plgpu.kernel) cannot be called from torch yet; pallas_call kernels on the Triton "
+            "backend can")
       k = self.kernels[id(eqn)] = _Kernel(eqn, self.device)
     return k
 
@@ -174,12 +180,6 @@ def _eval(program, jaxpr, consts, args):
 def _apply(program, eqn, ins):
   name = eqn.primitive.name
   if name == "pallas_call":
-    from pallax._src.interpret import eager
-    if eager.is_mosaic_gpu(eqn.params["params"]):
-      raise NotImplementedError(
-          f"as_torch_kernel({getattr(program.fn, '__name__', 'fn')}): Mosaic GPU kernels "
-          "(plgpu.kernel) cannot be called from torch yet; pallas_call kernels on the Triton "
-          "backend can")
     return program.kernel(eqn)(ins)
   if name in _CALLS:
     inner = eqn.params[_CALLS[name]]
