@@ -164,3 +164,45 @@ def test_torch_compile_fullgraph():
   x, y = _rand((16, 256), torch.float32, "cuda", 11), _rand((16, 256), torch.float32, "cuda", 12)
   compiled = torch.compile(model, fullgraph=True)
   np.testing.assert_allclose(_np(compiled(x, y)), _np(model(x, y)), rtol=1e-6, atol=1e-6)
+
+
+# --- gradients through torch.autograd (JAX's ops with custom_vjp backward kernels) -------------
+
+def _grad_cases():
+  k = jax.random.split(jax.random.key(4), 6)
+  x, w, b = jax.random.normal(k[0], (2, 8, 200)), jax.random.normal(k[1], (200,)), \
+      jax.random.normal(k[2], (200,))
+  q, kk, v = (jax.random.normal(kk_, (1, 128, 2, 64)) for kk_ in jax.random.split(k[3], 3))
+  return [("layer_norm", lambda m: m.layer_norm, (x, w, b)),
+          ("rms_norm", lambda m: m.rms_norm, (x, w, b)),
+          ("attention", lambda m: lambda q, k, v: m.mha(q, k, v, segment_ids=None, causal=True),
+           (q, kk, v))]
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda), "cpu"])
+@pytest.mark.parametrize("case", _grad_cases(), ids=lambda c: c[0])
+def test_gradients_through_torch_autograd(case, device):
+  module, make, args = case
+  f = make(load(module))
+  out, pullback = jax.vjp(f, *args)
+  ct = jax.random.normal(jax.random.key(5), out.shape)
+  want = pullback(ct)
+  targs = [torch.from_dlpack(a).to(device).clone().requires_grad_() for a in args]
+  got_out = pl.as_torch_kernel(f)(*targs)
+  (got_out * torch.from_dlpack(ct).to(device)).sum().backward()
+  np.testing.assert_allclose(_np(got_out), np.asarray(out), rtol=1e-4, atol=1e-4)
+  for t, w in zip(targs, want):
+    w = np.asarray(w)
+    np.testing.assert_allclose(_np(t.grad), w, rtol=1e-3, atol=1e-3 * float(np.abs(w).max()),
+                               err_msg=module)
+
+
+@cuda
+def test_no_gradient_needed_takes_the_plain_path():
+  f = pl.as_torch_kernel(axpy)
+  x = _rand((8, 128), torch.float32, "cuda", 1).requires_grad_()
+  with torch.no_grad():
+    out = f(x, x)
+  assert out.grad_fn is None
+  with pytest.raises(NotImplementedError, match="jax.custom_vjp"):
+    f(x, x)   # axpy has no custom_vjp: its reverse mode is not defined, as in JAX Pallas

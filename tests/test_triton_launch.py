@@ -33,6 +33,10 @@ def add_into_y(x, y):   # y's buffer becomes the output
   return pl.pallas_call(_add, out_shape=S(x.shape, x.dtype), input_output_aliases={1: 0})(x, y)
 
 
+def add_to_itself(x, _):   # one array passed twice: two kernel parameters, one buffer
+  return add(x, x)
+
+
 def _global(x_ref, o_ref):
   g = pl.get_global(pl.ANY((16,), jnp.float32))   # zero at the start of every call
   o_ref[...] = x_ref[...] + g[...]
@@ -51,7 +55,7 @@ def no_operands(x, _):
   return pl.pallas_call(_iota, out_shape=S((8, 8), jnp.float32))()
 
 
-KERNELS = [add, add_into_y, with_global, no_operands]
+KERNELS = [add, add_into_y, add_to_itself, with_global, no_operands]
 
 
 def _ptx_call(fn, monkeypatch):
@@ -122,7 +126,7 @@ def test_both_launch_paths_give_the_same_results(fn, monkeypatch):
     monkeypatch.setenv("PALLAX_TRITON_LAUNCH", path)
     f = jax.jit(lambda a, b: fn(a, b))   # a fresh jit: lowered again with this path
     got[path] = [np.asarray(f(x, y)) for _ in range(3)]   # zeroed buffers: zero on every call
-  want = {add: x + 2 * y, add_into_y: x + 2 * y, with_global: x.reshape(-1)[:16],
+  want = {add: x + 2 * y, add_into_y: x + 2 * y, add_to_itself: 3 * x, with_global: x.reshape(-1)[:16],
           no_operands: np.broadcast_to(np.arange(8.0)[:, None], (8, 8))}[fn]
   for path, outs in got.items():
     for out in outs:

@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from pallax._src import jax_internals as ji
+from pallax._src import torch_autograd
 from pallax._src import torch_rules
 
 # Call-like primitives whose inner jaxpr is evaluated in place: (primitive, its jaxpr's key).
@@ -26,15 +27,21 @@ _CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr",
 
 def as_torch_kernel(fn):
   """Makes ``fn`` (a function of arrays calling ``pl.pallas_call``) callable with torch tensors;
-  it returns torch tensors, in ``fn``'s output structure. Under ``torch.compile`` it is one
-  custom op (``pallax::<name>``) with a shape function, so graphs do not break at it."""
-  programs: dict = {}   # input signature -> _Program (a cache)
+  it returns torch tensors, in ``fn``'s output structure. Where an input requires a gradient,
+  the call is differentiable through ``torch.autograd`` (``fn`` needs a ``jax.custom_vjp``,
+  whose backward may itself call pallas_call). Under ``torch.compile`` it is one custom op
+  (``pallax::<name>``) with a shape function, so graphs do not break at it."""
+  programs: dict = {}   # (input signature, with gradients) -> _Program or Differentiated
 
   def run(tensors):
-    key = tuple((tuple(t.shape), t.dtype, t.device) for t in tensors)
+    torch = torch_rules._torch()
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    key = (tuple((tuple(t.shape), t.dtype, t.device) for t in tensors), grad)
     program = programs.get(key)
     if program is None:
-      program = programs[key] = _Program(fn, tensors)
+      avals, device = _avals(tensors), _device(tensors)
+      program = programs[key] = (torch_autograd.Differentiated(fn, avals, device, _Program)
+                                 if grad else _Program(fn, avals, device))
     return program(tensors)
 
   templates: dict = {}  # input signature -> output structure (_output_template), for compile
@@ -99,6 +106,11 @@ def _rebuild(template, flat):
   return type(template)(_rebuild(v, flat) for v in template)
 
 
+def _device(tensors):
+  torch = torch_rules._torch()
+  return tensors[0].device if tensors else torch.device("cuda")
+
+
 def _avals(tensors):
   return [jax.ShapeDtypeStruct(tuple(t.shape), _jax_dtype(t.dtype)) for t in tensors]
 
@@ -122,13 +134,12 @@ def _check_inputs(fn, tensors):
 class _Program:
   """``fn`` traced for one input signature, and how to run it on that device."""
 
-  def __init__(self, fn, tensors):
-    torch = torch_rules._torch()
+  def __init__(self, fn, avals, device):
     self.fn = fn
-    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*_avals(tensors))
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*avals)
     self.jaxpr = closed.jaxpr
     self.out_tree = jax.tree.structure(out_shape)
-    self.device = tensors[0].device if tensors else torch.device("cuda")
+    self.device = device
     self.consts = [_to_torch(c, self.device) for c in closed.consts]
     self.kernels: dict = {}   # id of a pallas_call equation -> _Kernel, made on first use
     self.literals: dict = {}  # id of a literal -> its value as a tensor on the device
@@ -159,7 +170,7 @@ class _Program:
 
   def _interpret(self, tensors):
     torch = torch_rules._torch()
-    args = [jax.dlpack.from_dlpack(t.contiguous()) for t in tensors]
+    args = [jax.dlpack.from_dlpack(t.detach().contiguous()) for t in tensors]
     with jax.default_device(jax.devices("cpu")[0]):
       outs = jax.jit(self.fn)(*args)
     return jax.tree.map(lambda a: torch.from_dlpack(a), outs)
