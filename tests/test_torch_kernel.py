@@ -179,7 +179,8 @@ def _grad_cases():
            (q, kk, v))]
 
 
-@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda), "cpu"])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda),
+                                    pytest.param("cpu", marks=pytest.mark.interpreter)])
 @pytest.mark.parametrize("case", _grad_cases(), ids=lambda c: c[0])
 def test_gradients_through_torch_autograd(case, device):
   module, make, args = case

@@ -142,7 +142,7 @@ class _Program:
     self.device = device
     self.consts = [_to_torch(c, self.device) for c in closed.consts]
     self.kernels: dict = {}   # id of a pallas_call equation -> _Kernel, made on first use
-    self.literals: dict = {}  # id of a literal -> its value as a tensor on the device
+    self.literals: dict = {}  # id of a literal or inner jaxpr -> its value(s) on the device
 
   def __call__(self, tensors):
     if self.device.type == "cpu":
@@ -162,6 +162,14 @@ class _Program:
       k = self.kernels[id(eqn)] = _Kernel(eqn, self.device)
     return k
 
+  def constants(self, closed):
+    """A closed inner jaxpr's constants as tensors on the device (copied there once)."""
+    ts = self.literals.get(id(closed))
+    if ts is None:
+      ts = [_to_torch(c, self.device) for c in getattr(closed, "consts", ())]
+      self.literals[id(closed)] = ts
+    return ts
+
   def literal(self, v):
     t = self.literals.get(id(v))
     if t is None:   # made once: a copy to the device on every call would wait for the host
@@ -176,29 +184,30 @@ class _Program:
     return jax.tree.map(lambda a: torch.from_dlpack(a), outs)
 
 
-def _eval(program, jaxpr, consts, args):
+def _eval(program, jaxpr, consts, args, where=None):
+  """``jaxpr`` on torch tensors; ``where``: the user's line of the call it is inside, if any."""
   env = {}
   def read(v):
     return program.literal(v) if isinstance(v, ji.Literal) else env[v]
   env.update(zip(jaxpr.constvars, consts))
   env.update(zip(jaxpr.invars, args))
   for eqn in jaxpr.eqns:
-    outs = _apply(program, eqn, [read(v) for v in eqn.invars])
+    outs = _apply(program, eqn, [read(v) for v in eqn.invars], where)
     env.update(zip(eqn.outvars, outs))
   return [read(v) for v in jaxpr.outvars]
 
 
-def _apply(program, eqn, ins):
+def _apply(program, eqn, ins, where=None):
   name = eqn.primitive.name
   if name == "pallas_call":
     return program.kernel(eqn)(ins)
   if name in _CALLS:
     inner = eqn.params[_CALLS[name]]
-    consts = [_to_torch(c, program.device) for c in getattr(inner, "consts", ())]
-    return _eval(program, getattr(inner, "jaxpr", inner), consts, ins)
+    return _eval(program, getattr(inner, "jaxpr", inner), program.constants(inner), ins,
+                 ji.user_frame(eqn.source_info) or where)
   rule = torch_rules.RULES.get(name)
   if rule is None:
-    where = ji.source_info_util.summarize(eqn.source_info)
+    where = ji.user_frame(eqn.source_info) or where or "an unknown line"
     raise NotImplementedError(
         f"as_torch_kernel({getattr(program.fn, '__name__', 'fn')}): {name} (at {where}) has no "
         "torch equivalent in pallax; move it into a kernel, or outside the function")
@@ -222,7 +231,8 @@ class _Kernel:
     self.run = tcompile.launchable_kernel(ks, cc, params.name)[ks.grid]
     self.device = device
     self.outs = [(tuple(v.aval.shape), torch_rules.torch_dtype(v.aval.dtype)) for v in eqn.outvars]
-    self.hidden = [(shape, torch_rules.torch_dtype(dtype), zeroed) for shape, dtype, zeroed in ks.hidden]
+    self.hidden = [(shape, torch_rules.torch_dtype(dtype), zeroed)
+                   for shape, dtype, zeroed in ks.hidden]
     self.consts = [_to_torch(a, device) for a in ks.constants]
     self.aliased = {o: i for i, o in params.input_output_aliases}   # output -> input
 
