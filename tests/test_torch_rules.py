@@ -9,7 +9,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
-from pallax._src import torch_kernel, torch_rules  # noqa: E402
+from pallax._src import torch_plan, torch_rules  # noqa: E402
 
 rng = np.random.default_rng(0)
 F = rng.standard_normal((6, 10)).astype(np.float32)
@@ -39,16 +39,17 @@ CASES = {
     "slice": (lambda x: x[1:5, 2:9:3], (F,)),
     "concatenate": (lambda x, y: jnp.concatenate([x, y], axis=1), (F, G)),
     "optimization_barrier": (lambda x, y: lax.optimization_barrier((x, y)), (F, G)),
+    "captured constant, inner jit": (lambda x: jax.jit(lambda a: a * 2)(x) + np.arange(
+        10, dtype=np.float32), (F,)),
 }
 
 
 def _torch_eval(fn, args):
-  """``fn`` traced to a jaxpr and evaluated by as_torch_kernel's evaluator on CPU tensors."""
-  avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
-  program = torch_kernel._Program(fn, avals, torch.device("cpu"))
-  outs = torch_kernel._eval(program, program.jaxpr, program.consts,
-                            [torch.from_numpy(a.copy()) for a in args])
-  return jax.tree.unflatten(program.out_tree, outs)
+  """``fn`` traced to a jaxpr and run by as_torch_kernel's prepared plan on CPU tensors."""
+  closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+  plan = torch_plan.Plan(closed, torch.device("cpu"), "test")
+  outs = plan.run([torch.from_numpy(a.copy()) for a in args])
+  return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -69,8 +70,7 @@ def test_rule_matches_lax(name):
 
 
 def test_a_primitive_without_a_rule_names_itself():
-  avals = [jax.ShapeDtypeStruct((8,), jnp.float32)]
-  program = torch_kernel._Program(lambda x: jnp.sort(x), avals, torch.device("cpu"))
+  closed = jax.make_jaxpr(lambda x: jnp.sort(x))(jax.ShapeDtypeStruct((8,), jnp.float32))
   with pytest.raises(NotImplementedError, match=r"sort \(at .*test_torch_rules.py.*\) has no torch "
                                                 r"equivalent in pallax"):
-    torch_kernel._eval(program, program.jaxpr, program.consts, [torch.zeros(8)])
+    torch_plan.Plan(closed, torch.device("cpu"), "test")
