@@ -138,6 +138,7 @@ class _Program:
     self.device = device
     self.plan = None if device.type == "cpu" else \
         torch_plan.Plan(closed, device, getattr(fn, "__name__", "fn"))
+    self.jitted = jax.jit(fn) if self.plan is None else None
 
   def __call__(self, tensors):
     if self.plan is None:
@@ -149,7 +150,7 @@ class _Program:
     torch = torch_rules._torch()
     args = [jax.dlpack.from_dlpack(t.detach().contiguous()) for t in tensors]
     with jax.default_device(jax.devices("cpu")[0]):
-      outs = jax.jit(self.fn)(*args)
+      outs = self.jitted(*args)
     return jax.tree.map(lambda a: torch.from_dlpack(a), outs)
 
 

@@ -106,6 +106,8 @@ class Kernel:
                    for shape, dtype, zeroed in ks.hidden]
     self.consts = [to_torch(a, device) for a in ks.constants]
     self.aliased = {o: i for i, o in params.input_output_aliases}   # output -> input
+    # Triton launches on the current device: with several GPUs, make it the tensors' one.
+    self.on_device = (lambda: torch.cuda.device(device)) if torch.cuda.device_count() > 1 else None
 
   def __call__(self, ins):
     torch = torch_rules._torch()
@@ -115,7 +117,11 @@ class Kernel:
             for k, (shape, dtype) in enumerate(self.outs)]
     hidden = [(torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=self.device)
               for shape, dtype, zeroed in self.hidden]
-    self.run(*ins, *self.consts, *outs, *hidden)
+    if self.on_device is None:
+      self.run(*ins, *self.consts, *outs, *hidden)
+    else:
+      with self.on_device():
+        self.run(*ins, *self.consts, *outs, *hidden)
     return outs
 
 
