@@ -198,10 +198,10 @@ def test_gradients_through_torch_autograd(case, device):
                                err_msg=module)
 
 
-@cuda
 def test_no_gradient_needed_takes_the_plain_path():
   f = pl.as_torch_kernel(axpy)
-  x = _rand((8, 128), torch.float32, "cuda", 1).requires_grad_()
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  x = _rand((8, 128), torch.float32, device, 1).requires_grad_()
   with torch.no_grad():
     out = f(x, x)
   assert out.grad_fn is None
