@@ -4,7 +4,8 @@ process on the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/torch_ops.py [-
 First the launch cost of a trivial kernel (``x + 1`` on 128 floats) from torch: pallax, Triton's
 own ``kernel[grid](...)`` launcher, and ``torch.add``. Then JAX's shipped Pallas ops (imports
 switched to pallax) called with torch tensors against ``torch.softmax``, ``F.layer_norm``,
-``F.rms_norm`` and ``F.scaled_dot_product_attention``. Each result is checked against torch's
+``F.rms_norm`` and ``F.scaled_dot_product_attention``, forward and forward+backward (through
+``torch.autograd``: the ops' custom_vjp backward kernels against torch's own). Each result is checked against torch's
 first; times are back-to-back wall time per call (``n`` calls, then one synchronize) and GPU time
 per call (the CUDA kernels' summed durations in a ``torch.profiler`` trace).
 """
@@ -93,6 +94,15 @@ def launch_cost(rounds: int) -> list:
           f"{t['triton'] / t['pallax']:.3f}x |"]
 
 
+def _fwd_bwd(f, dout):
+  """A training step of ``f``: the gradients of ``sum(f(*args) * dout)``, flattened into one."""
+  def step(*args):
+    args = [a.detach().requires_grad_() for a in args]
+    grads = torch.autograd.grad(f(*args), args, dout)
+    return torch.cat([g.float().ravel() for g in grads])
+  return step
+
+
 def _cases(key):
   """(label, pallax function of torch tensors, torch reference, args)."""
   ks = iter(jax.random.split(key, 16))
@@ -108,15 +118,23 @@ def _cases(key):
          lambda a, ww, bb: F.layer_norm(a, (4096,), ww, bb, eps=1e-5), (x, w, b))
   yield ("rms_norm fwd 4x1024x4096 f32 (JAX's op adds a bias)", pl.as_torch_kernel(rms.rms_norm),
          lambda a, ww, bb: F.rms_norm(a, (4096,), ww, eps=1e-5) + bb, (x, w, b))
+  dout = t((4, 1024, 4096))
+  yield ("layer_norm fwd+bwd 4x1024x4096 f32", _fwd_bwd(pl.as_torch_kernel(ln.layer_norm), dout),
+         _fwd_bwd(lambda a, ww, bb: F.layer_norm(a, (4096,), ww, bb, eps=1e-5), dout), (x, w, b))
+  yield ("rms_norm fwd+bwd 4x1024x4096 f32", _fwd_bwd(pl.as_torch_kernel(rms.rms_norm), dout),
+         _fwd_bwd(lambda a, ww, bb: F.rms_norm(a, (4096,), ww, eps=1e-5) + bb, dout), (x, w, b))
   att = jax_gpu_ops.load("attention")
   q, k, v = (t((2, 2048, 8, 64), torch.float16) for _ in range(3))
+  dout = t((2, 2048, 8, 64), torch.float16)
   for causal in (False, True):
-    yield (f"mha fwd{' causal' if causal else ''} 2x2048x8x64 f16",
-           pl.as_torch_kernel(lambda a, bb, c, cz=causal: att.mha(
-               a, bb, c, segment_ids=None, causal=cz, sm_scale=1 / 8)),
-           lambda a, bb, c, cz=causal: F.scaled_dot_product_attention(
-               a.transpose(1, 2), bb.transpose(1, 2), c.transpose(1, 2), is_causal=cz,
-               scale=1 / 8).transpose(1, 2), (q, k, v))
+    mha = pl.as_torch_kernel(lambda a, bb, c, cz=causal: att.mha(
+        a, bb, c, segment_ids=None, causal=cz, sm_scale=1 / 8))
+    sdpa = lambda a, bb, c, cz=causal: F.scaled_dot_product_attention(  # noqa: E731
+        a.transpose(1, 2), bb.transpose(1, 2), c.transpose(1, 2), is_causal=cz,
+        scale=1 / 8).transpose(1, 2)
+    tag = f"{' causal' if causal else ''} 2x2048x8x64 f16"
+    yield f"mha fwd{tag}", mha, sdpa, (q, k, v)
+    yield f"mha fwd+bwd{tag}", _fwd_bwd(mha, dout), _fwd_bwd(sdpa, dout), (q, k, v)
 
 
 def main():

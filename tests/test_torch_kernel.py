@@ -152,8 +152,8 @@ def test_clear_errors():
       f(x, x.cuda())
 
 
-@cuda
-def test_torch_compile_fullgraph():
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda), "cpu"])
+def test_torch_compile_fullgraph(device):
   f = pl.as_torch_kernel(axpy)
   g = pl.as_torch_kernel(lambda x, y: {"a": axpy(x, y), "b": (axpy(y, x),)})   # a structure
 
@@ -161,7 +161,7 @@ def test_torch_compile_fullgraph():
     two = g(x, y)
     return torch.relu(f(x, y)) + two["a"] * two["b"][0]
 
-  x, y = _rand((16, 256), torch.float32, "cuda", 11), _rand((16, 256), torch.float32, "cuda", 12)
+  x, y = _rand((16, 256), torch.float32, device, 11), _rand((16, 256), torch.float32, device, 12)
   compiled = torch.compile(model, fullgraph=True)
   np.testing.assert_allclose(_np(compiled(x, y)), _np(model(x, y)), rtol=1e-6, atol=1e-6)
 
@@ -207,3 +207,24 @@ def test_no_gradient_needed_takes_the_plain_path():
   assert out.grad_fn is None
   with pytest.raises(NotImplementedError, match="jax.custom_vjp"):
     f(x, x)   # axpy has no custom_vjp: its reverse mode is not defined, as in JAX Pallas
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda),
+                                    pytest.param("cpu", marks=pytest.mark.interpreter)])
+@pytest.mark.parametrize("module", ["layer_norm", "rms_norm"])
+def test_gradients_match_torchs_own_norms(module, device):
+  """The same training step through JAX's op (its custom_vjp backward kernels) and through
+  torch's F.layer_norm / F.rms_norm (plus the bias JAX's rms_norm adds)."""
+  import torch.nn.functional as F
+  n = 300
+  ref = {"layer_norm": lambda a, w, b: F.layer_norm(a, (n,), w, b, eps=1e-5),
+         "rms_norm": lambda a, w, b: F.rms_norm(a, (n,), w, eps=1e-5) + b}[module]
+  f = pl.as_torch_kernel(getattr(load(module), module))
+  x, w, b, dout = (_rand(s, torch.float32, device, k) for k, s in
+                   enumerate([(2, 8, n), (n,), (n,), (2, 8, n)]))
+  grads = {}
+  for side, fn in (("pallax", f), ("torch", ref)):
+    args = [a.clone().requires_grad_() for a in (x, w, b)]
+    grads[side] = torch.autograd.grad(fn(*args), args, dout)
+  for g, w_ in zip(grads["pallax"], grads["torch"]):
+    np.testing.assert_allclose(_np(g), _np(w_), rtol=1e-4, atol=1e-4 * float(w_.abs().max()))
