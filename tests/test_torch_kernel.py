@@ -228,3 +228,26 @@ def test_gradients_match_torchs_own_norms(module, device):
     grads[side] = torch.autograd.grad(fn(*args), args, dout)
   for g, w_ in zip(grads["pallax"], grads["torch"]):
     np.testing.assert_allclose(_np(g), _np(w_), rtol=1e-4, atol=1e-4 * float(w_.abs().max()))
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=cuda),
+                                    pytest.param("cpu", marks=pytest.mark.interpreter)])
+def test_a_training_step_under_torch_compile_matches_eager(device):
+  """JAX's layer_norm (custom_vjp backward kernels) inside a small torch model: the compiled
+  step (fullgraph) gives the eager step's gradients."""
+  f = pl.as_torch_kernel(load("layer_norm").layer_norm)
+  lin = torch.nn.Linear(300, 300).to(device)
+
+  def step(x, w, b):
+    y = lin(f(x, w, b))
+    return (y * y).mean()
+
+  x, w, b = (_rand(s, torch.float32, device, k) for k, s in enumerate([(2, 8, 300), (300,), (300,)]))
+  grads = {}
+  for mode, fn in (("eager", step), ("compiled", torch.compile(step, fullgraph=True))):
+    args = [a.clone().requires_grad_() for a in (x, w, b)]
+    fn(*args).backward()
+    grads[mode] = [a.grad for a in args] + [lin.weight.grad.clone()]
+    lin.zero_grad()
+  for c, e in zip(grads["compiled"], grads["eager"]):
+    np.testing.assert_allclose(_np(c), _np(e), rtol=1e-5, atol=1e-6 * float(e.abs().max()))

@@ -60,6 +60,70 @@ class Differentiated:
     return jax.tree.unflatten(self.out_tree, list(flat))
 
 
+def custom_grad_op(fn, program_for, name, templates, signature, describe, avals):
+  """Gradients under ``torch.compile``: a custom op ``<name>_fwd`` returning ``fn``'s outputs and
+  its residuals, whose registered backward is a custom op ``<name>_bwd`` running the backward
+  program. Returns a function of the input list -> the output leaves. The shape functions fill
+  ``templates`` (output structures) and the output counts, which Dynamo reads back as Python."""
+  import torch
+  counts: dict = {}   # input signature -> number of outputs (the rest are residuals)
+
+  @torch.library.custom_op(f"{name}_fwd", mutates_args=(), schema="(Tensor[] args) -> Tensor[]")
+  def forward(args):
+    out, residuals = program_for(args, True).forward(args)
+    return unaliased(args, [*jax.tree.leaves(out), *residuals])
+
+  @forward.register_fake
+  def _(args):
+    sig = signature(args)
+    templates[sig], out_leaves = describe(sig)
+    counts[sig] = len(out_leaves)
+    _, _, _, res_shape = vjp_functions(fn, avals(args))
+    return [torch.empty(s.shape, dtype=_torch_dtype(s.dtype), device=args[0].device)
+            for s in [*out_leaves, *res_shape]]
+
+  @torch.library.custom_op(f"{name}_bwd", mutates_args=(),
+                           schema="(Tensor[] args, Tensor[] residuals, Tensor[] cts) -> Tensor[]")
+  def backward_op(args, residuals, cts):
+    grads = program_for(args, True).backward([*residuals, *cts])
+    return [g if g is not None else a.new_empty(0) for g, a in zip(grads, args)]
+
+  @backward_op.register_fake
+  def _(args, residuals, cts):
+    return [torch.empty_like(a) if a.is_floating_point() else a.new_empty(0) for a in args]
+
+  def setup_context(ctx, inputs, output):
+    (args,) = inputs
+    n_out = counts[signature(args)]
+    ctx.n_args, ctx.outs = len(args), [(o.shape, o.dtype) for o in output[:n_out]]
+    ctx.save_for_backward(*args, *output[n_out:])
+
+  def backward(ctx, grads):
+    saved = ctx.saved_tensors
+    args, residuals = saved[:ctx.n_args], saved[ctx.n_args:]
+    cts = [g if g is not None else torch.zeros(shape, dtype=dtype, device=args[0].device)
+           for g, (shape, dtype) in zip(grads, ctx.outs)]
+    in_grads = backward_op(list(args), list(residuals), cts)
+    return ([g if a.is_floating_point() else None for g, a in zip(in_grads, args)],)
+
+  forward.register_autograd(backward, setup_context=setup_context)
+
+  def apply(args):
+    flat = forward(args)
+    return flat[:counts[signature(args)]]
+  return apply
+
+
+def unaliased(args, outs):
+  """A custom op's outputs alias neither its inputs nor each other: copies where they would."""
+  seen = {t.data_ptr() for t in args}
+  result = []
+  for t in outs:
+    result.append(t.clone() if t.data_ptr() in seen else t)
+    seen.add(t.data_ptr())
+  return result
+
+
 @functools.cache
 def _function_class():
   import torch

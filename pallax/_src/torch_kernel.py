@@ -28,46 +28,56 @@ def as_torch_kernel(fn):
   torch = torch_rules._torch()
   programs: dict = {}   # (input signature, with gradients) -> _Program or Differentiated
 
+  def program_for(tensors, grad: bool):
+    key = (tuple((t.shape, t.dtype, t.device) for t in tensors), grad)
+    program = programs.get(key)
+    if program is None:   # a new signature: the inputs are checked here only
+      _check_inputs(fn, tensors)
+      avals, device = _avals(tensors), _device(tensors)
+      program = programs[key] = (torch_autograd.Differentiated(fn, avals, device, _Program)
+                                 if grad else _Program(fn, avals, device))
+    return program
+
   def run(tensors):
     try:
       grad = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-      program = programs[(tuple((t.shape, t.dtype, t.device) for t in tensors), grad)]
-    except (KeyError, AttributeError):   # a new signature, or not tensors: checked here only
-      _check_inputs(fn, tensors)
-      avals, device = _avals(tensors), _device(tensors)
-      program = (torch_autograd.Differentiated(fn, avals, device, _Program)
-                 if grad else _Program(fn, avals, device))
-      programs[(tuple((t.shape, t.dtype, t.device) for t in tensors), grad)] = program
-    return program(tensors)
+    except AttributeError:
+      _check_inputs(fn, tensors)   # not tensors: says which
+    return program_for(tensors, grad)(tensors)
 
   templates: dict = {}  # input signature -> output structure (_output_template), for compile
   op = _custom_op(fn, run, templates)
+  grad_op = torch_autograd.custom_grad_op(
+      fn, program_for, _op_name(fn, run), templates, _signature,
+      lambda signature: _output_template(fn, signature), _avals)
 
   @functools.wraps(fn)
   def call(*tensors):
     if not torch.compiler.is_compiling():
       return run(tensors)   # eagerly: no custom-op dispatch on every call
     _check_inputs(fn, tensors)
-    flat = op(list(tensors))   # torch.compile traces this op; its shape function fills templates
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+      flat = grad_op(list(tensors))   # a custom op with a registered backward
+    else:
+      flat = op(list(tensors))   # torch.compile traces this op; its shape function fills templates
     return _rebuild(templates[_signature(tensors)], flat)
   return call
+
+
+def _op_name(fn, run) -> str:
+  name = re.sub(r"\W", "_", getattr(fn, "__name__", "fn"))
+  return f"pallax::{name}_{id(run):x}"
 
 
 def _custom_op(fn, run, templates):
   """``run`` as a torch custom op on a list of tensors, with a fake (shape) implementation that
   also records the output structure in ``templates``."""
   torch = torch_rules._torch()
-  name = re.sub(r"\W", "_", getattr(fn, "__name__", "fn"))
-  name = f"pallax::{name}_{id(run):x}"
 
-  @torch.library.custom_op(name, mutates_args=(), schema="(Tensor[] args) -> Tensor[]")
+  @torch.library.custom_op(_op_name(fn, run), mutates_args=(),
+                           schema="(Tensor[] args) -> Tensor[]")
   def op(args):
-    seen = {t.data_ptr() for t in args}
-    outs = []
-    for t in jax.tree.leaves(run(args)):   # a custom op's outputs alias nothing
-      outs.append(t.clone() if t.data_ptr() in seen else t)
-      seen.add(t.data_ptr())
-    return outs
+    return torch_autograd.unaliased(args, jax.tree.leaves(run(args)))
 
   @op.register_fake
   def _(args):
