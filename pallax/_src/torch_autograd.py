@@ -13,6 +13,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from pallax._src import torch_rules
+
 
 def vjp_functions(fn, avals):
   """For inputs like ``avals``: ``(forward, backward, output shapes, residual shapes)`` with
@@ -65,7 +67,7 @@ def custom_grad_op(fn, program_for, name, templates, signature, describe, avals)
   its residuals, whose registered backward is a custom op ``<name>_bwd`` running the backward
   program. Returns a function of the input list -> the output leaves. The shape functions fill
   ``templates`` (output structures) and the output counts, which Dynamo reads back as Python."""
-  import torch
+  torch = torch_rules._torch()
   counts: dict = {}   # input signature -> number of outputs (the rest are residuals)
 
   @torch.library.custom_op(f"{name}_fwd", mutates_args=(), schema="(Tensor[] args) -> Tensor[]")
@@ -79,7 +81,7 @@ def custom_grad_op(fn, program_for, name, templates, signature, describe, avals)
     templates[sig], out_leaves = describe(sig)
     counts[sig] = len(out_leaves)
     _, _, _, res_shape = vjp_functions(fn, avals(args))
-    return [torch.empty(s.shape, dtype=_torch_dtype(s.dtype), device=args[0].device)
+    return [torch.empty(s.shape, dtype=torch_rules.torch_dtype(s.dtype), device=args[0].device)
             for s in [*out_leaves, *res_shape]]
 
   @torch.library.custom_op(f"{name}_bwd", mutates_args=(),
@@ -126,7 +128,7 @@ def unaliased(args, outs):
 
 @functools.cache
 def _function_class():
-  import torch
+  torch = torch_rules._torch()
 
   class PallaxFunction(torch.autograd.Function):
     @staticmethod
@@ -140,13 +142,8 @@ def _function_class():
     def backward(ctx, *cts):
       grads = ctx.grads
       cts = [c if c is not None else   # an output the loss did not use
-             torch.zeros(leaf.shape, dtype=_torch_dtype(leaf.dtype), device=grads.device)
+             torch.zeros(leaf.shape, dtype=torch_rules.torch_dtype(leaf.dtype), device=grads.device)
              for c, leaf in zip(cts, grads.out_leaves)]
       return (None, *grads.backward([*ctx.saved_tensors, *[c.contiguous() for c in cts]]))
 
   return PallaxFunction
-
-
-def _torch_dtype(dtype):
-  from pallax._src.torch_rules import torch_dtype
-  return torch_dtype(dtype)

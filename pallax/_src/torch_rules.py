@@ -7,7 +7,11 @@ import numpy as np
 
 
 def _torch():
-  import torch
+  try:
+    import torch
+  except ImportError as e:
+    raise ImportError("pallax.as_torch_kernel needs PyTorch (pip install torch); pallax itself "
+                      "does not depend on it") from e
   return torch
 
 
