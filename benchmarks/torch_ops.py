@@ -5,7 +5,9 @@ First the launch cost of a trivial kernel (``x + 1`` on 128 floats) from torch: 
 own ``kernel[grid](...)`` launcher, and ``torch.add``. Then JAX's shipped Pallas ops (imports
 switched to pallax) called with torch tensors against ``torch.softmax``, ``F.layer_norm``,
 ``F.rms_norm`` and ``F.scaled_dot_product_attention``, forward and forward+backward (through
-``torch.autograd``: the ops' custom_vjp backward kernels against torch's own). Each result is checked against torch's
+``torch.autograd``: the ops' custom_vjp backward kernels against torch's own); and JAX's
+warp-specialized Mosaic GPU attention (``attention_mgpu.py``, pallax's Gluon backend) against
+SDPA's flash and cuDNN backends. Each result is checked against torch's
 first; times are back-to-back wall time per call (``n`` calls, then one synchronize) and GPU time
 per call (the CUDA kernels' summed durations in a ``torch.profiler`` trace).
 """
@@ -31,6 +33,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import pallax as pl  # noqa: E402
 import jax_gpu_ops  # noqa: E402
+import mgpu_ops  # noqa: E402
 import triton_vs_pallas as tvp  # noqa: E402
 
 
@@ -129,12 +132,36 @@ def _cases(key):
   for causal in (False, True):
     mha = pl.as_torch_kernel(lambda a, bb, c, cz=causal: att.mha(
         a, bb, c, segment_ids=None, causal=cz, sm_scale=1 / 8))
-    sdpa = lambda a, bb, c, cz=causal: F.scaled_dot_product_attention(  # noqa: E731
-        a.transpose(1, 2), bb.transpose(1, 2), c.transpose(1, 2), is_causal=cz,
-        scale=1 / 8).transpose(1, 2)
     tag = f"{' causal' if causal else ''} 2x2048x8x64 f16"
-    yield f"mha fwd{tag}", mha, sdpa, (q, k, v)
-    yield f"mha fwd+bwd{tag}", _fwd_bwd(mha, dout), _fwd_bwd(sdpa, dout), (q, k, v)
+    yield f"mha fwd{tag}", mha, _sdpa(causal, 1 / 8), (q, k, v)
+    yield f"mha fwd+bwd{tag}", _fwd_bwd(mha, dout), _fwd_bwd(_sdpa(causal, 1 / 8), dout), (q, k, v)
+  # JAX's warp-specialized Mosaic GPU attention (plgpu kernels, pallax's Gluon backend)
+  am = mgpu_ops.load("attention_mgpu")
+  q, k, v, dout = (t((1, 4096, 16, 128), torch.float16) for _ in range(4))
+  for causal in (False, True):
+    cfg = am.TuningConfig(block_q=128, block_kv=128, max_concurrent_steps=2, causal=causal,
+                          block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
+    mgpu = pl.as_torch_kernel(lambda a, bb, c, cfg=cfg: am.attention(a, bb, c, cfg))
+    tag = f"{' causal' if causal else ''} 1x4096x16x128 f16"
+    for backend in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
+      ref = _sdpa(causal, 1.0, backend)   # JAX's attention_mgpu does not scale the logits
+      yield f"attention_mgpu fwd{tag} vs SDPA {backend}", mgpu, ref, (q, k, v)
+      yield (f"attention_mgpu fwd+bwd{tag} vs SDPA {backend}", _fwd_bwd(mgpu, dout),
+             _fwd_bwd(ref, dout), (q, k, v))
+
+
+def _sdpa(causal: bool, scale: float, backend: str = ""):
+  """torch's scaled_dot_product_attention on [batch, seq, heads, dim] tensors, with the given
+  backend (torch.nn.attention.SDPBackend) or torch's own choice."""
+  from torch.nn.attention import SDPBackend, sdpa_kernel
+
+  def f(q, k, v):
+    q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+    if not backend:
+      return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale).transpose(1, 2)
+    with sdpa_kernel(getattr(SDPBackend, backend)):
+      return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale).transpose(1, 2)
+  return f
 
 
 def main():
@@ -149,7 +176,12 @@ def main():
   lines += ["| op | max rel. diff vs torch | pallax GPU µs | torch GPU µs | GPU speed | "
             "pallax wall µs | torch wall µs | wall speed |", "|" + " --- |" * 8]
   for label, f, ref, args in _cases(jax.random.key(int(time.time()))):
-    got, want = f(*args).float(), ref(*args).float()
+    try:
+      got, want = f(*args).float(), ref(*args).float()
+    except Exception as e:   # one failing case does not stop the run: its row says why
+      lines.append(f"| {label} | failed: {type(e).__name__}: {str(e).splitlines()[0][:200]} |")
+      print(lines[-1], flush=True)
+      continue
     diff = float(((got - want).abs().max() / want.abs().max()).item())
     g = {"pallax": gpu_us(f, args), "torch": gpu_us(ref, args)}
     w = wall_us({"pallax": f, "torch": ref}, args, n=10, rounds=opts.rounds)

@@ -251,3 +251,68 @@ def test_a_training_step_under_torch_compile_matches_eager(device):
     lin.zero_grad()
   for c, e in zip(grads["compiled"], grads["eager"]):
     np.testing.assert_allclose(_np(c), _np(e), rtol=1e-5, atol=1e-6 * float(e.abs().max()))
+
+
+# --- Mosaic GPU kernels (plgpu, the Gluon backend) from torch ----------------------------------
+
+hopper = pytest.mark.skipif(not torch.cuda.is_available() or
+                            torch.cuda.get_device_capability() < (9, 0), reason="needs a Hopper GPU")
+
+
+def _jax_on(device, *tensors):
+  return [jax.device_put(np.asarray(_np(t)), jax.devices(device)[0]) for t in tensors]
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=hopper),
+                                    pytest.param("cpu", marks=pytest.mark.interpreter)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_plgpu_kernels_from_torch_match_the_interpreter(device, dtype):
+  """TMA in and out with a partial last block (host-side descriptors), and a K loop of wgmmas
+  with partial tiles, against the same kernels in pallax's interpreter."""
+  from test_mosaic_gpu_gluon import matmul, scale_rows
+  x = _rand((100, 64), dtype, device, 21)
+  a, b = _rand((100, 72), dtype, device, 22), _rand((72, 136), dtype, device, 23)
+  jdtype = {torch.float16: jnp.float16, torch.bfloat16: jnp.bfloat16}[dtype]
+  tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+  for fn, args in ((scale_rows, (x,)), (matmul, (a, b))):
+    got = pl.as_torch_kernel(fn)(*args)
+    want = np.asarray(fn(*[j.astype(jdtype) for j in _jax_on("cpu", *args)], interpret=True),
+                      np.float32)
+    assert got.dtype == dtype and got.device == args[0].device
+    # wgmma sums in float32 in its own order: elementwise, relative to the output's scale
+    scale = float(np.sqrt(np.mean(want.astype(np.float64) ** 2)))
+    np.testing.assert_allclose(_np(got), want, rtol=tol, atol=tol * scale, err_msg=fn.__name__)
+
+
+@hopper
+def test_jax_hopper_matmul_from_torch():
+  """JAX's warp-specialized matmul (imports switched), called with torch tensors: XLA's dot."""
+  from test_mosaic_gpu_hopper_matmul import config, hopper_matmul
+  hm = hopper_matmul(torch.cuda.get_device_properties(0).multi_processor_count)
+  cfg = config(hm, 128, 128, 64, 4, None, None, 0)
+  f = pl.as_torch_kernel(lambda a, b: hm.matmul(a, b, None, cfg))
+  a, b = _rand((1024, 512), torch.float16, "cuda", 24), _rand((512, 768), torch.float16, "cuda", 25)
+  want = jax.jit(lambda a, b: jnp.dot(a, b, precision=jax.lax.DotAlgorithmPreset.F16_F16_F32))(
+      *[j.astype(jnp.float16) for j in _jax_on("gpu", a, b)])
+  np.testing.assert_array_equal(_np(f(a, b)), np.asarray(want, np.float32))
+
+
+@hopper
+def test_jax_attention_mgpu_trains_from_torch():
+  """JAX's warp-specialized flash attention, forward and backward (its custom_vjp's plgpu
+  kernels) through torch.autograd, against the same functions in JAX on the GPU."""
+  from test_mosaic_gpu_attention import attention_module
+  am = attention_module()
+  cfg = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, block_q_dkv=64,
+                        block_kv_dkv=64, block_q_dq=64, block_kv_dq=64, causal=True)
+  attention = lambda q, k, v: am.attention(q, k, v, cfg)   # noqa: E731
+  q, k, v, do = (_rand((1, 256, 2, 64), torch.float16, "cuda", s) for s in range(26, 30))
+  jq, jk, jv, jdo = (j.astype(jnp.float16) for j in _jax_on("gpu", q, k, v, do))
+  out, pullback = jax.jit(lambda *a: jax.vjp(attention, *a))(jq, jk, jv)
+  want = [out, *jax.jit(pullback)(jdo)]
+  args = [t.clone().requires_grad_() for t in (q, k, v)]
+  got_out = pl.as_torch_kernel(attention)(*args)
+  got = [got_out, *torch.autograd.grad(got_out, args, do)]
+  for g, w in zip(got, want):   # the same kernels; the glue between them is torch's or XLA's
+    w = np.asarray(w, np.float32)
+    np.testing.assert_allclose(_np(g), w, rtol=2e-3, atol=2e-3 * float(np.abs(w).max()))

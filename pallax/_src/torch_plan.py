@@ -1,8 +1,8 @@
 """A traced function as a flat list of steps on torch tensors, prepared once per input signature
 so that a call does little more than launch: call-like equations (``jit``, ``custom_vjp_call``,
-...) are inlined, every pallas_call is compiled and bound to Triton's launcher, every other
-equation to its torch rule (``torch_rules.py``), and constants and literals are put on the device
-once. Values live in numbered slots."""
+...) are inlined, every pallas_call is compiled and bound to the device (``torch_launch.py``),
+every other equation to its torch rule (``torch_rules.py``), and constants and literals are put
+on the device once. Values live in numbered slots."""
 from __future__ import annotations
 
 import jax
@@ -68,12 +68,8 @@ class Plan:
   def _step(self, eqn, where):
     name = eqn.primitive.name
     if name == "pallas_call":
-      from pallax._src.interpret import eager
-      if eager.is_mosaic_gpu(eqn.params["params"]):
-        raise NotImplementedError(
-            f"as_torch_kernel({self.name}): Mosaic GPU kernels (plgpu.kernel) cannot be called "
-            "from torch yet; pallas_call kernels on the Triton backend can")
-      return Kernel(eqn, self.device)
+      from pallax._src import torch_launch
+      return torch_launch.Kernel(eqn, self.device)
     rule = torch_rules.RULES.get(name)
     if rule is None:
       where = ji.user_frame(eqn.source_info) or where or "an unknown line"
@@ -84,52 +80,6 @@ class Plan:
     if name in torch_rules.MULTIPLE_RESULTS:
       return lambda ins: list(rule(*ins, **params))
     return lambda ins: [rule(*ins, **params)]
-
-
-class Kernel:
-  """One pallas_call, compiled for the device's compute capability and launched by Triton's own
-  launcher on torch's current stream. Its arguments, in the order of the XLA launch: operands,
-  constants, outputs, hidden buffers."""
-
-  def __init__(self, eqn, device):
-    torch = torch_rules._torch()
-    from pallax._src.triton import codegen, compile as tcompile, launch
-    params = eqn.params["params"]
-    major, minor = torch.cuda.get_device_capability(device)
-    cc = major * 10 + minor
-    launch.check_compute_capability(cc, params.name)
-    ks = codegen.generate(params, cc)
-    self.run = tcompile.launchable_kernel(ks, cc, params.name)[ks.grid]
-    self.device = device
-    self.outs = [(tuple(v.aval.shape), torch_rules.torch_dtype(v.aval.dtype)) for v in eqn.outvars]
-    self.hidden = [(shape, torch_rules.torch_dtype(dtype), zeroed)
-                   for shape, dtype, zeroed in ks.hidden]
-    self.consts = [to_torch(a, device) for a in ks.constants]
-    self.aliased = {o: i for i, o in params.input_output_aliases}   # output -> input
-    # Triton launches on the current device: with several GPUs, make it the tensors' one.
-    self.on_device = (lambda: torch.cuda.device(device)) if torch.cuda.device_count() > 1 else None
-
-  def __call__(self, ins):
-    torch = torch_rules._torch()
-    ins = [aligned(t) for t in ins]
-    outs = [ins[self.aliased[k]].clone() if k in self.aliased else
-            torch.empty(shape, dtype=dtype, device=self.device)
-            for k, (shape, dtype) in enumerate(self.outs)]
-    hidden = [(torch.zeros if zeroed else torch.empty)(shape, dtype=dtype, device=self.device)
-              for shape, dtype, zeroed in self.hidden]
-    if self.on_device is None:
-      self.run(*ins, *self.consts, *outs, *hidden)
-    else:
-      with self.on_device():
-        self.run(*ins, *self.consts, *outs, *hidden)
-    return outs
-
-
-def aligned(t):
-  """``t`` contiguous and 16-byte aligned (what the compiled kernel assumes)."""
-  if not t.is_contiguous():
-    t = t.contiguous()
-  return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
 def to_torch(a, device):
