@@ -139,15 +139,16 @@ def _cases(key):
   am = mgpu_ops.load("attention_mgpu")
   q, k, v, dout = (t((1, 4096, 16, 128), torch.float16) for _ in range(4))
   for causal in (False, True):
-    cfg = am.TuningConfig(block_q=128, block_kv=128, max_concurrent_steps=2, causal=causal,
+    cfg = am.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2, causal=causal,
                           block_q_dkv=64, block_kv_dkv=64, block_q_dq=64, block_kv_dq=64)
     mgpu = pl.as_torch_kernel(lambda a, bb, c, cfg=cfg: am.attention(a, bb, c, cfg))
     tag = f"{' causal' if causal else ''} 1x4096x16x128 f16"
     for backend in ("FLASH_ATTENTION", "CUDNN_ATTENTION"):
       ref = _sdpa(causal, 1.0, backend)   # JAX's attention_mgpu does not scale the logits
       yield f"attention_mgpu fwd{tag} vs SDPA {backend}", mgpu, ref, (q, k, v)
-      yield (f"attention_mgpu fwd+bwd{tag} vs SDPA {backend}", _fwd_bwd(mgpu, dout),
-             _fwd_bwd(ref, dout), (q, k, v))
+      if not causal:   # JAX's kernel has no causal backward pass yet
+        yield (f"attention_mgpu fwd+bwd{tag} vs SDPA {backend}", _fwd_bwd(mgpu, dout),
+               _fwd_bwd(ref, dout), (q, k, v))
 
 
 def _sdpa(causal: bool, scale: float, backend: str = ""):

@@ -39,6 +39,12 @@ CASES = {
     "slice": (lambda x: x[1:5, 2:9:3], (F,)),
     "concatenate": (lambda x, y: jnp.concatenate([x, y], axis=1), (F, G)),
     "optimization_barrier": (lambda x, y: lax.optimization_barrier((x, y)), (F, G)),
+    "dot_general (batch and contracting dimensions)": (
+        lambda x, y: (x @ y.T, jnp.einsum("bqhd,bqhd->bhq", x.reshape(2, 3, 5, 2),
+                                           y.reshape(2, 3, 5, 2)),
+                      lax.dot_general(x.astype(jnp.bfloat16), y.astype(jnp.bfloat16),
+                                      (((1,), (1,)), ((), ())),
+                                      preferred_element_type=jnp.float32)), (F, G)),
     "captured constant, inner jit": (lambda x: jax.jit(lambda a: a * 2)(x) + np.arange(
         10, dtype=np.float32), (F,)),
 }

@@ -64,6 +64,22 @@ def _select_n(which, *cases):
   return torch.where(which.bool(), cases[1], cases[0])
 
 
+def _dot_general(x, y, *, dimension_numbers, preferred_element_type=None, **_):
+  """lax.dot_general as an einsum: batch dimensions, then x's free ones, then y's; computed in
+  the preferred type."""
+  (xc, yc), (xb, yb) = dimension_numbers
+  letters = iter("abcdefghijklmnopqrstuvwxyz")
+  xs = [next(letters) for _ in range(x.dim())]
+  ys = [next(letters) for _ in range(y.dim())]
+  for i, j in [*zip(xc, yc), *zip(xb, yb)]:
+    ys[j] = xs[i]
+  out = [xs[i] for i in xb] + [c for i, c in enumerate(xs) if i not in xc and i not in xb] + \
+      [c for j, c in enumerate(ys) if j not in yc and j not in yb]
+  if preferred_element_type is not None:
+    x, y = x.to(torch_dtype(preferred_element_type)), y.to(torch_dtype(preferred_element_type))
+  return _torch().einsum(f"{''.join(xs)},{''.join(ys)}->{''.join(out)}", x, y)
+
+
 def _reduce(name):
   def rule(x, *, axes, **_):
     torch = _torch()
@@ -103,7 +119,7 @@ RULES = {
     "squeeze": lambda x, *, dimensions: x.reshape([d for k, d in enumerate(x.shape)
                                                    if k not in dimensions]),
     "convert_element_type": lambda x, *, new_dtype, **_: x.to(torch_dtype(new_dtype)),
-    "pad": _pad, "slice": _slice, "select_n": _select_n,
+    "pad": _pad, "slice": _slice, "select_n": _select_n, "dot_general": _dot_general,
     "concatenate": lambda *xs, dimension: _torch().cat(xs, dim=dimension),
     "copy": lambda x: x.clone(), "copy_p": lambda x: x.clone(),
     "optimization_barrier": lambda *xs: xs,   # an XLA scheduling hint: values unchanged
