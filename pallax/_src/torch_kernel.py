@@ -33,6 +33,7 @@ def as_torch_kernel(fn):
     program = programs.get(key)
     if program is None:   # a new signature: the inputs are checked here only
       _check_inputs(fn, tensors)
+      _check_64_bit(fn, tensors)
       avals, device = _avals(tensors), _device(tensors)
       program = programs[key] = (torch_autograd.Differentiated(fn, avals, device, _Program)
                                  if grad else _Program(fn, avals, device))
@@ -56,6 +57,7 @@ def as_torch_kernel(fn):
     if not torch.compiler.is_compiling():
       return run(tensors)   # eagerly: no custom-op dispatch on every call
     _check_inputs(fn, tensors)
+    _check_64_bit(fn, tensors)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
       flat = grad_op(list(tensors))   # a custom op with a registered backward
     else:
@@ -120,6 +122,19 @@ def _avals(tensors):
   return [jax.ShapeDtypeStruct(tuple(t.shape), _jax_dtype(t.dtype)) for t in tensors]
 
 
+def _check_64_bit(fn, tensors):
+  """JAX traces 64-bit types as 32-bit ones unless jax_enable_x64 is set: the kernel would then
+  read a float64 or int64 tensor as 32-bit data."""
+  name = getattr(fn, "__name__", "fn")
+  for k, t in enumerate(tensors):
+    dtype = _jax_dtype(t.dtype)
+    if jax.dtypes.canonicalize_dtype(dtype) != dtype:
+      raise ValueError(
+          f"as_torch_kernel({name}): argument {k} is {t.dtype}, which JAX runs as a 32-bit type "
+          "unless 64-bit types are enabled: convert it (.float(), .int()), or enable them with "
+          "jax.config.update('jax_enable_x64', True) or the jax.enable_x64(True) context")
+
+
 def _check_inputs(fn, tensors):
   torch = torch_rules._torch()
   name = getattr(fn, "__name__", "fn")
@@ -149,6 +164,7 @@ class _Program:
     self.plan = None if device.type == "cpu" else \
         torch_plan.Plan(closed, device, getattr(fn, "__name__", "fn"))
     self.jitted = jax.jit(fn) if self.plan is None else None
+    self.x64 = jax.config.jax_enable_x64   # the interpreter traces again: as it was traced here
 
   def __call__(self, tensors):
     if self.plan is None:
@@ -158,9 +174,8 @@ class _Program:
 
   def _interpret(self, tensors):
     torch = torch_rules._torch()
-    args = [jax.dlpack.from_dlpack(t.detach().contiguous()) for t in tensors]
-    with jax.default_device(jax.devices("cpu")[0]):
-      outs = self.jitted(*args)
+    with jax.default_device(jax.devices("cpu")[0]), jax.enable_x64(self.x64):
+      outs = self.jitted(*[jax.dlpack.from_dlpack(t.detach().contiguous()) for t in tensors])
     return jax.tree.map(lambda a: torch.from_dlpack(a), outs)
 
 
