@@ -33,7 +33,7 @@ def as_torch_kernel(fn):
     program = programs.get(key)
     if program is None:   # a new signature: the inputs are checked here only
       _check_inputs(fn, tensors)
-      _check_64_bit(fn, tensors)
+      _check_64_bit(fn, [t.dtype for t in tensors])
       avals, device = _avals(tensors), _device(tensors)
       program = programs[key] = (torch_autograd.Differentiated(fn, avals, device, _Program)
                                  if grad else _Program(fn, avals, device))
@@ -57,7 +57,6 @@ def as_torch_kernel(fn):
     if not torch.compiler.is_compiling():
       return run(tensors)   # eagerly: no custom-op dispatch on every call
     _check_inputs(fn, tensors)
-    _check_64_bit(fn, tensors)
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
       flat = grad_op(list(tensors))   # a custom op with a registered backward
     else:
@@ -100,6 +99,7 @@ def _output_template(fn, signature):
   """(``fn``'s output structure with leaf k replaced by k: nested tuples, lists and dicts of
   ints, plain Python that torch.compile traces, where it cannot trace JAX; the output leaves'
   shapes and dtypes)."""
+  _check_64_bit(fn, [dtype for _, dtype in signature])   # under torch.compile: checked here
   avals = [jax.ShapeDtypeStruct(shape, _jax_dtype(dtype)) for shape, dtype in signature]
   leaves, tree = jax.tree.flatten(jax.eval_shape(fn, *avals))
   return jax.tree.unflatten(tree, list(range(len(leaves)))), leaves
@@ -122,17 +122,17 @@ def _avals(tensors):
   return [jax.ShapeDtypeStruct(tuple(t.shape), _jax_dtype(t.dtype)) for t in tensors]
 
 
-def _check_64_bit(fn, tensors):
+def _check_64_bit(fn, dtypes):
   """JAX traces 64-bit types as 32-bit ones unless jax_enable_x64 is set: the kernel would then
   read a float64 or int64 tensor as 32-bit data."""
   name = getattr(fn, "__name__", "fn")
-  for k, t in enumerate(tensors):
-    dtype = _jax_dtype(t.dtype)
+  for k, torch_dtype in enumerate(dtypes):
+    dtype = _jax_dtype(torch_dtype)
     if jax.dtypes.canonicalize_dtype(dtype) != dtype:
       raise ValueError(
-          f"as_torch_kernel({name}): argument {k} is {t.dtype}, which JAX runs as a 32-bit type "
-          "unless 64-bit types are enabled: convert it (.float(), .int()), or enable them with "
-          "jax.config.update('jax_enable_x64', True) or the jax.enable_x64(True) context")
+          f"as_torch_kernel({name}): argument {k} is {torch_dtype}, which JAX runs as a 32-bit "
+          "type unless 64-bit types are enabled: convert it (.float(), .int()), or enable them "
+          "with jax.config.update('jax_enable_x64', True) or the jax.enable_x64(True) context")
 
 
 def _check_inputs(fn, tensors):
