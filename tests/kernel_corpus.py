@@ -980,7 +980,7 @@ def _(interpret):
       interpret=interpret)(x, w))
 
 
-# --- exp on the GPU: ex2.approx.ftz (denormal results flush to 0) --------------------------------
+# --- exp on the GPU: a corrected ex2.approx.ftz (denormal results flush to 0) -------------------
 
 def _exp_kernel(x_ref, o_ref):
   x = x_ref[...]
@@ -990,7 +990,9 @@ def _exp_kernel(x_ref, o_ref):
 
 def _exp_args(k):
   x = jnp.clip(jax.random.normal(k, (300,), jnp.float32) * 20, -110, 80)
-  return (x.at[2].set(-jnp.inf).at[3].set(-100.0),)              # exp: 0 and a denormal
+  # exp: 0 and a denormal; +inf, the largest finite result, overflow, NaN
+  return (x.at[2].set(-jnp.inf).at[3].set(-100.0).at[4].set(jnp.inf).at[5].set(88.7)
+          .at[6].set(89.0).at[7].set(jnp.nan),)
 
 
 @case("exp_exp2_edges", _exp_args, tol=1e-5)

@@ -59,6 +59,17 @@ def _exp2(x):
 
 
 @triton.jit
+def _exp(x):
+    # exp(x) as 2**t with t = x*log2(e) rounded, corrected by the product's rounding error e:
+    # 2**(t+e) ~ 2**t * (1 + e*ln 2). The product alone loses about |x| ulps (64 near x = 88).
+    t = x * 1.4426950216293335
+    e = tl.fma(x, 1.4426950216293335, -t) + x * 1.925963033500011e-08
+    r = _exp2(t)
+    c = tl.fma(r, e * 0.6931471824645996, r)
+    return tl.where(c == c, c, r)   # infinite x or result: 2**t as it is (NaN stays NaN)
+
+
+@triton.jit
 def _max(a, b):
     # .to: Triton computes bf16 maxima in f32, and a reduction's combine must keep its type
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL).to(a.dtype)

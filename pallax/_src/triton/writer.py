@@ -18,7 +18,7 @@ TABLE: RuleTable = RuleTable({}, {})   # every Triton rule, registered by the mo
 rule = TABLE.register
 
 _PROLOGUE_NAMES = ("tl", "triton", "libdevice", "INF", "NAN", "range", "_and", "_or", "_mul",
-                   "_exp2", "_max", "_min", "_argmax", "_argmin")
+                   "_exp2", "_exp", "_max", "_min", "_argmax", "_argmin")
 
 
 @dataclasses.dataclass(frozen=True)
