@@ -341,8 +341,11 @@ def test_atomic_on_a_view_out_of_range_is_an_error():
 # --- the Triton code ----------------------------------------------------------------------------
 
 def _source(fun, *args) -> str:
+  """The generated kernel's own source (without the shared prologue of helper functions)."""
+  from pallax._src.triton.codegen import PROLOGUE
   [a] = plgpu.lower(fun, *args)
-  return a.source
+  assert a.source.startswith(PROLOGUE)
+  return a.source[len(PROLOGUE):]
 
 
 def test_triton_counts_negative_entries_from_the_end():
