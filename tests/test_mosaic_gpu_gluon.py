@@ -415,3 +415,11 @@ def test_vmap_on_the_gpu_matches_the_interpreter():
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)   # the GPU may fuse x * 3 + i (one FMA)
   np.testing.assert_allclose(got, np.asarray(x) * 3 + np.repeat(np.arange(3.0), 64), rtol=1e-6,
                              atol=1e-6)
+
+
+def test_gpus_before_hopper_are_pointed_to_the_interpreter():
+  from pallax._src.mosaic_gpu import backend
+  with pytest.raises(RuntimeError, match=r"need a Hopper GPU .* this one has 8\.6\. Run it in the "
+                                         r"interpreter instead: plgpu.kernel\(\.\.\., interpret=True\)"):
+    backend.check_compute_capability(86, "k")
+  backend.check_compute_capability(90, "k")   # Hopper passes

@@ -81,13 +81,8 @@ def _triton(params, cc, device):
 
 
 def _gluon(params, cc, device):
-  if cc < 90:
-    major, minor = divmod(cc, 10)
-    raise RuntimeError(
-        f"plgpu kernel {params.name}: Mosaic GPU kernels need a Hopper GPU (compute capability "
-        f"9.0) or newer, but this one has {major}.{minor}; call it with CPU tensors to run it in "
-        "the interpreter")
-  from pallax._src.mosaic_gpu import gluon_compile
+  from pallax._src.mosaic_gpu import backend, gluon_compile
+  backend.check_compute_capability(cc, params.name, "call it with CPU tensors")
   compiled, c = gluon_compile.launchable_kernel(params)
   descriptors = [(k, host) for k, host in enumerate(c.host_descriptors) if host is not None]
   return compiled, c.grid, [], [], descriptors

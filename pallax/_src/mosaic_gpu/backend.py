@@ -10,16 +10,20 @@ class _NoParams:
   """The backend is chosen by the kernel (threads, barriers, TMA), never by compiler params."""
 
 
-def _lowering(ctx, *args, params):
-  from pallax._src.mosaic_gpu import gluon_compile
-  from pallax._src.gpu.device import device_compute_capability
-  cc = device_compute_capability()
+def check_compute_capability(cc: int, name: str,
+                             instead: str = "plgpu.kernel(..., interpret=True)"):
   if cc < 90:
     major, minor = divmod(cc, 10)
     raise RuntimeError(
-        f"plgpu kernel {params.name}: Mosaic GPU kernels need a Hopper GPU (compute capability 9.0) "
+        f"plgpu kernel {name}: Mosaic GPU kernels need a Hopper GPU (compute capability 9.0) "
         f"or newer, but this one has {major}.{minor}. Run it in the interpreter instead: "
-        "plgpu.kernel(..., interpret=True).")
+        f"{instead}.")
+
+
+def _lowering(ctx, *args, params):
+  from pallax._src.mosaic_gpu import gluon_compile
+  from pallax._src.gpu.device import device_compute_capability
+  check_compute_capability(device_compute_capability(), params.name)
   return gluon_compile.gluon_lowering(ctx, *args, params=params)
 
 
