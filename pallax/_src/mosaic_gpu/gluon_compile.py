@@ -43,7 +43,7 @@ def _module_dir() -> str:
 @functools.lru_cache(maxsize=256)
 def _compile_source(name: str, source: str, signature: tuple, grid: tuple, num_warps: int,
                     host_descriptors: tuple = ()) -> Compiled:
-  k = _gluon_compile(name, source, signature, num_warps)
+  k = _gluon_compile(name, source, signature, num_warps)   # cached: torch launches it as is
   md = k.metadata
   return Compiled(name, source, k.asm["ttgir"], k.asm["ptx"], int(md.shared), int(md.num_warps),
                   int(getattr(md, "global_scratch_size", 0) or 0),
@@ -51,8 +51,10 @@ def _compile_source(name: str, source: str, signature: tuple, grid: tuple, num_w
                   tuple(getattr(md, "tensordesc_meta", None) or ()))
 
 
+@functools.lru_cache(maxsize=64)
 def _gluon_compile(name: str, source: str, signature: tuple, num_warps: int):
-  """``triton.compile`` of generated Gluon source: a triton CompiledKernel."""
+  """``triton.compile`` of generated Gluon source: a triton CompiledKernel (Gluon kernels are
+  few and large: keeping the last ones saves ``as_torch_kernel`` a second compile)."""
   import triton
   from triton.backends.compiler import GPUTarget
   from triton.experimental.gluon._runtime import GluonASTSource
@@ -75,17 +77,12 @@ def _gluon_compile(name: str, source: str, signature: tuple, num_warps: int):
                         target=GPUTarget("cuda", TARGET, 32), options={"num_warps": num_warps})
 
 
-@functools.lru_cache(maxsize=64)
-def _launchable(name: str, source: str, signature: tuple, num_warps: int):
-  return _gluon_compile(name, source, signature, num_warps)
-
-
 def launchable_kernel(params):
   """(the kernel as a triton CompiledKernel, for Triton's own launcher (``as_torch_kernel``), its
   ``Compiled`` description). Its pointer arguments must be 16-byte aligned."""
   gs = generate(params)
   c = compile_source(gs, params.name)   # checks shared memory
-  return _launchable(gs.name, gs.source, tuple(gs.signature.items()), gs.num_warps), c
+  return _gluon_compile(gs.name, gs.source, tuple(gs.signature.items()), gs.num_warps), c
 
 
 def compile_source(gs: GluonSource, kernel_name: str) -> Compiled:
