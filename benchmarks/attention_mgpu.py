@@ -64,8 +64,8 @@ def main():
         rel = lambda other: f"{dev[other] / dev[name]:.2f}x" if other in dev else "-"
         lines.append(
             f"| seq {seq} d {head_dim} {'causal' if causal else 'full'} | {block_kv} | {name} | "
-            f"{err[name]} | {dev[name] * 1e6:.1f} | {flops / dev[name] / 1e12:.0f} | "
-            f"{wall[name][0] * 1e6:.1f} | {rel('cudnn')} | {rel('jax_mosaic')} |")
+            f"{err[name]} | {tvp.time_columns(dev[name], wall[name][0], flops)} | "
+            f"{rel('cudnn')} | {rel('jax_mosaic')} |")
         print(lines[-1], flush=True)
   lines += ["", "Speed columns: cuDNN time / kernel time and JAX time / kernel time (above 1 is "
             "faster). Kernel time: summed GPU operations per call from a profiler trace (median of "

@@ -69,7 +69,7 @@ def main():
           jx = dev[name] / dev["jax_mosaic"] if "jax_mosaic" in dev else float("nan")
           lines.append(
               f"| {jnp.dtype(dtype).name} {m}x{k}x{n} | {cname} | {name} | {bad[name]} | "
-              f"{dev[name] * 1e6:.1f} | {flops / dev[name] / 1e12:.0f} | {wall[name][0] * 1e6:.1f} | "
+              f"{tvp.time_columns(dev[name], wall[name][0], flops)} | "
               f"{dev['cublas'] / dev[name]:.2f}x | {1 / jx:.2f}x |")
         print(lines[-1], flush=True)
   lines += ["", "Speed columns: cuBLAS time / kernel time and JAX time / kernel time (above 1 is "

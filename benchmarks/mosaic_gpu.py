@@ -93,7 +93,7 @@ def main():
       flops = 2 * m * n * k
       for name in fns:
         lines.append(f"| matmul {jnp.dtype(dtype).name} {m}x{k}x{n} | {name} | {errs[name]:.1e} | "
-                     f"{dev[name] * 1e6:.1f} | {flops / dev[name] / 1e12:.0f} | {wall[name][0] * 1e6:.1f} | "
+                     f"{tvp.time_columns(dev[name], wall[name][0], flops)} | "
                      f"{dev[name] / dev['cublas']:.2f}x |")
   lines += ["", "Kernel time: summed GPU operations per call from a profiler trace (median of 7 "
             "interleaved rounds of 10 calls); wall: back-to-back calls (median of 15 rounds of 10). "

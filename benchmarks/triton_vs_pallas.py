@@ -225,6 +225,11 @@ def device_times(fns: dict, args, n=10, rounds=7):
   return {k: float(np.median(v)) if v and min(v) > 0 else float("nan") for k, v in spans.items()}
 
 
+def time_columns(seconds: float, wall_seconds: float, flops: float) -> str:
+  """The table cells every kernel benchmark reports: kernel µs | TFLOP/s | wall µs."""
+  return f"{seconds * 1e6:.1f} | {flops / seconds / 1e12:.0f} | {wall_seconds * 1e6:.1f}"
+
+
 def checked_outputs(fns: dict, args, label: str) -> dict:
   """Each function's output as float32 NumPy. A function that fails is reported and dropped
   from ``fns`` (so that the timings skip it)."""
