@@ -25,6 +25,9 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "interpreter: about the interpreter's own behaviour, or uses what the Triton "
       "backend does not support; runs in the interpreter on every machine")
+  config.addinivalue_line(
+      "markers", "gluon_refuses(*why): the Gluon backend refuses a Mosaic GPU kernel of this "
+      "test with a NotImplementedError containing one of these words (see gluon_check.py)")
 
 
 def _on_gpu() -> bool:
@@ -68,13 +71,28 @@ def _backends(request, monkeypatch):
   interpreter_only = request.node.get_closest_marker("interpreter") is not None
   gpu = _on_gpu()
   failures = []
+  lowering = os.environ.get("PALLAX_TEST_LOWER", "1") != "0"
+  if not gpu and lowering:
+    import gluon_check
+    from pallax._src.interpret import eager
+    marker = request.node.get_closest_marker("gluon_refuses")
+    monkeypatch.setattr(eager, "run_kernel",
+                        gluon_check.checking(eager.run_kernel, failures, marker.args if marker else ()))
   if gpu and interpreter_only:
     # On the host CPU, so that their results are the CI's (a GPU's float32 dots may use tf32).
+    # Each Mosaic GPU kernel also runs on the GPU, compared with the interpreter.
+    choose = backends.choose
     monkeypatch.setattr(backends, "choose", lambda params, platform: None)
+    if lowering:
+      import gluon_check
+      from pallax._src.interpret import eager
+      monkeypatch.setattr(eager, "run_kernel", gluon_check.comparing(eager.run_kernel, failures, choose))
     with jax.default_device(jax.devices("cpu")[0]):
       yield
+    _exit_if_context_is_lost(request.node.nodeid)
+    assert not failures, "\n".join(dict.fromkeys(failures))
     return
-  elif not gpu and not interpreter_only and os.environ.get("PALLAX_TEST_LOWER", "1") != "0":
+  elif not gpu and not interpreter_only and lowering:
     def lowering_too(run):
       def wrapped(*args, params, **kw):
         why = _lower(params)

@@ -280,6 +280,7 @@ def test_copy_of_squeezed_integer_index_view():
   np.testing.assert_allclose(k(x), want, **EXACT)
 
 
+@pytest.mark.gluon_refuses('used whole')
 def test_size_one_dims_and_odd_sizes():
   x = rand(6, (1, 37, 1, 16))
 
@@ -384,6 +385,7 @@ def test_wgmma_with_smem_operands_in_run_scoped_acc(a_in, dtype):
 # the two pallax means is not settled, so no test pins either.
 
 
+@pytest.mark.gluon_refuses('a slice [0:16] of SMEM')
 def test_wgmma_transposed_b_view_accumulating_over_k():
   a, b, want = _mm_inputs()
   bt = np.ascontiguousarray(b.T)    # (N, K) in GMEM, used as b_smem.transpose((1, 0))
@@ -460,6 +462,7 @@ def test_run_state_body_writing_a_closed_over_ref():
 
 # --- layouts ---------------------------------------------------------------------------------
 
+@pytest.mark.gluon_refuses('a slice [8:24] of SMEM')
 def test_layout_cast_iota_and_load_with_layout_preserve_values():
   x = rand(16, (64, 32))
 
@@ -604,6 +607,7 @@ def test_find_swizzle_matches_jax():
 
 # --- copy groups, predicates, jit --------------------------------------------------------------
 
+@pytest.mark.gluon_refuses('register loads or stores of rank')
 def test_commit_group_false_then_commit_smem_to_gmem_group():
   x = rand(17, (2, 32, 16))
 
@@ -1096,6 +1100,7 @@ def test_tma_box_over_256_elements():
          scratch_shapes=[plgpu.SMEM((512, 16), jnp.float32), plgpu.Barrier()])
 
 
+@pytest.mark.gluon_refuses('at most 256 elements a dimension')
 def test_tma_box_over_256_elements_is_fine_when_tiled():
   x = rand(29, (512, 16))
 
@@ -1228,6 +1233,7 @@ def test_smem_starts_as_nan():
   assert np.isnan(np.asarray(k())).all()
 
 
+@pytest.mark.gluon_refuses('TMA reduce-stores')
 def test_copy_smem_to_gmem_with_reduction_add():
   x = rand(34, (24, 16))
 

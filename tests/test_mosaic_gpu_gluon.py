@@ -87,7 +87,7 @@ def test_what_the_gluon_backend_cannot_express_says_so():
     lax.fori_loop(0, 2, step, None)
   f = plgpu.kernel(scratch_in_a_loop, out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
                    num_threads=2, thread_name="wg")
-  with pytest.raises(NotImplementedError, match="allocations inside loops.*interpret=True"):
+  with pytest.raises(NotImplementedError, match="shared by the threads.*inside a loop.*interpret=True"):
     plgpu.lower(f)
 
   def dynamic_smem_slice(o_ref, smem):
@@ -97,6 +97,32 @@ def test_what_the_gluon_backend_cannot_express_says_so():
                    grid=(2,), grid_names=("m",), scratch_types=[plgpu.SMEM((16, 64), jnp.float32)])
   with pytest.raises(NotImplementedError, match="dynamic or strided slices of SMEM.*interpret=True"):
     plgpu.lower(g)
+
+
+def _rows(x_ref, o_ref, smem, bar):
+  """Blocks of ``smem.shape[0]`` rows through SMEM and back."""
+  i, rows = lax.axis_index("m"), smem.shape[0]
+  plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(i * rows, rows)], smem, bar)
+  plgpu.barrier_wait(bar)
+  plgpu.copy_smem_to_gmem(smem, o_ref.at[pl.ds(i * rows, rows)])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def copy_rows(x, rows):
+  return plgpu.kernel(_rows, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(x.shape[0] // rows,),
+                      grid_names=("m",), scratch_types=[plgpu.SMEM((rows, x.shape[1]), x.dtype),
+                                                        plgpu.Barrier()])(x)
+
+
+def test_shapes_that_are_not_powers_of_two_are_padded():
+  """A box spanning a whole dimension of 48 is padded to 64 (past the array's end, where TMA
+  fills zeros and drops stores); a block of 24 rows of 96 cannot be: its padding would be the
+  next block's rows."""
+  (k,) = plgpu.lower(copy_rows, jax.ShapeDtypeStruct((128, 48), jnp.float16), rows=64)
+  assert "gl.allocate_shared_memory(gl.float16, [64, 64]" in k.source
+  assert "mbarrier.expect(bar.index(0), 8192)" in k.source   # the padded box's bytes
+  with pytest.raises(NotImplementedError, match=r"pads the box to \(32, 64\).*dimension 0.*next block"):
+    plgpu.lower(copy_rows, jax.ShapeDtypeStruct((96, 48), jnp.float16), rows=24)
 
 
 def test_tma_rules_are_checked_when_lowering():

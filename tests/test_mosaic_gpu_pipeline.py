@@ -108,6 +108,7 @@ def quickstart_matmul(a, b, *, tile_m=64, tile_n=64, tile_k=64, max_concurrent_s
       grid=(m // tile_m, n // tile_n), grid_names=("m", "n"))(a, b)
 
 
+@pytest.mark.gluon_refuses('reads b in K-major order only')
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("max_concurrent_steps", [2, 3])
 def test_quickstart_matmul(dtype, max_concurrent_steps):
@@ -225,6 +226,7 @@ def test_partial_edge_blocks_zero_fill_reads_and_clip_writes():
                              atol=2 * 512 * 2.0**-24 * np.abs(padded).sum(axis=0).max())
 
 
+@pytest.mark.gluon_refuses("primitive 'scatter'")
 def test_init_carry_sees_every_step_in_row_major_order():
   # The carry records the grid indices of each step: 10 * i + j at position 3 * i + j.
   x = rand(12, (64, 96))
@@ -659,6 +661,7 @@ def ragged_dot(k):
   return out, lhs, rhs, sizes
 
 
+@pytest.mark.gluon_refuses('allocations inside loops or branches')
 def test_jax_ragged_dot_without_slot_reuse():
   # Two steps over K in two slots: no slot is refilled.
   out, lhs, rhs, sizes = ragged_dot(128)

@@ -11,6 +11,7 @@ import dataclasses
 import math
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -147,6 +148,32 @@ def _broadcast(a: tuple, b: tuple) -> tuple:
   if len(a) != len(b):
     return tuple(a if len(a) > len(b) else b)
   return tuple(x if y == 1 else y if x == 1 else min(x, y) for x, y in zip(a, b))
+
+
+def neutral(kind: str, dtype) -> Lit:
+  """The identity of a reduction ``kind`` in ``dtype``: what padded lanes become before one."""
+  dtype = np.dtype(dtype)
+  i32 = lambda n: Lit(n, dtype=np.dtype(np.int32))
+  if kind in ("sum", "or", "xor"):
+    return i32(0)
+  if kind == "and":   # all bits set
+    if dtype == np.bool_ or jnp.issubdtype(dtype, jnp.signedinteger):
+      return i32(1 if dtype == np.bool_ else -1)
+    return Lit(int(np.iinfo(dtype).max), dtype=dtype)
+  if kind == "prod":
+    return i32(1)
+  if jnp.issubdtype(dtype, jnp.floating):
+    return Lit(-np.inf if kind == "max" else np.inf, dtype=np.dtype(np.float32))
+  if dtype == np.bool_:
+    return i32(0 if kind == "max" else 1)
+  info = np.iinfo(dtype)
+  return Lit(int(info.min if kind == "max" else info.max), dtype=dtype)
+
+
+def untyped(lit: Lit) -> Token:
+  """A literal as a bare Python constant (+-inf as the prologue's INF): ``where`` keeps the
+  dtype of the value it is mixed with."""
+  return Token(literal_text(lit.value))
 
 
 # --- rendering ---------------------------------------------------------------------------------

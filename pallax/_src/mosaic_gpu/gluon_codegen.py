@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from pallax._src.gpu.legalize import legalize
 from pallax._src.mosaic_gpu import gluon_layouts as L
 
 TABLE = src.RuleTable({}, {})
+_PLACEHOLDER = re.compile(r"@(shape|zero) (\w+)@")
 rule = TABLE.register
 
 
@@ -108,6 +110,7 @@ class Writer(src.Source):
     self.registers = None                    # the running thread's set_max_registers
     self.pending_accs: list = []             # accumulators with a wgmma maybe in flight
     self.grouped_stores = False              # copy_smem_to_gmem(commit_group=False) seen
+    self.thread_name = None                  # the thread axis of a kernel with several threads
 
   def hoisted_barriers(self) -> list:
     return [r for refs in self.hoisted.values() for r in refs if isinstance(r, BarrierRef)]
@@ -156,7 +159,7 @@ class Writer(src.Source):
 
   def splat(self, x, shape: tuple, layout: str) -> ex.Name:
     """A tile of ``shape`` filled with scalar ``x``, in ``layout``."""
-    v = self.value(ex.call("gl.full", ex.Token(str(list(shape))), x, ex.Token(ex.dtype_name(x.dtype, "gl")),
+    v = self.value(ex.call("gl.full", ex.Token(str(list(L.padded(shape)))), x, ex.Token(ex.dtype_name(x.dtype, "gl")),
                            layout=ex.Token(layout), dtype=x.dtype, shape=shape), layout)
     if isinstance(v, ex.Name):
       self.remat[v.name] = lambda new: self.splat(x, shape, new)
@@ -193,16 +196,60 @@ class Writer(src.Source):
     if key in self.smem_layouts:
       self.smem_layouts[key][3 if registers else 2].add(rank)
 
-  def layout_text(self, text: str) -> str:
-    """A layout's source (an SMEM buffer's: of the lowest rank of its views)."""
-    if text not in self.smem_layouts:
-      return text
-    shape, dtype, ranks, exact = self.smem_layouts[text]
+  def smem_rank(self, key: str) -> int:
+    """The rank of an SMEM buffer's layout: that of the lowest-rank views (a leading dimension
+    beyond it is only ever indexed)."""
+    shape, _, ranks, exact = self.smem_layouts[key]
     rank = min(ranks | {len(shape)})
     if rank < len(shape) - 1 or max(ranks | {rank}) > rank + 1 or exact - {rank}:
       self.unsupported(f"SMEM views of ranks {sorted(ranks)} of one buffer of shape {list(shape)}, "
                        f"register loads or stores of rank {sorted(exact)} among them")
-    return L.shared(shape, dtype, max(1, rank))
+    return max(1, rank)
+
+  def layout_text(self, text: str) -> str:
+    """A layout's source (an SMEM buffer's: of the lowest rank of its views)."""
+    if text not in self.smem_layouts:
+      return text
+    shape, dtype, _, _ = self.smem_layouts[text]
+    return L.shared(shape, dtype, self.smem_rank(text))
+
+  def allocate_smem(self, name: str, shape: tuple, dtype) -> str:
+    """Allocates an SMEM buffer; returns its layout name. Its stored shape is written when its
+    views are known (``resolve``): the dimensions they keep padded, the others as they are."""
+    layout = self.smem_layout(name, shape, dtype)
+    self.emit(f"{name} = gl.allocate_shared_memory({ex.dtype_name(dtype, 'gl')}, @shape {name}@, {layout})")
+    self.emit(f"@zero {name}@")
+    return layout
+
+  def resolve(self, lines: list[str]) -> list[str]:
+    """``lines`` with the stored shapes of SMEM buffers written in; a padded buffer is zeroed
+    where it is allocated, so that its padding is zero until TMA or registers write it."""
+    out = []
+    for line in lines:
+      m = _PLACEHOLDER.search(line)
+      if m is None:
+        out.append(line)
+        continue
+      key = f"<smem {m.group(2)}>"
+      shape, dtype = self.smem_layouts[key][:2]
+      rank = self.smem_rank(key)
+      stored = tuple(shape[:-rank]) + L.padded(shape[-rank:])
+      if m.group(1) == "shape":
+        out.append(line.replace(m.group(0), str(list(stored))))
+      elif stored != tuple(shape):
+        indent = line[:m.start()]
+        out += [indent + z for z in self._zeroing(m.group(2), key, stored, rank)]
+    return out
+
+  def _zeroing(self, name: str, key: str, stored: tuple, rank: int) -> list[str]:
+    dtype = self.smem_layouts[key][1]
+    zeros = (f"gl.zeros({list(stored[-rank:])}, {ex.dtype_name(dtype, 'gl')}, "
+             f"layout={self.layout(L.blocked(stored[-rank:], dtype))})")
+    if len(stored) == rank:
+      lines = [f"{name}.store({zeros})"]
+    else:
+      lines = [f"for _s in gl.static_range({stored[0]}):", f"    {name}.index(_s).store({zeros})"]
+    return lines + ["hopper.fence_async_shared()"]   # before TMA writes the buffer
 
   def layout_of(self, e) -> str | None:
     return self.layouts.get(e.name) if isinstance(e, ex.Name) else None
@@ -215,8 +262,9 @@ class Writer(src.Source):
         raise NotImplementedError(
             f"TMA needs GMEM strides that are multiples of 16 bytes, but {ref.origin} of shape "
             f"{ref.shape} has a stride of {int(np.prod(ref.shape[k + 1:])) * itemsize} bytes")
-    L.check_shape(box, f"copies of {ref.origin}", "TMA boxes")
-    if box[-1] * itemsize < 16 or max(box) > 256:
+    _check_padded_box(ref, box)
+    padded = L.padded(box)
+    if padded[-1] * itemsize < 16 or max(padded) > 256:
       raise NotImplementedError(f"the TMA box {box} of {ref.origin}: at most 256 elements a "
                                 "dimension and rows of at least 16 bytes")
     if key not in self.descriptors:
@@ -225,7 +273,7 @@ class Writer(src.Source):
       self.descriptors[key] = name
       self.descriptor_lines[name] = (
           f"{name} = tma.make_tensor_descriptor({ref.ptr}, {list(ref.shape)}, {strides}, "
-          f"{list(box)}, {smem_layout})")
+          f"{list(padded)}, {smem_layout})")
       self.descriptor_layouts[name] = smem_layout
     return self.descriptors[key]
 
@@ -235,6 +283,19 @@ class Writer(src.Source):
 
   def unsupported(self, what: str):
     raise NotImplementedError(f"{what}: not supported by the Gluon backend yet")
+
+
+def _check_padded_box(ref: GmemRef, box: tuple):
+  """A TMA box is padded to powers of two (as its SMEM buffer is) only along dimensions it spans
+  whole: there the padding lies past the end of the array, where the hardware fills loads with
+  zeros and drops stores. Elsewhere it would read or overwrite the next block's data."""
+  for d, (b, n) in enumerate(zip(box, ref.shape)):
+    if not L.is_pow2(b) and b != n:
+      raise NotImplementedError(
+          f"copies of {ref.origin}: a TMA box of shape {tuple(box)} over an array of shape "
+          f"{tuple(ref.shape)}; Gluon pads the box to {L.padded(box)}, which in dimension {d} "
+          f"would reach into the next block. Use blocks whose sizes are powers of two, or that "
+          "span the whole dimension")
 
 
 def _grid_ids(gen: Writer, grid) -> list[ex.Expr]:
@@ -277,6 +338,7 @@ def generate(params) -> GluonSource:
                         _block_indexer(gen, bm, ids)))
   if threads:
     from pallax._src.mosaic_gpu import gluon_threads
+    gen.thread_name = info.thread_name
     gluon_threads.hoist(gen, jaxpr, info.thread_name, gluon_rules.allocate)
     main = gen.lines
     parts = gluon_threads.partitions(gen, jaxpr, [*ids, *refs], info)
@@ -319,7 +381,7 @@ def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
       continue
     (box, desc), = uses
     layout = gen.layout_text(gen.layout_key(gen.descriptor_layouts[desc])).removeprefix("gl.")
-    signature[desc] = f"tensordesc<{dtype}[{', '.join(map(str, box))}],{layout}>"
+    signature[desc] = f"tensordesc<{dtype}[{', '.join(map(str, L.padded(box)))}],{layout}>"
     del gen.descriptor_lines[desc]
     strides = tuple(int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape)))
     host.append((tuple(ref.shape), strides))
@@ -385,9 +447,10 @@ def _constexprs(gen: Writer) -> list[str]:
 
 
 def _module(gen: Writer, name: str, params: list[str]) -> str:
+  body = gen.resolve(gen.lines)
   lines = [_HEADER, "@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
   lines += [f"    {d}" for d in gen.descriptor_lines.values()]
-  lines += gen.lines
+  lines += body
   return "\n".join(lines) + "\n"
 
 
@@ -397,8 +460,9 @@ def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids
   shared = list(dict.fromkeys(
       params + list(gen.descriptors.values()) + [i.name for i in ids if isinstance(i, ex.Name)]
       + gen.hoisted_names()))
+  bodies, main = [gen.resolve(body) for body, _ in parts], gen.resolve(main)
   lines = [_HEADER]
-  for t, (body, _) in enumerate(parts):
+  for t, body in enumerate(bodies):
     lines += ["@gluon.jit", f"def {name}_t{t}({', '.join(shared)}):"] + _constexprs(gen)
     lines += body + ["    pass", ""]   # a thread may have nothing to do
   lines += ["@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)

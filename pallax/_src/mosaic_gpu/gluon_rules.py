@@ -1,5 +1,12 @@
 """Gluon rules, one per primitive of a Mosaic GPU kernel (one thread's code): ``rule(ctx,
-*operands, **params)`` as in ``gpu/source.py``. The Refs are the objects of ``gluon_codegen.py``."""
+*operands, **params)`` as in ``gpu/source.py``. The Refs are the objects of ``gluon_codegen.py``.
+
+Values and SMEM buffers whose shapes are not powers of two live in padded tensors (see
+``gluon_layouts.py``). What sits in the padding never reaches a result: reductions set it to their
+identity first; GMEM is written through masks or by TMA, which drops what lies past the array's
+end; and in SMEM it is zero (buffers start zeroed, register stores zero it, TMA fills it with
+zeros), so a wgmma whose K is padded adds nothing from it.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -25,6 +32,31 @@ def _i32(v) -> Lit:
 
 def _dtype(d) -> ex.Token:
   return ex.Token(ex.dtype_name(d, "gl"))
+
+
+def _shape(shape) -> ex.Token:
+  """A tensor's shape in Gluon source: the logical shape padded to powers of two."""
+  return ex.Token(str(list(L.padded(shape))))
+
+
+def _valid(gen, shape, layout: str, dims) -> ex.Expr | None:
+  """Whether each lane of a ``shape`` tile in ``layout`` lies inside the logical shape along
+  ``dims`` (None: those dimensions are not padded)."""
+  cond = None
+  for d in dims:
+    if L.is_pow2(shape[d]):
+      continue
+    inside = binary("<", _iota_in(gen, I32, tuple(shape), d, layout), _i32(shape[d]), dtype=np.dtype(np.bool_))
+    cond = inside if cond is None else binary("&", cond, inside, dtype=np.dtype(np.bool_))
+  return cond
+
+
+def _masked(gen, v, dims, fill: ex.Expr):
+  """``v`` with its padded lanes along ``dims`` set to ``fill``."""
+  cond = _valid(gen, v.shape, gen.layout_of(v), dims) if v.shape and gen.layout_of(v) else None
+  if cond is None:
+    return v
+  return gen.value(call("gl.where", cond, v, fill, dtype=v.dtype, shape=v.shape), gen.layout_of(v))
 
 
 # --- scalars and register tiles ----------------------------------------------------------------
@@ -132,20 +164,21 @@ def _exp(ctx, x, **_):
   return ctx.gen.value(call("gl.exp", x, dtype=x.dtype, shape=x.shape), ctx.gen.layout_of(x))
 
 
-def _reduce_rule(fn):
+def _reduce_rule(fn, kind: str):
   def lower(ctx, x, *, axes, **_):
     gen = ctx.gen
     if len(axes) != 1 or gen.layout_of(x) is None:
       gen.unsupported("reductions over several axes, or of values without a layout")
     (axis,) = axes
+    x = _masked(gen, x, [axis], ex.untyped(ex.neutral(kind, x.dtype)))
     layout = _slice_layout(gen, gen.layout_of(x), axis)
     return gen.value(call(fn, x, _i32(axis), dtype=ctx.out.dtype, shape=ctx.out.shape), layout)
   return lower
 
 
-rule(lax.reduce_max_p)(_reduce_rule("gl.max"))
-rule(lax.reduce_min_p)(_reduce_rule("gl.min"))
-rule(lax.reduce_sum_p)(_reduce_rule("gl.sum"))
+rule(lax.reduce_max_p)(_reduce_rule("gl.max", "max"))
+rule(lax.reduce_min_p)(_reduce_rule("gl.min", "min"))
+rule(lax.reduce_sum_p)(_reduce_rule("gl.sum", "sum"))
 
 _UNARY = {lax.exp_p: "gl.exp", lax.exp2_p: "gl.exp2", lax.log_p: "gl.log", lax.sqrt_p: "gl.sqrt",
           lax.rsqrt_p: "gl.rsqrt", lax.abs_p: "gl.abs"}
@@ -163,7 +196,7 @@ def _expand(gen, x, shape, dim: int, layout: str):
   """Vector ``x`` (in ``layout``'s slice along ``dim``) broadcast along ``dim`` to ``shape``."""
   e = call("gl.expand_dims", x, _i32(dim), dtype=x.dtype,
            shape=tuple(1 if d == dim else n for d, n in enumerate(shape)))
-  full = call("gl.full", ex.Token(str(list(shape))), _i32(0), _dtype(x.dtype), layout=ex.Token(layout),
+  full = call("gl.full", _shape(shape), _i32(0), _dtype(x.dtype), layout=ex.Token(layout),
               dtype=x.dtype, shape=tuple(shape))
   pair = gen.fresh("pair")
   gen.emit(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
@@ -200,7 +233,6 @@ def _slice_of(gen, x, dim: int, shape):
 def _broadcast(ctx, x, *, shape, broadcast_dimensions, **_):
   if x.shape:
     return _broadcast_tile(ctx, x, tuple(shape), tuple(broadcast_dimensions))
-  L.check_shape(shape, ctx.gen.kernel_name)
   return ctx.gen.splat(x, tuple(shape), ctx.gen.layout(L.blocked(shape, x.dtype)))
 
 
@@ -208,7 +240,6 @@ def _broadcast(ctx, x, *, shape, broadcast_dimensions, **_):
 def _iota(ctx, *, dtype, shape, dimension, **_):
   """``broadcasted_iota``: an ``arange`` along ``dimension``, broadcast over the others."""
   shape = tuple(shape)
-  L.check_shape(shape, ctx.gen.kernel_name)
   if len(shape) > 2:
     ctx.gen.unsupported("iotas of rank 3 or more")
   return _iota_in(ctx.gen, np.dtype(dtype), shape, dimension, ctx.gen.layout(L.blocked(shape, dtype)))
@@ -216,7 +247,7 @@ def _iota(ctx, *, dtype, shape, dimension, **_):
 
 def _iota_in(gen, dtype, shape, dimension: int, layout: str):
   lane = layout if len(shape) == 1 else _slice_layout(gen, layout, 1 - dimension)
-  e = call("gl.arange", _i32(0), _i32(shape[dimension]), layout=ex.Token(lane), dtype=I32,
+  e = call("gl.arange", _i32(0), _i32(L.padded(shape)[dimension]), layout=ex.Token(lane), dtype=I32,
            shape=(shape[dimension],))
   if dtype != I32:
     e = method(e, "to", _dtype(dtype), dtype=dtype)
@@ -232,8 +263,8 @@ def _iota_in(gen, dtype, shape, dimension: int, layout: str):
 def _half(gen, x, dim: int, upper: bool):
   """The lower or upper half of register tile ``x`` along ``dim``: Gluon has no slicing of
   registers, but splits a trailing dimension of 2 (reshape, move it last, split)."""
-  shape = list(x.shape)
-  split = shape[:dim] + [2, shape[dim] // 2] + shape[dim + 1:]
+  shape, padded = list(x.shape), list(L.padded(x.shape))
+  split = padded[:dim] + [2, padded[dim] // 2] + padded[dim + 1:]
   order = [d for d in range(len(shape) + 1) if d != dim] + [dim]
   pair = gen.fresh("halves")
   gen.emit(f"{pair} = {gen.render(x)}.reshape({split}).permute({tuple(order)}).split()")
@@ -283,7 +314,7 @@ def _slice(ctx, x, *, start_indices, limit_indices, strides):
     size = hi - lo
     if size == n:
       continue
-    if not (L._pow2(n) and L._pow2(size) and lo % size == 0):
+    if not (L.is_pow2(n) and L.is_pow2(size) and lo % size == 0):
       gen.unsupported(f"a slice [{lo}:{hi}] of a register tile's dimension of {n} (pieces of "
                       "a power-of-two size at multiples of it only)")
     while v.shape[d] > size:
@@ -442,6 +473,9 @@ for _p, _param in ((ji.jit_p, "jaxpr"), (ji.closed_call_p, "call_jaxpr"),
 def _run_scoped(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
   gen = ctx.gen
   refs = gen.hoisted.get(ctx.eqn)   # collective scratch of a thread: allocated before the split
+  if refs is None and gen.thread_name in ctx.eqn.params.get("collective_axes", ()):
+    gen.unsupported(f"scratch shared by the threads ({gen.thread_name!r}) allocated inside a loop "
+                    "or branch (allocate it in the kernel's straight-line code)")
   if refs is None:
     refs = [allocate(gen, t, v.aval.inner_aval) for t, v in zip(scratch_types, jaxpr.invars[num_consts:])]
   return gen.lower_jaxpr(jaxpr, [*consts, *refs])
@@ -452,7 +486,7 @@ def allocate(gen, kind, aval):
   if isinstance(kind, mc.WGMMAAccumulatorRef):
     layout = gen.layout(L.wgmma(shape[1], gen.mma_bits))
     name = gen.fresh("acc")
-    gen.emit(f"{name} = gl.zeros({list(shape)}, {ex.dtype_name(dtype, 'gl')}, layout={layout})")
+    gen.emit(f"{name} = gl.zeros({list(L.padded(shape))}, {ex.dtype_name(dtype, 'gl')}, layout={layout})")
     gen.accs.append(AccRef(name, shape, layout))
     return gen.accs[-1]
   if gen.depth != 1:
@@ -468,8 +502,7 @@ def allocate(gen, kind, aval):
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
     stored = shape if len(shape) <= 3 else (int(np.prod(shape[:-2])),) + shape[-2:]
     name = gen.fresh("smem")
-    layout = gen.smem_layout(name, stored, dtype)
-    gen.emit(f"{name} = gl.allocate_shared_memory({ex.dtype_name(dtype, 'gl')}, {list(stored)}, {layout})")
+    layout = gen.allocate_smem(name, stored, dtype)
     return SmemRef(name, shape, dtype, layout, L.swizzle(shape[-2:], dtype),
                    lead=shape[:-2] if len(shape) > 3 else ())
   gen.unsupported(f"scratch of type {kind}")
@@ -572,9 +605,9 @@ def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int):
   """Swizzled SMEM splits at whole swizzle atoms only: along rows in groups of 8, along the
   last dimension in whole swizzle widths (16 bytes when not swizzled); and a slice starts at a
   multiple of its own size (Gluon's subslices are aligned tiles)."""
-  if start % size:
+  if start % size or not L.is_pow2(size):
     gen.unsupported(f"a slice [{start}:{start + size}] of SMEM that does not start at a multiple "
-                    f"of its size {size}")
+                    f"of its size {size}, or whose size is not a power of two")
   if from_end == 1:
     atom = max(ref.swizzle, 16) // ref.dtype.itemsize
     what = f"{atom} elements (its {ref.swizzle}-byte swizzle)"
@@ -619,10 +652,10 @@ def _box_view(gen, smem: SmemRef, box) -> tuple[str, str]:
     return smem.text, smem.layout
   if tuple(box) == tuple(smem.shape):   # the buffer's layout may have a lower rank (its views')
     layout = gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
-    return f"{smem.text}._reinterpret({ex.dtype_name(smem.dtype, 'gl')}, {list(box)}, {layout})", layout
+    return f"{smem.text}._reinterpret({ex.dtype_name(smem.dtype, 'gl')}, {list(L.padded(box))}, {layout})", layout
   if tuple(d for d in box if d != 1) != tuple(d for d in smem.shape if d != 1):
     gen.unsupported(f"a TMA box {tuple(box)} for an SMEM buffer of shape {smem.shape}")
-  return f"{smem.text}.reshape({list(box)})", gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
+  return f"{smem.text}.reshape({list(L.padded(box))})", gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
 
 
 def _barrier_view(gen, ref: BarrierRef, transforms) -> BarrierRef:
@@ -652,9 +685,10 @@ def _slice_layout(gen, layout: str, dim: int) -> str:
   return name
 
 
-def _gmem_pointers(gen, ref: GmemRef, transforms) -> tuple[ex.Name, tuple, str | None]:
-  """(the pointer tensor of a GMEM view, the view's shape, its layout): register accesses of
-  GMEM read or write whole views; the interpreter checks their bounds."""
+def _gmem_pointers(gen, ref: GmemRef, transforms) -> tuple[ex.Name, tuple, str | None, ex.Expr | None]:
+  """(the pointer tensor of a GMEM view, the view's shape, its layout, the mask of its padded
+  lanes or None): register accesses of GMEM read or write whole views; the interpreter checks
+  their bounds."""
   gen.pointer_uses.add(ref.ptr)
   rank = len(ref.shape)
   strides = [int(np.prod(ref.shape[k + 1:])) for k in range(rank)]
@@ -681,24 +715,23 @@ def _gmem_pointers(gen, ref: GmemRef, transforms) -> tuple[ex.Name, tuple, str |
   shape = tuple(sizes)
   ptr = gen.bind(ex.binary("+", ex.Name(ref.ptr, dtype=ref.dtype), offset), "ptr")
   if not shape:
-    return ptr, shape, None
-  L.check_shape(shape, gen.kernel_name)
+    return ptr, shape, None, None
   if len(shape) > 2:
     gen.unsupported("register accesses of GMEM views of rank 3 or more")
   layout = gen.layout(L.blocked(shape, ref.dtype))
   for j, (d, n) in enumerate(zip(dims, shape)):
     lane = layout if len(shape) == 1 else _slice_layout(gen, layout, 1 - j)
-    ar = call("gl.arange", _i32(0), _i32(n), layout=ex.Token(lane), dtype=I32, shape=(n,))
+    ar = call("gl.arange", _i32(0), _i32(ex.pow2(n)), layout=ex.Token(lane), dtype=I32, shape=(n,))
     if len(shape) == 2:
       ar = call("gl.expand_dims", ar, _i32(1 - j), dtype=I32, shape=(n, 1) if j == 0 else (1, n))
     ptr = gen.bind(ex.binary("+", ptr, ex.mul(gen.bind(ar, "offs"), strides[d])), "ptrs")
-  return ptr, shape, layout
+  return ptr, shape, layout, _valid(gen, shape, layout, range(len(shape)))
 
 
 def _to_layout(gen, v, layout, shape, dtype):
   """``v`` as a tensor of ``shape`` in ``layout`` (a scalar is broadcast)."""
   if not v.shape:
-    return gen.value(call("gl.full", ex.Token(str(list(shape))), v, _dtype(dtype),
+    return gen.value(call("gl.full", _shape(shape), v, _dtype(dtype),
                           layout=ex.Token(layout), dtype=dtype, shape=shape), layout)
   if gen.layout_of(v) not in (None, layout):
     return _convert_layout(gen, v, layout)
@@ -722,13 +755,13 @@ def _get(ctx, *invals, **_):
     return a.ref.value
   if isinstance(a.ref, GmemRef):
     gen.read.add(a.ref.ptr)
-    ptrs, shape, layout = _gmem_pointers(gen, a.ref, a.transforms)
-    return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape), layout)
+    ptrs, shape, layout, mask = _gmem_pointers(gen, a.ref, a.transforms)
+    masks = {} if mask is None else {"mask": mask}
+    return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape, **masks), layout)
   if not isinstance(a.ref, SmemRef):
     gen.unsupported(f"register loads from {a.ref}")
   view = _smem_view(gen, a.ref, a.transforms)
   gen.note_view(a.ref.layout, len(view.shape), registers=True)
-  L.check_shape(view.shape, gen.kernel_name)
   layout = gen.layout(L.blocked(view.shape, view.dtype))
   smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
   return gen.value(method(smem, "load", ex.Token(layout)), layout)
@@ -746,20 +779,21 @@ def _swap(ctx, ref, value, *leaves, **_):
   if ctx.is_used(0):
     gen.unsupported("using the old value of a store")
   if isinstance(a.ref, GmemRef):
-    ptrs, shape, layout = _gmem_pointers(gen, a.ref, a.transforms)
+    ptrs, shape, layout, mask = _gmem_pointers(gen, a.ref, a.transforms)
     if shape:
       value = _to_layout(gen, value, layout, shape, a.ref.dtype)
-    gen.emit(f"gl.store({gen.render(ptrs)}, {gen.render(value)})")
+    masks = "" if mask is None else f", mask={gen.render(mask)}"
+    gen.emit(f"gl.store({gen.render(ptrs)}, {gen.render(value)}{masks})")
     return None
   if not isinstance(a.ref, SmemRef):
     gen.unsupported(f"register stores to {a.ref}")
   view = _smem_view(gen, a.ref, a.transforms)
   gen.note_view(a.ref.layout, len(view.shape), registers=True)
   if not value.shape:
-    L.check_shape(view.shape, gen.kernel_name)
     layout = gen.layout(L.blocked(view.shape, view.dtype))
-    value = gen.value(call("gl.full", ex.Token(str(list(view.shape))), value, _dtype(view.dtype),
+    value = gen.value(call("gl.full", _shape(view.shape), value, _dtype(view.dtype),
                            layout=ex.Token(layout), dtype=view.dtype, shape=view.shape), layout)
+  value = _masked(gen, value, range(len(view.shape)), _i32(0))   # SMEM padding stays zero
   gen.emit(f"{view.text}.store({gen.render(value)})")
   return None
 
@@ -791,7 +825,9 @@ def _tma(gen, smem_ref, gmem_ref):
   starts, box = _gmem_coords(gen, *gmem_ref)
   text, layout = _box_view(gen, smem, box)
   coords = ", ".join(gen.render(s) for s in starts)
-  return text, gen.descriptor(gmem_ref[0], box, layout), coords, int(np.prod(box)) * smem.dtype.itemsize
+  # The hardware counts the whole (padded) box's bytes, the zeros past the array's end too.
+  nbytes = int(np.prod(L.padded(box))) * smem.dtype.itemsize
+  return text, gen.descriptor(gmem_ref[0], box, layout), coords, nbytes
 
 
 @rule(mp.copy_gmem_to_smem_p)
@@ -884,7 +920,7 @@ def _wgmma(ctx, *invals, trees):
     gen.unsupported("wgmma into a view of an accumulator")
   b_view = _smem_view(gen, *b)
   if a is None:   # a register operand: in the layout wgmma reads registers in
-    value = rest[0]
+    value = _masked(gen, rest[0], [1], _i32(0))   # padding along K adds nothing
     bits = value.dtype.itemsize * 8
     dot = gen.layout(f"gl.DotOperandLayout(operand_index=0, parent={gen.layout(L.wgmma(acc_ref.shape[1], bits))}, "
                      f"k_width={32 // bits})")

@@ -10,28 +10,9 @@ import numpy as np
 from jax import lax
 
 from pallax._src.gpu import expr as ex
-from pallax._src.gpu.expr import Lit, Token, call
+from pallax._src.gpu.expr import Token, call
 from pallax._src.triton import lang as tl
 from pallax._src.triton.writer import is_float, rule
-
-
-def neutral(kind: str, dtype) -> ex.Lit:
-  """The identity of a reduction ``kind`` in ``dtype``, for padded lanes."""
-  dtype = np.dtype(dtype)
-  if kind in ("sum", "or", "xor"):
-    return tl.i32(0)
-  if kind == "and":   # all bits set
-    if dtype == np.bool_ or jnp.issubdtype(dtype, jnp.signedinteger):
-      return tl.i32(1 if dtype == np.bool_ else -1)
-    return Lit(int(np.iinfo(dtype).max), dtype=dtype)
-  if kind == "prod":
-    return tl.i32(1)
-  if is_float(dtype):
-    return Lit(-np.inf if kind == "max" else np.inf, dtype=tl.F32)
-  if dtype == np.bool_:
-    return tl.i32(0 if kind == "max" else 1)
-  info = np.iinfo(dtype)
-  return Lit(int(info.min if kind == "max" else info.max), dtype=dtype)
 
 
 _REDUCE = {lax.reduce_sum_p: "sum", lax.reduce_max_p: "max", lax.reduce_min_p: "min",
@@ -39,12 +20,6 @@ _REDUCE = {lax.reduce_sum_p: "sum", lax.reduce_max_p: "max", lax.reduce_min_p: "
            lax.reduce_xor_p: "xor"}
 # combine functions of the prologue; max/min let NaN win, as lax does (tl.max would skip it)
 _COMBINE = {"max": "_max", "min": "_min", "and": "_and", "or": "_or", "prod": "_mul"}
-
-
-def _untyped(lit: ex.Lit) -> ex.Expr:
-  """The identity as a Python constant (+-inf as the prologue's INF): ``tl.where`` keeps the
-  value's dtype."""
-  return Token(ex.literal_text(lit.value))
 
 
 def _reduce_axis(x: ex.Expr, kind: str, a: int, shape) -> ex.Expr:
@@ -63,7 +38,7 @@ def _reduce_axis(x: ex.Expr, kind: str, a: int, shape) -> ex.Expr:
 def _reduce_rule(kind):
   def lower(ctx, x, axes, **_):
     axes = sorted(axes, reverse=True)
-    cur = ctx.gen.mask_padding(x, axes, _untyped(neutral(kind, x.dtype)))
+    cur = ctx.gen.mask_padding(x, axes, ex.untyped(ex.neutral(kind, x.dtype)))
     shape = list(x.shape)
     for a in axes:
       del shape[a]
@@ -82,7 +57,7 @@ def _arg_rule(kind):
   def lower(ctx, x, axes, index_dtype):
     (axis,) = axes
     # NaN-free here (legalized): tl.argmax's answer is lax's, the first extremum winning ties
-    cur = ctx.gen.mask_padding(x, [axis], _untyped(neutral(kind, x.dtype)))
+    cur = ctx.gen.mask_padding(x, [axis], ex.untyped(ex.neutral(kind, x.dtype)))
     e = call(f"tl.arg{kind}", cur, axis=tl.i32(axis), tie_break_left=True, dtype=tl.I32,
              shape=ctx.out.shape)
     return e if np.dtype(index_dtype) == np.int32 else tl.to(e, index_dtype)
@@ -98,7 +73,7 @@ _CUMULATIVE = {lax.cumsum_p: "sum", lax.cummax_p: "max", lax.cummin_p: "min", la
 
 def _cumulative_rule(kind):
   def lower(ctx, x, axis, reverse):
-    cur = ctx.gen.mask_padding(x, [axis], _untyped(neutral(kind, x.dtype))) if reverse else x
+    cur = ctx.gen.mask_padding(x, [axis], ex.untyped(ex.neutral(kind, x.dtype))) if reverse else x
     if kind in ("sum", "prod"):
       e = call(f"tl.cum{kind}", cur, axis=tl.i32(axis), reverse=reverse, dtype=x.dtype, shape=x.shape)
     else:

@@ -1,0 +1,118 @@
+"""Every Mosaic GPU kernel that the suite runs in the interpreter is also compiled by the Gluon
+backend for sm_90a (on any machine), so that a kernel the interpreter accepts but Gluon cannot
+lower shows up in CI, not on a user's GPU.
+
+A kernel may be refused only with a clear ``NotImplementedError`` (a construct the Gluon backend
+does not express yet, named with its line); its test lists that refusal with
+``@pytest.mark.gluon_refuses("words of the message")``. Anything else fails the test.
+"""
+from __future__ import annotations
+
+import traceback
+
+import numpy as np
+
+_lowered: dict = {}   # Params -> None (it lowers), or (refused, why)
+
+
+def lower(params):
+  """None if ``params``' kernel lowers to sm_90a PTX, else (a clean refusal?, why)."""
+  from pallax._src.mosaic_gpu import gluon_compile
+  try:
+    return _lowered[params]
+  except (KeyError, TypeError):
+    pass
+  try:
+    gluon_compile.compile_params(params)
+    why = None
+  except NotImplementedError as e:
+    why = (True, f"{type(e).__name__}: {e}")
+  except Exception as e:  # noqa: BLE001
+    where = traceback.extract_tb(e.__traceback__)[-1]
+    why = (False, f"{type(e).__name__}: {e} (raised at {where.filename}:{where.lineno})")
+  try:
+    _lowered[params] = why
+  except TypeError:
+    pass
+  return why
+
+
+def checking(run_kernel, failures: list, refusals):
+  """``eager.run_kernel`` that also lowers each Mosaic GPU kernel it ran (after the interpreter
+  accepted it) and records in ``failures`` what did not lower, unless ``refusals`` (substrings)
+  names it."""
+  def wrapped(params, args):
+    out = run_kernel(params, args)
+    from pallax._src.interpret import eager
+    if not eager.is_mosaic_gpu(params):
+      return out
+    why = lower(params)
+    if why is not None:
+      clean, text = why
+      if not (clean and any(r in text for r in refusals)):
+        failures.append(f"plgpu kernel {params.name} does not lower to Gluon: {text}")
+    return out
+  return wrapped
+
+
+# --- on a Hopper GPU: the same kernel, the same inputs, the interpreter's outputs ---------------
+
+# Per output dtype: (rtol, atol as a fraction of the output's largest magnitude). Loose enough for
+# wgmma's summation order and tf32 (float32 operands), far below what a wrong layout, a missed
+# wait or leaking padding produce.
+_TOLERANCE = {"float32": (5e-3, 5e-3), "float16": (4e-3, 4e-3), "bfloat16": (2e-2, 2e-2)}
+
+
+def run_on_gpu(params, args, choose) -> list:
+  """The outputs of ``params``' kernel compiled by the Gluon backend and run on the GPU
+  (``choose``: the backend chooser, which the test may have replaced)."""
+  import dataclasses
+
+  import jax
+  from pallax._src import backends
+  from pallax._src import pallas_call as pcall
+  gpu = jax.devices("gpu")[0]
+  params = dataclasses.replace(params, interpret=False)
+  chosen, backends.choose = backends.choose, choose
+  try:
+    with jax.default_device(gpu):
+      outs = jax.jit(lambda *a: pcall.pallas_call_p.bind(*a, params=params))(
+          *[jax.device_put(a, gpu) for a in args])
+      return [np.asarray(o) for o in outs]
+  finally:
+    backends.choose = chosen
+
+
+def compare(name: str, want: list, got: list) -> str | None:
+  """Why the GPU's outputs differ from the interpreter's (None: they agree). Elements the
+  interpreter left unwritten (its poison: NaN, the smallest integer) are not compared."""
+  for k, (w, g) in enumerate(zip(want, got)):
+    w, g = np.asarray(w), np.asarray(g)
+    if w.dtype.name in _TOLERANCE:
+      w32, g32 = w.astype(np.float32), g.astype(np.float32)
+      written = ~np.isnan(w32)
+      rtol, frac = _TOLERANCE[w.dtype.name]
+      scale = float(np.abs(w32[written]).max()) if written.any() else 0.0
+      bad = written & ~(np.abs(g32 - w32) <= frac * scale + rtol * np.abs(w32))
+    else:
+      poison = np.iinfo(w.dtype).min if np.issubdtype(w.dtype, np.integer) else None
+      bad = (w != g) & (w != poison) if poison is not None else w != g
+    if bad.any():
+      i = tuple(int(j) for j in np.argwhere(bad)[0])
+      return (f"plgpu kernel {name}: output {k} differs from the interpreter's at {bad.sum()} of "
+              f"{bad.size} elements, first at {i}: GPU {g[i]}, interpreter {w[i]}")
+  return None
+
+
+def comparing(run_kernel, failures: list, choose):
+  """``eager.run_kernel`` that also runs each Mosaic GPU kernel that the Gluon backend lowers on
+  the GPU, and records in ``failures`` where its outputs differ from the interpreter's."""
+  def wrapped(params, args):
+    out = run_kernel(params, args)
+    from pallax._src.interpret import eager
+    if eager.is_mosaic_gpu(params) and lower(params) is None:
+      why = compare(params.name, out, run_on_gpu(params, args, choose))
+      if why:
+        failures.append(why)
+    return out
+  return wrapped
