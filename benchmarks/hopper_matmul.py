@@ -33,49 +33,64 @@ CONFIGS = {   # name -> TuningConfig fields (JAX's test and tuning space, no clu
 }
 
 
+HEADER = ["| work | config | kernel | mismatches vs XLA | kernel time (µs) | TFLOP/s | wall per call (µs) | kernel time / cuBLAS | / JAX |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+NOTE = ("Speed columns: cuBLAS time / kernel time and JAX time / kernel time (above 1 is faster). "
+        "Mismatches: elements that differ from XLA's dot (f16: F16_F16_F32 preset, as JAX's test "
+        "compares).")
+
+
+def modules():
+  """(pallax's, JAX's) hopper_matmul_mgpu: the same source, its imports switched."""
+  import jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu as jax_hm
+  return mgpu_ops.load("hopper_matmul_mgpu", num_sms=jax.devices()[0].core_count), jax_hm
+
+
+def matmul_rows(hms, dtype, m, k, n, configs: dict) -> list[str]:
+  """One table row per (config, kernel) for ``a @ b`` of (m, k) x (k, n) in ``dtype``."""
+  ka, kb = jax.random.split(jax.random.key(m + n))
+  a = jax.random.normal(ka, (m, k), dtype)
+  b = jax.random.normal(kb, (k, n), dtype)
+  cublas = jax.jit(lambda x, y: jnp.dot(x, y, precision=jax.lax.DotAlgorithmPreset.F16_F16_F32
+                                        if dtype == jnp.float16 else None,
+                                        preferred_element_type=jnp.float32).astype(dtype))
+  ref = np.asarray(cublas(a, b), np.float32)
+  rows = []
+  for cname, fields in configs.items():
+    fns = {"cublas": cublas}
+    for kname, hm in zip(("pallax", "jax_mosaic"), hms):
+      cfg = hm.TuningConfig(**{**fields, "wg_dimension": hm.MatmulDimension(fields.get("wg_dimension", 1))})
+      fns[kname] = jax.jit(lambda x, y, hm=hm, cfg=cfg: hm.matmul(x, y, None, cfg))
+    outs = tvp.checked_outputs(fns, (a, b), cname)
+    bad = {name: int(np.sum(got != ref)) for name, got in outs.items()}
+    dev = tvp.device_times(fns, (a, b))
+    wall = tvp.time_calls(fns, (a, b))
+    for name in fns:
+      jx = dev[name] / dev["jax_mosaic"] if "jax_mosaic" in dev else float("nan")
+      rows.append(
+          f"| {jnp.dtype(dtype).name} {m}x{k}x{n} | {cname} | {name} | {bad[name]} | "
+          f"{tvp.time_columns(dev[name], wall[name][0], 2 * m * n * k)} | "
+          f"{dev['cublas'] / dev[name]:.2f}x | {1 / jx:.2f}x |")
+      print(rows[-1], flush=True)
+  return rows
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--small", action="store_true")
   ap.add_argument("--out", default=None)
   args = ap.parse_args()
-  import jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu as jax_hm
-  px_hm = mgpu_ops.load("hopper_matmul_mgpu", num_sms=jax.devices()[0].core_count)
+  hms = modules()
   device = jax.devices()[0].device_kind
   lines = [f"# JAX's hopper_matmul_mgpu: pallax (Gluon) vs JAX Mosaic GPU vs cuBLAS, {device}, "
-           f"{datetime.date.today()}", "",
-           "| work | config | kernel | mismatches vs XLA | kernel time (µs) | TFLOP/s | wall per call (µs) | kernel time / cuBLAS | / JAX |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           f"{datetime.date.today()}", ""] + HEADER
   sizes = [(1024, 1024, 1024)] if args.small else [(4096, 4096, 4096), (4096, 8192, 4096)]
+  configs = dict(list(CONFIGS.items())[:1]) if args.small else CONFIGS
   for dtype in (jnp.float16, jnp.bfloat16):
     for m, k, n in sizes:
-      ka, kb = jax.random.split(jax.random.key(m + n))
-      a = jax.random.normal(ka, (m, k), dtype)
-      b = jax.random.normal(kb, (k, n), dtype)
-      cublas = jax.jit(lambda x, y: jnp.dot(x, y, precision=jax.lax.DotAlgorithmPreset.F16_F16_F32
-                                            if dtype == jnp.float16 else None,
-                                            preferred_element_type=jnp.float32).astype(dtype))
-      ref = np.asarray(cublas(a, b), np.float32)
-      for cname, fields in (list(CONFIGS.items())[:1] if args.small else CONFIGS.items()):
-        fns = {"cublas": cublas}
-        for kname, hm in (("pallax", px_hm), ("jax_mosaic", jax_hm)):
-          cfg = hm.TuningConfig(**{**fields, "wg_dimension": hm.MatmulDimension(fields.get("wg_dimension", 1))})
-          fns[kname] = jax.jit(lambda x, y, hm=hm, cfg=cfg: hm.matmul(x, y, None, cfg))
-        outs = tvp.checked_outputs(fns, (a, b), cname)
-        bad = {name: int(np.sum(got != ref)) for name, got in outs.items()}
-        dev = tvp.device_times(fns, (a, b))
-        wall = tvp.time_calls(fns, (a, b))
-        flops = 2 * m * n * k
-        for name in fns:
-          jx = dev[name] / dev["jax_mosaic"] if "jax_mosaic" in dev else float("nan")
-          lines.append(
-              f"| {jnp.dtype(dtype).name} {m}x{k}x{n} | {cname} | {name} | {bad[name]} | "
-              f"{tvp.time_columns(dev[name], wall[name][0], flops)} | "
-              f"{dev['cublas'] / dev[name]:.2f}x | {1 / jx:.2f}x |")
-        print(lines[-1], flush=True)
-  lines += ["", "Speed columns: cuBLAS time / kernel time and JAX time / kernel time (above 1 is "
-            "faster). Kernel time: summed GPU operations per call from a profiler trace (median of "
-            "interleaved rounds); wall: back-to-back calls. Mismatches: elements that differ from "
-            "XLA's dot (f16: F16_F16_F32 preset, as JAX's test compares)."]
+      lines += matmul_rows(hms, dtype, m, k, n, configs)
+  lines += ["", NOTE + " Kernel time: summed GPU operations per call from a profiler trace (median "
+            "of interleaved rounds); wall: back-to-back calls."]
   tvp.write_report(lines, args.out)
 
 

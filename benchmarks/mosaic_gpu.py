@@ -1,10 +1,15 @@
-"""The Mosaic GPU programming model on the GPU: one source, three implementations, one run.
+"""The Mosaic GPU programming model on the GPU, in one run: pallax (Gluon, sm_90a) against the
+same source on JAX's Mosaic GPU and against cuBLAS / cuDNN.
 
-The docs' one-warpgroup matmul (``plgpu.emit_pipeline`` over K, ``wgmma`` into an accumulator,
-TMA in and out) written once against a ``pl``/``plgpu`` pair, run on pallax (Gluon, sm_90a) and on
-JAX's Mosaic GPU, beside XLA's dot (cuBLAS). Kernel time from a profiler trace (the summed device
-operations of batches of calls, median of interleaved rounds) and back-to-back wall time per call.
-Every result is checked against XLA's product first.
+1. The docs' one-warpgroup matmul (``plgpu.emit_pipeline`` over K, ``wgmma`` into an accumulator,
+   TMA in and out), written once against a ``pl``/``plgpu`` pair.
+2. JAX's warp-specialized ``hopper_matmul_mgpu`` (imports switched): bf16 8192^3 and fp16
+   4096x8192x4096, the configurations of ``hopper_matmul.py``.
+3. JAX's ``attention_mgpu`` (imports switched): fp16, batch 1, 16 heads, seq 4096, head dim 128,
+   causal and not, forward; and forward + backward (JAX has no causal backward).
+
+Kernel time from a profiler trace (the summed device operations of batches of calls, median of
+interleaved rounds) and back-to-back wall time per call. Every result is checked first.
 
 On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/mosaic_gpu.py [--small] [--out FILE]``.
 """
@@ -62,42 +67,73 @@ def pipeline_matmul(pl, plgpu, a, b, tile_m=128, tile_n=128, tile_k=64, stages=4
                      plgpu.ACC((tile_m, tile_n))])(a, b)
 
 
+PIPELINE_HEADER = ["| work | kernel | rel. error vs XLA | kernel time (µs) | TFLOP/s | wall per call (µs) | kernel time / cuBLAS |",
+                   "| --- | --- | --- | --- | --- | --- | --- |"]
+
+
+def pipeline_rows(pl, plgpu, dtype, m, k, n) -> list[str]:
+  import jax.experimental.pallas as jpl
+  import jax.experimental.pallas.mosaic_gpu as jplgpu
+  ka, kb = jax.random.split(jax.random.key(m + k))
+  a = jax.random.normal(ka, (m, k), jnp.float32).astype(dtype)
+  b = jax.random.normal(kb, (k, n), jnp.float32).astype(dtype)
+  fns = {"cublas": jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32).astype(x.dtype)),
+         "pallax": jax.jit(lambda x, y: pipeline_matmul(pl, plgpu, x, y)),
+         "jax_mosaic": jax.jit(lambda x, y: pipeline_matmul(jpl, jplgpu, x, y))}
+  ref = fns["cublas"](a, b)
+  outs = tvp.checked_outputs(fns, (a, b), f"{jnp.dtype(dtype).name} {m}x{k}x{n}")
+  errs = {name: tvp.rel_err(got, ref) for name, got in outs.items()}
+  dev = tvp.device_times(fns, (a, b))
+  wall = tvp.time_calls(fns, (a, b))
+  rows = []
+  for name in fns:
+    rows.append(f"| matmul {jnp.dtype(dtype).name} {m}x{k}x{n} | {name} | {errs[name]:.1e} | "
+                f"{tvp.time_columns(dev[name], wall[name][0], 2 * m * n * k)} | "
+                f"{dev[name] / dev['cublas']:.2f}x |")
+    print(rows[-1], flush=True)
+  return rows
+
+
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--small", action="store_true")
   ap.add_argument("--out", default=None)
+  ap.add_argument("--only", choices=("pipeline", "matmul", "attention"), default=None)
   args = ap.parse_args()
   import pallax as pl
   import pallax.mosaic_gpu as plgpu
-  import jax.experimental.pallas as jpl
-  import jax.experimental.pallas.mosaic_gpu as jplgpu
+  import attention_mgpu as attn_bench
+  import hopper_matmul as mm_bench
   device = jax.devices()[0].device_kind
-  lines = [f"# Mosaic GPU model: pallax (Gluon) vs JAX Mosaic GPU vs cuBLAS, {device}, "
-           f"{datetime.date.today()}", "",
-           "| work | kernel | rel. error vs XLA | kernel time (µs) | TFLOP/s | wall per call (µs) | kernel time / cuBLAS |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
-  sizes = [(1024, 1024, 1024)] if args.small else [(4096, 4096, 4096), (8192, 8192, 8192)]
-  for dtype in (jnp.bfloat16, jnp.float16):
-    for m, k, n in sizes:
-      ka, kb = jax.random.split(jax.random.key(m + k))
-      a = jax.random.normal(ka, (m, k), jnp.float32).astype(dtype)
-      b = jax.random.normal(kb, (k, n), jnp.float32).astype(dtype)
-      fns = {"cublas": jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32).astype(x.dtype)),
-             "pallax": jax.jit(lambda x, y: pipeline_matmul(pl, plgpu, x, y)),
-             "jax_mosaic": jax.jit(lambda x, y: pipeline_matmul(jpl, jplgpu, x, y))}
-      ref = fns["cublas"](a, b)
-      outs = tvp.checked_outputs(fns, (a, b), f"{jnp.dtype(dtype).name} {m}x{k}x{n}")
-      errs = {name: tvp.rel_err(got, ref) for name, got in outs.items()}
-      dev = tvp.device_times(fns, (a, b))
-      wall = tvp.time_calls(fns, (a, b))
-      flops = 2 * m * n * k
-      for name in fns:
-        lines.append(f"| matmul {jnp.dtype(dtype).name} {m}x{k}x{n} | {name} | {errs[name]:.1e} | "
-                     f"{tvp.time_columns(dev[name], wall[name][0], flops)} | "
-                     f"{dev[name] / dev['cublas']:.2f}x |")
-  lines += ["", "Kernel time: summed GPU operations per call from a profiler trace (median of 7 "
-            "interleaved rounds of 10 calls); wall: back-to-back calls (median of 15 rounds of 10). "
-            "The pallax kernel is the one-warpgroup Gluon subset (no warp specialization yet)."]
+  shapes = [(jnp.bfloat16, 1024, 1024, 1024)] if args.small else \
+      [(jnp.bfloat16, 8192, 8192, 8192), (jnp.float16, 4096, 8192, 4096)]
+  lines = [f"# Mosaic GPU kernels: pallax (Gluon) vs JAX Mosaic GPU vs cuBLAS/cuDNN, {device}, "
+           f"{datetime.date.today()}", ""]
+  if args.only in (None, "pipeline"):
+    lines += ["## One-warpgroup pipeline matmul (the docs' quickstart)", ""] + PIPELINE_HEADER
+    for dtype, m, k, n in shapes:
+      lines += pipeline_rows(pl, plgpu, dtype, m, k, n)
+    tvp.write_report(lines, args.out)
+  if args.only in (None, "matmul"):
+    lines += ["", "## JAX's hopper_matmul_mgpu (warp-specialized)", ""] + mm_bench.HEADER
+    hms = mm_bench.modules()
+    configs = dict(list(mm_bench.CONFIGS.items())[:1]) if args.small else mm_bench.CONFIGS
+    for dtype, m, k, n in shapes:
+      lines += mm_bench.matmul_rows(hms, dtype, m, k, n, configs)
+    lines += ["", mm_bench.NOTE]
+    tvp.write_report(lines, args.out)
+  if args.only in (None, "attention"):
+    lines += ["", "## JAX's attention_mgpu (warp-specialized), float16, batch 1, 16 heads", ""]
+    lines += attn_bench.HEADER
+    ams = attn_bench.modules()
+    seq = 1024 if args.small else 4096
+    for causal in (False, True):
+      for block_kv in (64, 128):
+        lines += attn_bench.attention_rows(ams, seq, 128, causal, block_kv)
+    lines += attn_bench.attention_rows(ams, seq, 128, False, 64, backward=True)
+    lines += ["", attn_bench.NOTE]
+  lines += ["", "Kernel time: summed GPU operations per call from a profiler trace (median of "
+            "interleaved rounds); wall: back-to-back calls."]
   tvp.write_report(lines, args.out)
 
 

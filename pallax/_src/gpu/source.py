@@ -96,6 +96,7 @@ class Source:
     self.enclosing_frame = None   # the user's line of the equation whose sub-jaxpr is lowered
     self.max_numel = 1
     self._live: set = set()
+    self._eqns: list = []          # the equations of the jaxpr being lowered
 
   # --- statements and names -----------------------------------------------------------------
   def emit(self, line: str):
@@ -153,9 +154,10 @@ class Source:
     def read(a):
       return self.literal(a.val, a.aval.dtype) if isinstance(a, ji.Literal) else env[a]
 
-    outer = self._live
+    outer = self._live, self._eqns
     self._live = {a for e in jaxpr.eqns for a in e.invars if isinstance(a, ji.Var)}
     self._live |= {a for a in jaxpr.outvars if isinstance(a, ji.Var)}
+    self._eqns = jaxpr.eqns
     for eqn in jaxpr.eqns:
       if self.skips(eqn):
         continue
@@ -163,8 +165,13 @@ class Source:
       outs = self._lower_eqn(eqn, [read(a) for a in eqn.invars])
       env.update(zip(eqn.outvars, outs))
     result = [read(a) for a in jaxpr.outvars]
-    self._live = outer
+    self._live, self._eqns = outer
     return result
+
+  def uses(self, var) -> list:
+    """The equations of the jaxpr being lowered that read ``var`` (a rule may choose how to
+    compute a value from how it is used)."""
+    return [e for e in self._eqns if any(a is var for a in e.invars)]
 
   def _lower_eqn(self, eqn, invals) -> list:
     for v in invals:

@@ -103,6 +103,7 @@ class Writer(src.Source):
     self.axes: dict = {}                     # axis name -> index expression
     self.slices: dict = {}                   # slice layout name -> (dim, parent layout name)
     self.mma_bits = 16                       # the operand width of the kernel's wgmmas
+    self.wgmma = False                       # whether the kernel has wgmmas
     self.stored: set = set()                 # GMEM operands written by TMA stores
     self.read: set = set()                   # GMEM operands read (TMA or registers)
     self.conversions: list = []              # (from, to, shape, line) of each layout conversion
@@ -324,7 +325,7 @@ def generate(params) -> GluonSource:
   axes = [(n, g) for n, g in zip(names, gm.grid)] + list(info.axis_env() if info else ())
   with ji.extend_axis_env_nd(axes):   # legalizing retraces lax.axis_index
     jaxpr = legalize(params.jaxpr, 90)
-  gen.mma_bits = _mma_bits(jaxpr)
+  gen.mma_bits, gen.wgmma = _mma_bits(jaxpr)
   ids = _grid_ids(gen, gm.grid)
   gen.axes = dict(zip(names, ids))
   if info is not None:
@@ -417,9 +418,10 @@ def layout_report(gen: Writer, kernel: str) -> str:
   return "\n".join(lines)
 
 
-def _mma_bits(jaxpr) -> int:
-  """The operand width of the kernel's wgmmas: it fixes the accumulators' layout (their
-  instruction shape), which must not change inside the loops that accumulate."""
+def _mma_bits(jaxpr) -> tuple[int, bool]:
+  """(the operand width of the kernel's wgmmas, whether it has any): the width fixes the
+  accumulators' layout (their instruction shape), which must not change inside the loops that
+  accumulate."""
   from pallax._src import jaxpr_util
   from pallax._src.mosaic_gpu import primitives as mp
   bits = set()
@@ -429,7 +431,7 @@ def _mma_bits(jaxpr) -> int:
       a = rest[0] if refs[1] is None else refs[1][0]
       dtype = a.aval.inner_aval.dtype if hasattr(a.aval, "inner_aval") else a.aval.dtype
       bits.add(np.dtype(dtype).itemsize * 8)
-  return bits.pop() if len(bits) == 1 else 16
+  return (min(bits) if len(bits) == 1 else 16), bool(bits)
 
 
 _HEADER = """from triton.experimental import gluon

@@ -347,12 +347,23 @@ def _layout_cast(ctx, x, *, new_layout):
   gen = ctx.gen
   if new_layout == mc.Layout.WGMMA and len(x.shape) == 2:
     layout = gen.layout(L.wgmma(x.shape[1], gen.mma_bits))
-  elif isinstance(new_layout, mc.ReducedLayout) and new_layout.layout == mc.Layout.WGMMA \
-      and new_layout.axes == (1,) and len(x.shape) == 1:
-    layout = _slice_layout(gen, gen.layout(L.wgmma(ROW_VECTOR_N, gen.mma_bits)), 1)
   else:
-    return x
+    layout = _wgmma_vector(gen, new_layout, x.shape)
+    if layout is None:
+      return x
   return _to_layout(gen, x, layout, x.shape, x.dtype)
+
+
+def _wgmma_vector(gen, layout, shape) -> str | None:
+  """``Layout.WGMMA.reduce(axis)`` of a vector as a Gluon slice layout (None: another layout):
+  a column vector (axis 1) sits in the same threads whatever the tile's width; a row vector
+  (axis 0) spans a tile as wide as itself."""
+  if not (isinstance(layout, mc.ReducedLayout) and layout.layout == mc.Layout.WGMMA
+          and layout.axes in ((0,), (1,)) and len(shape) == 1):
+    return None
+  (axis,) = layout.axes
+  n = ROW_VECTOR_N if axis == 1 else shape[0]
+  return _slice_layout(gen, gen.layout(L.wgmma(n, gen.mma_bits)), axis)
 
 
 @rule(prims.hint_p)
@@ -762,9 +773,32 @@ def _get(ctx, *invals, **_):
     gen.unsupported(f"register loads from {a.ref}")
   view = _smem_view(gen, a.ref, a.transforms)
   gen.note_view(a.ref.layout, len(view.shape), registers=True)
-  layout = gen.layout(L.blocked(view.shape, view.dtype))
+  layout = _vector_layout(ctx, view.shape) or gen.layout(L.blocked(view.shape, view.dtype))
   smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
   return gen.value(method(smem, "load", ex.Token(layout)), layout)
+
+
+def _vector_layout(ctx, shape) -> str | None:
+  """The layout to read a vector from SMEM in when it is only broadcast into tiles that wgmma
+  accumulators fill (softmax statistics in attention), or cast to a wgmma slice layout: a slice
+  of the accumulators' layout, so that no conversion through shared memory follows the load.
+  None: choose locally."""
+  gen = ctx.gen
+  uses = gen.uses(ctx.eqn.outvars[0])
+  if len(shape) != 1 or not uses or not gen.wgmma:
+    return None
+  if len(uses) == 1 and uses[0].primitive is mp.layout_cast_p:   # plgpu.load(..., layout=)
+    return _wgmma_vector(gen, uses[0].params["new_layout"], shape)
+  tiles = set()
+  for e in uses:
+    if e.primitive is not lax.broadcast_in_dim_p or len(e.params["shape"]) != 2:
+      return None
+    (new,) = {0, 1} - set(e.params["broadcast_dimensions"])
+    tiles.add((new, e.params["shape"][1]))
+  (dim, n), *others = tiles
+  if others or e.params["shape"][0] % (16 * L.WARPS):
+    return None
+  return _slice_layout(gen, gen.layout(L.wgmma(n, gen.mma_bits)), dim)
 
 
 @rule(ji.swap_p)
