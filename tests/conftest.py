@@ -8,6 +8,9 @@
 - Tests marked ``interpreter`` are about the interpreter's own behaviour (its checks, poison
   values, race detection, semaphores) or use features the Triton backend does not support; they
   always run in the interpreter.
+- Every Mosaic GPU (``plgpu``) kernel the interpreter runs is also compiled by the Gluon backend
+  for sm_90a on a CPU, and on a GPU run there and compared with the interpreter's outputs
+  (``gluon_check.py``).
 """
 import os
 import sys
