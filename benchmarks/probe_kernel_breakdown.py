@@ -43,10 +43,14 @@ def breakdown(fns: dict, args, n=10) -> dict:
   for e in events:
     if e.get("ph") == "X" and e.get("name", "").startswith("batch "):
       t0, t1 = e["ts"], e["ts"] + e["dur"]
-      per = collections.Counter()
-      for x in device:
-        if t0 <= x["ts"] < t1:
-          per[x["name"][:60]] += x["dur"] / n
+      inside = sorted((x for x in device if t0 <= x["ts"] < t1), key=lambda x: x["ts"])
+      count = collections.Counter(x["name"][:60] for x in inside)
+      seen, per = collections.Counter(), collections.Counter()
+      for x in inside:   # a name launched k times a call is told apart by its place: name#i
+        name = x["name"][:60]
+        k = count[name] // n
+        per[name if k <= 1 else f"{name}#{seen[name] % k}"] += x["dur"] / n
+        seen[name] += 1
       out[e["name"].split(" ", 1)[1]] = per
   return out
 

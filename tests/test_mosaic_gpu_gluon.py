@@ -1,10 +1,12 @@
 """The Gluon backend for one-warpgroup Mosaic GPU kernels: generated source and sm_90a PTX on any
 machine (``plgpu.lower``), and on a Hopper GPU the same results as the interpreter."""
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 import pytest
 from jax import lax
 
@@ -396,6 +398,10 @@ def test_threads_lower_to_warp_specialized_ptx():
   assert "gl.warp_specialize(" in k.source and "_t1(" in k.source
   assert "setmaxnreg" in k.ptx and all(s in k.ptx for s in PTX_MUST_HAVE[:2])
   assert k.num_warps == 8   # two warpgroups
+  # The producer holds no register tensors: its partition is one warp (Gluon pads the launch to
+  # whole warpgroups), so that its TMA copies and barrier operations need no cross-warp barrier.
+  assert re.search(r"gl\.warp_specialize\(.*\], \[1\], \[40\]\)", k.source)
+  assert "bar.sync \t1, 128" not in k.ptx and "bar.sync \t2, 128" not in k.ptx
 
 
 def test_the_interpreter_runs_the_producer_consumer_kernel():

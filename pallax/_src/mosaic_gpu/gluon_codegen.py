@@ -462,7 +462,7 @@ def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids
   shared = list(dict.fromkeys(
       params + list(gen.descriptors.values()) + [i.name for i in ids if isinstance(i, ex.Name)]
       + gen.hoisted_names()))
-  bodies, main = [gen.resolve(body) for body, _ in parts], gen.resolve(main)
+  bodies, main = [gen.resolve(body) for body, _, _ in parts], gen.resolve(main)
   lines = [_HEADER]
   for t, body in enumerate(bodies):
     lines += ["@gluon.jit", f"def {name}_t{t}({', '.join(shared)}):"] + _constexprs(gen)

@@ -3,7 +3,9 @@
 A ``plgpu`` kernel with ``num_threads=n`` runs one body in n warpgroups that branch on
 ``lax.axis_index(thread_name)``. Gluon runs each role as a partition function of
 ``gl.warp_specialize``: thread 0 the default partition (the kernel's 4 warps), threads 1..n-1
-workers of 4 warps each. The body is lowered once per thread with its index a literal, so the
+workers of 4 warps each, or of one warp where the thread holds no register tensors (a memory
+thread that only issues TMA copies and waits on barriers: Gluon brackets each copy and barrier
+operation with a barrier over the partition's warps, which one warp makes cheap). The body is lowered once per thread with its index a literal, so the
 writer's folding turns the thread's ``pl.when`` branches into straight code. Collective scratch
 (``run_scoped(..., collective_axes=thread)``: SMEM, barriers) is allocated once, before the
 split, and handed to every partition; each partition tracks its own barrier phases, as each
@@ -18,6 +20,7 @@ from pallax._src import primitives as prims
 from pallax._src.gpu import expr as ex
 
 WORKER_WARPS = 4
+SCALAR_WORKER_WARPS = 1
 DEFAULT_WORKER_REGISTERS = 232
 
 
@@ -37,8 +40,8 @@ def hoist(gen, jaxpr, thread_name, allocate) -> None:
       hoist(gen, p.get("jaxpr", p.get("call_jaxpr")), thread_name, allocate)
 
 
-def partitions(gen, jaxpr, args, info) -> list[tuple[list[str], int | None]]:
-  """(the statements, the register budget) of each thread's partition."""
+def partitions(gen, jaxpr, args, info) -> list[tuple[list[str], int | None, int]]:
+  """(the statements, the register budget, the warps) of each thread's partition."""
   out = []
   for t in range(info.num_threads):
     gen.lines, gen.registers = [], None
@@ -46,8 +49,10 @@ def partitions(gen, jaxpr, args, info) -> list[tuple[list[str], int | None]]:
     for ref in gen.hoisted_barriers():
       gen.emit(f"{ref.phase} = 0")   # each thread waits for its own phases
     gen.pending_accs = []
+    tensors = len(gen.layouts)
     gen.lower_jaxpr(jaxpr, args)
-    out.append((gen.lines, gen.registers))
+    scalar_only = len(gen.layouts) == tensors   # no register value got a layout
+    out.append((gen.lines, gen.registers, SCALAR_WORKER_WARPS if scalar_only else WORKER_WARPS))
   return out
 
 
@@ -55,6 +60,6 @@ def split(name: str, params: list[str], parts) -> list[str]:
   """The statement that runs the partitions (``gl.warp_specialize``)."""
   args = f"({', '.join(params)},)"
   fns = ", ".join(f"({name}_t{t}, {args})" for t in range(len(parts)))
-  warps = [WORKER_WARPS] * (len(parts) - 1)
-  regs = [r or DEFAULT_WORKER_REGISTERS for _, r in parts[1:]]
+  warps = [w for _, _, w in parts[1:]]
+  regs = [r or DEFAULT_WORKER_REGISTERS for _, r, _ in parts[1:]]
   return [f"    gl.warp_specialize([{fns}], {warps}, {regs})"]
