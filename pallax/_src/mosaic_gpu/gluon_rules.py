@@ -9,6 +9,8 @@ zeros), so a wgmma whose K is padded adds nothing from it.
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from jax import lax
 
@@ -853,15 +855,29 @@ def _end(gen, opened):
     gen.depth -= 1
 
 
-def _tma(gen, smem_ref, gmem_ref):
-  """(the SMEM side's expression, the descriptor, the box's coordinates, its bytes) of a copy."""
+TMA_MAX_BOX = 256   # elements along one dimension of a hardware TMA box
+
+
+def _tma(gen, smem_ref, gmem_ref) -> tuple[list, int]:
+  """The boxes of a copy, each (the SMEM side's expression, the descriptor, the coordinates),
+  and their bytes. A box longer than TMA's 256 elements along a leading dimension (a tiled SMEM
+  buffer, as Mosaic GPU copies it) is copied as boxes of 256 along it, into slices of the
+  buffer."""
   smem = _smem_view(gen, *smem_ref)
   starts, box = _gmem_coords(gen, *gmem_ref)
   text, layout = _box_view(gen, smem, box)
-  coords = ", ".join(gen.render(s) for s in starts)
+  padded = L.padded(box)
+  piece = tuple(TMA_MAX_BOX if p > TMA_MAX_BOX and d < len(box) - 1 else b
+                for d, (p, b) in enumerate(zip(padded, box)))
+  pieces = []
+  for offsets in itertools.product(*(range(0, p, q) for p, q in zip(padded, L.padded(piece)))):
+    view = text + "".join(f".slice({o}, {q}, dim={d})"
+                          for d, (o, q, p) in enumerate(zip(offsets, piece, padded)) if q < p)
+    coords = ", ".join(gen.render(gen.bind(ex.add(s, _i32(o)), "c") if o else s)
+                       for s, o in zip(starts, offsets))
+    pieces.append((view, gen.descriptor(gmem_ref[0], piece, layout), coords))
   # The hardware counts the whole (padded) box's bytes, the zeros past the array's end too.
-  nbytes = int(np.prod(L.padded(box))) * smem.dtype.itemsize
-  return text, gen.descriptor(gmem_ref[0], box, layout), coords, nbytes
+  return pieces, int(np.prod(padded)) * smem.dtype.itemsize
 
 
 @rule(mp.copy_gmem_to_smem_p)
@@ -874,13 +890,14 @@ def _copy_gmem_to_smem(ctx, *invals, **params):
     raise NotImplementedError("copy_gmem_to_smem needs a barrier on Hopper")
   if not isinstance(src[0], GmemRef) or not isinstance(dst[0], SmemRef):
     raise ValueError("copy_gmem_to_smem copies from GMEM to SMEM")
-  target, desc, coords, nbytes = _tma(gen, dst, src)
+  pieces, nbytes = _tma(gen, dst, src)
   gen.read.add(src[0].ptr)
   barrier = _barrier_view(gen, *bar)
   b = f"{barrier.name}.index({gen.render(barrier.index)})"
   opened = _predicated(gen, ctx.eqn, rest)
-  gen.emit(f"mbarrier.expect({b}, {nbytes})")
-  gen.emit(f"tma.async_copy_global_to_shared({desc}, [{coords}], {b}, {target})")
+  gen.emit(f"mbarrier.expect({b}, {nbytes})")   # one arrival, whatever the number of boxes
+  for target, desc, coords in pieces:
+    gen.emit(f"tma.async_copy_global_to_shared({desc}, [{coords}], {b}, {target})")
   _end(gen, opened)
   return []
 
@@ -891,14 +908,15 @@ def _copy_smem_to_gmem(ctx, *invals, **params):
   (src, dst, _), rest = _refs(ctx, invals)
   if params["reduction_op"] is not None:
     gen.unsupported("TMA reduce-stores (reduction_op)")
-  if not params["commit_group"]:
-    gen.grouped_stores = True   # Gluon groups each store alone: waits become waits for all
   if not isinstance(src[0], SmemRef) or not isinstance(dst[0], GmemRef):
     raise ValueError("copy_smem_to_gmem copies from SMEM to GMEM")
-  source, desc, coords, _ = _tma(gen, src, dst)
+  pieces, _ = _tma(gen, src, dst)
+  if not params["commit_group"]:
+    gen.grouped_stores = True   # Gluon groups each store alone: waits become waits for all
   gen.stored.add(dst[0].ptr)
   opened = _predicated(gen, ctx.eqn, rest)
-  gen.emit(f"tma.async_copy_shared_to_global({desc}, [{coords}], {source})")
+  for source, desc, coords in pieces:
+    gen.emit(f"tma.async_copy_shared_to_global({desc}, [{coords}], {source})")
   _end(gen, opened)
   return []
 
