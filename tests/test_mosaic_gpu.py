@@ -385,7 +385,6 @@ def test_wgmma_with_smem_operands_in_run_scoped_acc(a_in, dtype):
 # the two pallax means is not settled, so no test pins either.
 
 
-@pytest.mark.gluon_refuses('a slice [0:16] of SMEM')
 def test_wgmma_transposed_b_view_accumulating_over_k():
   a, b, want = _mm_inputs()
   bt = np.ascontiguousarray(b.T)    # (N, K) in GMEM, used as b_smem.transpose((1, 0))

@@ -82,6 +82,10 @@ class GluonSource:
   host_descriptors: tuple = ()
 
 
+# Layouts of SMEM and barriers (the others are layouts of register tensors).
+_MEMORY_LAYOUTS = ("gl.NVMMASharedLayout", "<smem ", L.BARRIER)
+
+
 class Writer(src.Source):
   """The Gluon kernel being written: the statements, the layouts of register values, and the
   TMA descriptors the body asked for (emitted in the prologue)."""
@@ -112,6 +116,8 @@ class Writer(src.Source):
     self.pending_accs: list = []             # accumulators with a wgmma maybe in flight
     self.grouped_stores = False              # copy_smem_to_gmem(commit_group=False) seen
     self.thread_name = None                  # the thread axis of a kernel with several threads
+    self.register_tensors = False            # a register-tensor layout or an SMEM allocation
+                                             # (zeroed from registers) was asked for
 
   def hoisted_barriers(self) -> list:
     return [r for refs in self.hoisted.values() for r in refs if isinstance(r, BarrierRef)]
@@ -122,6 +128,8 @@ class Writer(src.Source):
 
   def layout(self, text: str) -> str:
     """A name for a layout (``L0: gl.constexpr = ...`` in the prologue)."""
+    if not text.startswith(_MEMORY_LAYOUTS):
+      self.register_tensors = True
     if text not in self.constexprs:
       self.constexprs[text] = f"L{len(self.constexprs)}"
     return self.constexprs[text]
@@ -218,6 +226,7 @@ class Writer(src.Source):
     """Allocates an SMEM buffer; returns its layout name. Its stored shape is written when its
     views are known (``resolve``): the dimensions they keep padded, the others as they are."""
     layout = self.smem_layout(name, shape, dtype)
+    self.register_tensors = True   # its padding may be zeroed from registers (resolve)
     self.emit(f"{name} = gl.allocate_shared_memory({ex.dtype_name(dtype, 'gl')}, @shape {name}@, {layout})")
     self.emit(f"@zero {name}@")
     return layout

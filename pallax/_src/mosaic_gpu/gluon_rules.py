@@ -560,7 +560,9 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
 
 # --- views -------------------------------------------------------------------------------------
 
-def _smem_view(gen, ref: SmemRef, transforms) -> SmemRef:
+def _smem_view(gen, ref: SmemRef, transforms, operand: bool = False) -> SmemRef:
+  """The view of ``ref`` that ``transforms`` take (``operand``: a wgmma operand, which may be
+  sliced along K inside a swizzle atom, as wgmma itself steps through it)."""
   text, shape, permuted = ref.text, list(ref.shape), False
   transforms = list(transforms)
   if ref.lead:   # a buffer of rank > 3, stored with its leading dimensions flattened
@@ -584,7 +586,7 @@ def _smem_view(gen, ref: SmemRef, transforms) -> SmemRef:
         if (start, idx.size) != (0, size):
           if permuted:
             gen.unsupported("partial slices of a transposed SMEM view")
-          _check_smem_slice(gen, ref, start, idx.size, rank - dim)
+          _check_smem_slice(gen, ref, start, idx.size, rank - dim, operand)
           text = f"{text}.slice({start}, {idx.size}, {dim})"
         new_shape.append(idx.size)
         dim += 1
@@ -614,14 +616,18 @@ def _flat_index(gen, ref: SmemRef, t):
   return f"{ref.text}.index({gen.render(flat)})", list(ref.shape[n:]), rest
 
 
-def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int):
+def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int, operand: bool):
   """Swizzled SMEM splits at whole swizzle atoms only: along rows in groups of 8, along the
-  last dimension in whole swizzle widths (16 bytes when not swizzled); and a slice starts at a
-  multiple of its own size (Gluon's subslices are aligned tiles)."""
+  last dimension in whole swizzle widths (16 bytes when not swizzled), or, for a wgmma operand,
+  in steps of wgmma's K (32 bytes); and a slice starts at a multiple of its own size (Gluon's
+  subslices are aligned tiles)."""
   if start % size or not L.is_pow2(size):
     gen.unsupported(f"a slice [{start}:{start + size}] of SMEM that does not start at a multiple "
                     f"of its size {size}, or whose size is not a power of two")
-  if from_end == 1:
+  if from_end == 1 and operand:
+    atom = 32 // ref.dtype.itemsize
+    what = f"{atom} elements (wgmma's K step)"
+  elif from_end == 1:
     atom = max(ref.swizzle, 16) // ref.dtype.itemsize
     what = f"{atom} elements (its {ref.swizzle}-byte swizzle)"
   elif from_end == 2:
@@ -869,10 +875,10 @@ def _tma(gen, smem_ref, gmem_ref) -> tuple[list, int]:
   padded = L.padded(box)
   piece = tuple(TMA_MAX_BOX if p > TMA_MAX_BOX and d < len(box) - 1 else b
                 for d, (p, b) in enumerate(zip(padded, box)))
-  pieces = []
-  for offsets in itertools.product(*(range(0, p, q) for p, q in zip(padded, L.padded(piece)))):
+  pieces, step = [], L.padded(piece)
+  for offsets in itertools.product(*(range(0, p, q) for p, q in zip(padded, step))):
     view = text + "".join(f".slice({o}, {q}, dim={d})"
-                          for d, (o, q, p) in enumerate(zip(offsets, piece, padded)) if q < p)
+                          for d, (o, q, p) in enumerate(zip(offsets, step, padded)) if q < p)
     coords = ", ".join(gen.render(gen.bind(ex.add(s, _i32(o)), "c") if o else s)
                        for s, o in zip(starts, offsets))
     pieces.append((view, gen.descriptor(gmem_ref[0], piece, layout), coords))
@@ -970,7 +976,7 @@ def _wgmma(ctx, *invals, trees):
   acc_ref = acc[0]
   if acc[1]:
     gen.unsupported("wgmma into a view of an accumulator")
-  b_view = _smem_view(gen, *b)
+  b_view = _smem_view(gen, *b, operand=True)
   if a is None:   # a register operand: in the layout wgmma reads registers in
     value = _masked(gen, rest[0], [1], _i32(0))   # padding along K adds nothing
     bits = value.dtype.itemsize * 8
@@ -981,7 +987,7 @@ def _wgmma(ctx, *invals, trees):
                                                   dtype=value.dtype, shape=value.shape), dot, "a_op")),
                      value.shape, value.dtype, dot)
   else:
-    a_view = _smem_view(gen, *a)
+    a_view = _smem_view(gen, *a, operand=True)
   bits = a_view.dtype.itemsize * 8
   if bits == 32 and ".permute((1, 0))" not in b_view.text:
     raise NotImplementedError(

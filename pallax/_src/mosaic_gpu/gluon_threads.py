@@ -49,10 +49,10 @@ def partitions(gen, jaxpr, args, info) -> list[tuple[list[str], int | None, int]
     for ref in gen.hoisted_barriers():
       gen.emit(f"{ref.phase} = 0")   # each thread waits for its own phases
     gen.pending_accs = []
-    tensors = len(gen.layouts)
+    gen.register_tensors = False
     gen.lower_jaxpr(jaxpr, args)
-    scalar_only = len(gen.layouts) == tensors   # no register value got a layout
-    out.append((gen.lines, gen.registers, SCALAR_WORKER_WARPS if scalar_only else WORKER_WARPS))
+    out.append((gen.lines, gen.registers,
+                WORKER_WARPS if gen.register_tensors else SCALAR_WORKER_WARPS))
   return out
 
 
