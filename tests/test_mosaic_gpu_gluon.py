@@ -134,6 +134,35 @@ def test_tma_rules_are_checked_when_lowering():
     plgpu.lower(matmul, a, b)
 
 
+def test_wgmma_operands_are_sliced_inside_a_swizzle_atom_along_k_only():
+  # b is (K, N) = (64, 128) with a 128-byte swizzle (atoms of 64 columns): a slice of N inside
+  # an atom is no step of wgmma's K, and is refused; slices of K (a's columns) are lowered.
+  def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, bar, n0, n, k0):
+    plgpu.copy_gmem_to_smem(a_ref, a_smem, bar)
+    plgpu.copy_gmem_to_smem(b_ref, b_smem, bar)
+    plgpu.barrier_wait(bar)
+
+    def compute(acc):
+      plgpu.wgmma(acc, a_smem.at[:, pl.ds(k0, 16)], b_smem.at[pl.ds(k0, 16), pl.ds(n0, n)])
+      plgpu.wgmma_wait(0)
+      return acc[...]
+    o_ref[...] = pl.run_scoped(compute, plgpu.ACC((64, n)))
+
+  def lower(n0, n, k0):
+    f = plgpu.kernel(functools.partial(kernel, n0=n0, n=n, k0=k0),
+                     out_shape=jax.ShapeDtypeStruct((64, n), jnp.float32),
+                     scratch_shapes=[plgpu.SMEM((64, 64), jnp.bfloat16),
+                                     plgpu.SMEM((64, 128), jnp.bfloat16),
+                                     plgpu.Barrier(num_arrivals=2)])
+    return plgpu.lower(f, jax.ShapeDtypeStruct((64, 64), jnp.bfloat16),
+                       jax.ShapeDtypeStruct((64, 128), jnp.bfloat16))
+
+  (k,) = lower(n0=64, n=64, k0=16)
+  assert "wgmma.mma_async" in k.ptx
+  with pytest.raises(NotImplementedError, match=r"a slice \[16:32\] of SMEM .* 64 elements"):
+    lower(n0=16, n=16, k0=16)
+
+
 def test_float32_wgmma_needs_a_k_major_b():
   a = jax.ShapeDtypeStruct((128, 192), jnp.float32)
   b = jax.ShapeDtypeStruct((192, 128), jnp.float32)

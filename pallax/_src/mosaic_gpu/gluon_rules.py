@@ -560,9 +560,10 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
 
 # --- views -------------------------------------------------------------------------------------
 
-def _smem_view(gen, ref: SmemRef, transforms, operand: bool = False) -> SmemRef:
-  """The view of ``ref`` that ``transforms`` take (``operand``: a wgmma operand, which may be
-  sliced along K inside a swizzle atom, as wgmma itself steps through it)."""
+def _smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
+  """The view of ``ref`` that ``transforms`` take (``k_last``: a wgmma operand whose buffer's
+  last dimension is K, which may be sliced inside a swizzle atom, as wgmma itself steps
+  through it)."""
   text, shape, permuted = ref.text, list(ref.shape), False
   transforms = list(transforms)
   if ref.lead:   # a buffer of rank > 3, stored with its leading dimensions flattened
@@ -586,7 +587,7 @@ def _smem_view(gen, ref: SmemRef, transforms, operand: bool = False) -> SmemRef:
         if (start, idx.size) != (0, size):
           if permuted:
             gen.unsupported("partial slices of a transposed SMEM view")
-          _check_smem_slice(gen, ref, start, idx.size, rank - dim, operand)
+          _check_smem_slice(gen, ref, start, idx.size, rank - dim, k_last)
           text = f"{text}.slice({start}, {idx.size}, {dim})"
         new_shape.append(idx.size)
         dim += 1
@@ -616,15 +617,15 @@ def _flat_index(gen, ref: SmemRef, t):
   return f"{ref.text}.index({gen.render(flat)})", list(ref.shape[n:]), rest
 
 
-def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int, operand: bool):
+def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int, k_last: bool):
   """Swizzled SMEM splits at whole swizzle atoms only: along rows in groups of 8, along the
-  last dimension in whole swizzle widths (16 bytes when not swizzled), or, for a wgmma operand,
-  in steps of wgmma's K (32 bytes); and a slice starts at a multiple of its own size (Gluon's
-  subslices are aligned tiles)."""
+  last dimension in whole swizzle widths (16 bytes when not swizzled), or, where that is a
+  wgmma operand's K, in steps of wgmma's K (32 bytes); and a slice starts at a multiple of its
+  own size (Gluon's subslices are aligned tiles)."""
   if start % size or not L.is_pow2(size):
     gen.unsupported(f"a slice [{start}:{start + size}] of SMEM that does not start at a multiple "
                     f"of its size {size}, or whose size is not a power of two")
-  if from_end == 1 and operand:
+  if from_end == 1 and k_last:
     atom = 32 // ref.dtype.itemsize
     what = f"{atom} elements (wgmma's K step)"
   elif from_end == 1:
@@ -976,7 +977,9 @@ def _wgmma(ctx, *invals, trees):
   acc_ref = acc[0]
   if acc[1]:
     gen.unsupported("wgmma into a view of an accumulator")
-  b_view = _smem_view(gen, *b, operand=True)
+  # K is the last dimension of a's buffer unless a is transposed, of b's only if b is.
+  transposed = lambda ref: any(isinstance(t, ji.TransposeRef) for t in ref[1])
+  b_view = _smem_view(gen, *b, k_last=transposed(b))
   if a is None:   # a register operand: in the layout wgmma reads registers in
     value = _masked(gen, rest[0], [1], _i32(0))   # padding along K adds nothing
     bits = value.dtype.itemsize * 8
@@ -987,7 +990,7 @@ def _wgmma(ctx, *invals, trees):
                                                   dtype=value.dtype, shape=value.shape), dot, "a_op")),
                      value.shape, value.dtype, dot)
   else:
-    a_view = _smem_view(gen, *a, operand=True)
+    a_view = _smem_view(gen, *a, k_last=not transposed(a))
   bits = a_view.dtype.itemsize * 8
   if bits == 32 and ".permute((1, 0))" not in b_view.text:
     raise NotImplementedError(
