@@ -1135,6 +1135,30 @@ def test_tma_boxes_over_256_rows_load_and_store_in_parts(rows):
   assert c.source.count("mbarrier.expect(") == 1               # one arrival for all the boxes
 
 
+@pytest.mark.parametrize("blk, cols, dtype", [(24, 64, jnp.float16), (24, 16, jnp.float32),
+                                              (40, 32, jnp.bfloat16)])
+def test_tma_boxes_of_blocks_that_are_not_powers_of_two(blk, cols, dtype):
+  # Blocks of 24 (40) rows inside the array: on a GPU each copy is two boxes of powers of two,
+  # 16 + 8 (32 + 8), since a box padded to 32 (64) rows would reach into the next block.
+  nb = 4
+  x = rand(32, (nb * blk, cols), dtype)
+
+  def k(x_ref, o_ref, smem, bar):
+    rows = pl.ds(lax.axis_index("b") * blk, blk)
+    plgpu.copy_gmem_to_smem(x_ref.at[rows], smem, bar)
+    plgpu.barrier_wait(bar)
+    smem[...] = smem[...] * 2 + 1
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, o_ref.at[rows])
+    plgpu.wait_smem_to_gmem(0)
+
+  f = plgpu.kernel(k, out_shape=S(x.shape, x.dtype), grid=(nb,), grid_names=("b",),
+                   scratch_shapes=[plgpu.SMEM((blk, cols), x.dtype), plgpu.Barrier()])
+  np.testing.assert_array_equal(f(x), (np.asarray(x) * 2 + 1).astype(x.dtype))
+  (c,) = plgpu.lower(f, S(x.shape, x.dtype))
+  assert c.source.count("tma.async_copy_global_to_shared(") == bin(blk).count("1")
+
+
 def test_tma_rows_not_a_multiple_of_16_bytes():
   x = rand(30, (16, 8))
 

@@ -118,13 +118,17 @@ def copy_rows(x, rows):
 
 def test_shapes_that_are_not_powers_of_two_are_padded():
   """A box spanning a whole dimension of 48 is padded to 64 (past the array's end, where TMA
-  fills zeros and drops stores); a block of 24 rows of 96 cannot be: its padding would be the
-  next block's rows."""
+  fills zeros and drops stores); a block of 24 rows of 96 cannot be (its padding would be the
+  next block's rows): it is copied as boxes of 16 and 8 rows. Blocks of 20 rows would need a
+  box of 4 rows inside a swizzle pattern, which Gluon cannot slice: an error."""
   (k,) = plgpu.lower(copy_rows, jax.ShapeDtypeStruct((128, 48), jnp.float16), rows=64)
   assert "gl.allocate_shared_memory(gl.float16, [64, 64]" in k.source
   assert "mbarrier.expect(bar.index(0), 8192)" in k.source   # the padded box's bytes
+  (k,) = plgpu.lower(copy_rows, jax.ShapeDtypeStruct((96, 48), jnp.float16), rows=24)
+  assert "mbarrier.expect(bar.index(0), 3072)" in k.source   # (16 + 8) x 64 columns
+  assert ".slice(16, 8, dim=0)" in k.source
   with pytest.raises(NotImplementedError, match=r"pads the box to \(32, 64\).*dimension 0.*next block"):
-    plgpu.lower(copy_rows, jax.ShapeDtypeStruct((96, 48), jnp.float16), rows=24)
+    plgpu.lower(copy_rows, jax.ShapeDtypeStruct((80, 48), jnp.float16), rows=20)
 
 
 def test_tma_rules_are_checked_when_lowering():

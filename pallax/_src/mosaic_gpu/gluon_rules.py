@@ -865,26 +865,51 @@ def _end(gen, opened):
 TMA_MAX_BOX = 256   # elements along one dimension of a hardware TMA box
 
 
+def _box_pieces(box, padded, gmem_shape, smem: SmemRef) -> list[list[tuple[int, int]]]:
+  """Per dimension of a TMA box, the (offset, size) pieces it is copied in: boxes of 256 along a
+  leading dimension longer than TMA allows (a tiled SMEM buffer, as Mosaic GPU copies it); the
+  powers of two that sum to it (16 + 8 for 24) along a leading dimension the box spans only
+  part of, where padding it would reach into the next block; else the whole dimension. A piece
+  must start in SMEM where TMA may write (128 bytes, or a whole swizzle pattern of 8 rows), and
+  a swizzled buffer splits along rows in whole patterns only."""
+  align = max(128, 8 * smem.swizzle)
+  out = []
+  for d, (b, p, n) in enumerate(zip(box, padded, gmem_shape)):
+    step = int(np.prod(padded[d + 1:])) * smem.dtype.itemsize   # SMEM bytes per index of d
+    if d == len(box) - 1:
+      sizes = [b]
+    elif p > TMA_MAX_BOX:
+      sizes = [TMA_MAX_BOX] * (p // TMA_MAX_BOX)
+    elif not L.is_pow2(b) and b != n:
+      sizes = [1 << k for k in reversed(range(b.bit_length())) if b >> k & 1]
+    else:
+      sizes = [b]
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    rows = d == len(box) - 2 and smem.swizzle
+    if any(o * step % align for o in offsets) or (rows and any(q % 8 for q in sizes[1:])):
+      sizes, offsets = [b], [0]   # not expressible: the descriptor says why
+    out.append(list(zip(offsets, sizes)))
+  return out
+
+
 def _tma(gen, smem_ref, gmem_ref) -> tuple[list, int]:
   """The boxes of a copy, each (the SMEM side's expression, the descriptor, the coordinates),
-  and their bytes. A box longer than TMA's 256 elements along a leading dimension (a tiled SMEM
-  buffer, as Mosaic GPU copies it) is copied as boxes of 256 along it, into slices of the
-  buffer."""
+  and their bytes (see ``_box_pieces``)."""
   smem = _smem_view(gen, *smem_ref)
   starts, box = _gmem_coords(gen, *gmem_ref)
   text, layout = _box_view(gen, smem, box)
   padded = L.padded(box)
-  piece = tuple(TMA_MAX_BOX if p > TMA_MAX_BOX and d < len(box) - 1 else b
-                for d, (p, b) in enumerate(zip(padded, box)))
-  pieces, step = [], L.padded(piece)
-  for offsets in itertools.product(*(range(0, p, q) for p, q in zip(padded, step))):
-    view = text + "".join(f".slice({o}, {q}, dim={d})"
-                          for d, (o, q, p) in enumerate(zip(offsets, step, padded)) if q < p)
+  pieces, nbytes = [], 0
+  for piece in itertools.product(*_box_pieces(box, padded, gmem_ref[0].shape, smem)):
+    view = text + "".join(f".slice({o}, {L.pow2(q)}, dim={d})"
+                          for d, (o, q) in enumerate(piece) if L.pow2(q) < padded[d])
     coords = ", ".join(gen.render(gen.bind(ex.add(s, _i32(o)), "c") if o else s)
-                       for s, o in zip(starts, offsets))
-    pieces.append((view, gen.descriptor(gmem_ref[0], piece, layout), coords))
-  # The hardware counts the whole (padded) box's bytes, the zeros past the array's end too.
-  return pieces, int(np.prod(padded)) * smem.dtype.itemsize
+                       for s, (o, _) in zip(starts, piece))
+    piece_box = tuple(q for _, q in piece)
+    pieces.append((view, gen.descriptor(gmem_ref[0], piece_box, layout), coords))
+    # The hardware counts each whole (padded) box's bytes, zeros past the array's end too.
+    nbytes += int(np.prod(L.padded(piece_box))) * smem.dtype.itemsize
+  return pieces, nbytes
 
 
 @rule(mp.copy_gmem_to_smem_p)
