@@ -606,7 +606,6 @@ def test_find_swizzle_matches_jax():
 
 # --- copy groups, predicates, jit --------------------------------------------------------------
 
-@pytest.mark.gluon_refuses('register loads or stores of rank')
 def test_commit_group_false_then_commit_smem_to_gmem_group():
   x = rand(17, (2, 32, 16))
 
@@ -622,6 +621,31 @@ def test_commit_group_false_then_commit_smem_to_gmem_group():
     smem[...] = jnp.zeros(smem.shape, smem.dtype)   # allowed: the group was awaited
 
   np.testing.assert_allclose(k(x), x, **EXACT)
+
+
+def test_whole_rank3_smem_in_registers_beside_copies_of_its_slots():
+  # Slots are copied one by one (views of rank 2) while registers read and write the whole
+  # buffer (rank 3): on a GPU those see the buffer through a layout of their own rank.
+  x = rand(19, (2, 32, 16))
+
+  @plgpu.kernel(out_shape=(S(x.shape, x.dtype), S(x.shape, x.dtype)),
+                scratch_shapes=[plgpu.SMEM(x.shape, jnp.float32), plgpu.SMEM(x.shape, jnp.float32),
+                                plgpu.Barrier(num_arrivals=2)])
+  def k(x_ref, o_ref, p_ref, smem, p_smem, bar):
+    for i in range(2):
+      plgpu.copy_gmem_to_smem(x_ref.at[i], smem.at[i], bar)
+    plgpu.barrier_wait(bar)
+    p_smem[...] = smem[...] * 2
+    smem[...] = smem[...] + 1
+    plgpu.commit_smem()
+    for i in range(2):
+      plgpu.copy_smem_to_gmem(smem.at[i], o_ref.at[i])
+    plgpu.copy_smem_to_gmem(p_smem, p_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+  o, p = k(x)
+  np.testing.assert_allclose(o, x + 1, **EXACT)
+  np.testing.assert_allclose(p, x * 2, **EXACT)
 
 
 def test_wait_smem_to_gmem_n_leaves_the_newest_groups_in_flight():

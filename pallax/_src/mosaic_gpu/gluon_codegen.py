@@ -23,7 +23,7 @@ from pallax._src.gpu.legalize import legalize
 from pallax._src.mosaic_gpu import gluon_layouts as L
 
 TABLE = src.RuleTable({}, {})
-_PLACEHOLDER = re.compile(r"@(shape|zero) (\w+)@")
+_PLACEHOLDER = re.compile(r"@(shape|zero|view\d) (\w+)@")
 rule = TABLE.register
 
 
@@ -246,10 +246,22 @@ class Writer(src.Source):
       stored = tuple(shape[:-rank]) + L.padded(shape[-rank:])
       if m.group(1) == "shape":
         out.append(line.replace(m.group(0), str(list(stored))))
+      elif m.group(1).startswith("view"):   # the whole buffer, seen with a layout of rank k
+        k = int(m.group(1)[4:])
+        view = "" if k == rank else (f"._reinterpret({ex.dtype_name(dtype, 'gl')}, {list(stored)}, "
+                                     f"{self.layout(L.shared(shape, dtype, k))})")
+        out.append(line.replace(m.group(0), view))
       elif stored != tuple(shape):
         indent = line[:m.start()]
         out += [indent + z for z in self._zeroing(m.group(2), key, stored, rank)]
     return out
+
+  def whole_view(self, ref) -> str:
+    """The text of a register load or store of a whole SMEM buffer of rank 3: the buffer's
+    layout may have a lower rank (its other views index the leading dimension), and register
+    accesses need a layout of their own rank, so the bytes are reinterpreted with one."""
+    name = self.layout_key(ref.layout)[len("<smem "):-1]
+    return f"{ref.text}@view{len(ref.shape)} {name}@"
 
   def _zeroing(self, name: str, key: str, stored: tuple, rank: int) -> list[str]:
     dtype = self.smem_layouts[key][1]

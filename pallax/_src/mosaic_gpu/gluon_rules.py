@@ -9,6 +9,7 @@ zeros), so a wgmma whose K is padded adds nothing from it.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -780,11 +781,19 @@ def _get(ctx, *invals, **_):
     return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape, **masks), layout)
   if not isinstance(a.ref, SmemRef):
     gen.unsupported(f"register loads from {a.ref}")
-  view = _smem_view(gen, a.ref, a.transforms)
-  gen.note_view(a.ref.layout, len(view.shape), registers=True)
+  view = _register_view(gen, a.ref, a.transforms)
   layout = _vector_layout(ctx, view.shape) or gen.layout(L.blocked(view.shape, view.dtype))
   smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
   return gen.value(method(smem, "load", ex.Token(layout)), layout)
+
+
+def _register_view(gen, ref: SmemRef, transforms) -> SmemRef:
+  """The SMEM view a register load or store reads or writes, in a layout of its own rank."""
+  view = _smem_view(gen, ref, transforms)
+  if view.text == ref.text and len(view.shape) == 3 and not ref.lead:   # the whole buffer
+    return dataclasses.replace(view, text=gen.whole_view(view))
+  gen.note_view(ref.layout, len(view.shape), registers=True)
+  return view
 
 
 def _vector_layout(ctx, shape) -> str | None:
@@ -830,8 +839,7 @@ def _swap(ctx, ref, value, *leaves, **_):
     return None
   if not isinstance(a.ref, SmemRef):
     gen.unsupported(f"register stores to {a.ref}")
-  view = _smem_view(gen, a.ref, a.transforms)
-  gen.note_view(a.ref.layout, len(view.shape), registers=True)
+  view = _register_view(gen, a.ref, a.transforms)
   if not value.shape:
     layout = gen.layout(L.blocked(view.shape, view.dtype))
     value = gen.value(call("gl.full", _shape(view.shape), value, _dtype(view.dtype),
