@@ -365,6 +365,7 @@ def generate(params) -> GluonSource:
     main = gen.lines
     parts = gluon_threads.partitions(gen, jaxpr, [*ids, *refs], info)
   else:
+    gluon_rules.hoist_nested(gen, jaxpr)
     gen.lower_jaxpr(jaxpr, [*ids, *refs])
   try:
     for text in gen.smem_layouts:

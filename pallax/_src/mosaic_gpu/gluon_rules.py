@@ -490,9 +490,28 @@ def _run_scoped(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
   if refs is None and gen.thread_name in ctx.eqn.params.get("collective_axes", ()):
     gen.unsupported(f"scratch shared by the threads ({gen.thread_name!r}) allocated inside a loop "
                     "or branch (allocate it in the kernel's straight-line code)")
-  if refs is None:
-    refs = [allocate(gen, t, v.aval.inner_aval) for t, v in zip(scratch_types, jaxpr.invars[num_consts:])]
+  types, avals = scratch_types, [v.aval.inner_aval for v in jaxpr.invars[num_consts:]]
+  refs = [r if r is not None else allocate(gen, t, a)
+          for r, t, a in zip(refs or [None] * len(types), types, avals)]
   return gen.lower_jaxpr(jaxpr, [*consts, *refs])
+
+
+def hoist_nested(gen, jaxpr, nested: bool = False) -> None:
+  """Allocates now (at the kernel's top) the SMEM buffers and barriers of scopes inside loops
+  and branches, recording them by equation in ``gen.hoisted`` (None for accumulators, which
+  are registers made at the scope). Each entry to such a scope reuses them: SMEM holds
+  whatever the last entry left (as a fresh buffer holds anything), and a barrier goes on from
+  the phase its last completion left, which the interpreter's checks make its initial one
+  (every completion is awaited before the scope ends)."""
+  for eqn in jaxpr.eqns:
+    p = eqn.params
+    if eqn.primitive is prims.run_scoped_p and nested:
+      gen.hoisted[eqn] = [None if isinstance(t, mc.WGMMAAccumulatorRef) else
+                          allocate(gen, t, v.aval.inner_aval)
+                          for t, v in zip(p["scratch_types"], p["jaxpr"].invars[p["num_consts"]:])]
+    inner = nested or eqn.primitive not in (prims.run_scoped_p, *ji.CALL_PRIMITIVES)
+    for sub in jaxpr_util.sub_jaxprs(p):
+      hoist_nested(gen, sub, inner)
 
 
 def allocate(gen, kind, aval):
@@ -942,6 +961,49 @@ def _copy_gmem_to_smem(ctx, *invals, **params):
   return []
 
 
+def _dynamic_rows(smem: SmemRef, transforms) -> tuple[ex.Expr, int] | None:
+  """(start, size) where ``transforms`` take rows of a 2-D SMEM buffer from a start known only
+  at run time (and whole columns); None otherwise."""
+  if len(transforms) != 1 or not isinstance(transforms[0], ji.NDIndexer) or len(smem.shape) != 2:
+    return None
+  rows, cols = transforms[0].indices
+  whole = isinstance(cols, ji.Slice) and (getattr(cols.start, "value", cols.start), cols.size,
+                                          cols.stride) == (0, smem.shape[1], 1)
+  if isinstance(rows, ji.Slice) and isinstance(rows.start, ex.Expr) and \
+      not isinstance(rows.start, Lit) and rows.stride == 1 and whole:
+    return rows.start, rows.size
+  return None
+
+
+def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef, transforms):
+  """A TMA store of SMEM rows [start, start + size) (a start known only at run time, which TMA
+  boxes and Gluon's SMEM slices cannot take) as a masked register store: the whole buffer is
+  read, and each row written to where the copy would put it. Rows TMA would clip past the
+  array's end are masked off too."""
+  (t,) = transforms
+  if len(t.indices) != 2 or not all(isinstance(i, ji.Slice) for i in t.indices):
+    gen.unsupported("copies of dynamic SMEM slices to GMEM views other than 2-D slices")
+  grows, gcols = t.indices
+  g0 = grows.start if isinstance(grows.start, ex.Expr) else _i32(grows.start)
+  c0 = gcols.start if isinstance(gcols.start, ex.Expr) else _i32(gcols.start)
+  first = gen.bind(binary("-", g0, start), "row0")   # the GMEM row of the buffer's row 0
+  shifted = ji.NDIndexer((ji.Slice(first, smem.shape[0], 1), gcols), t.shape, t.int_indexer_shape)
+  ptrs, shape, layout, valid = _gmem_pointers(gen, dst, [shifted])
+  r = _iota_in(gen, I32, shape, 0, layout)
+  c = _iota_in(gen, I32, shape, 1, layout)
+  b = np.dtype(np.bool_)
+  conds = [binary(">=", r, start, dtype=b), binary("<", r, ex.add(start, _i32(size)), dtype=b),
+           binary("<", ex.add(first, r), _i32(dst.shape[0]), dtype=b),
+           binary("<", ex.add(c0, c), _i32(dst.shape[1]), dtype=b)]
+  mask = conds[0] if valid is None else binary("&", valid, conds[0], dtype=b)
+  for cond in conds[1:]:
+    mask = binary("&", mask, cond, dtype=b)
+  gen.note_view(smem.layout, 2, registers=True)
+  value = gen.value(method(ex.Name(smem.text, dtype=smem.dtype, shape=smem.shape), "load",
+                           ex.Token(layout)), layout)
+  gen.emit(f"gl.store({gen.render(ptrs)}, {gen.render(value)}, mask={gen.render(gen.bind(mask, 'rows'))})")
+
+
 @rule(mp.copy_smem_to_gmem_p)
 def _copy_smem_to_gmem(ctx, *invals, **params):
   gen = ctx.gen
@@ -950,6 +1012,12 @@ def _copy_smem_to_gmem(ctx, *invals, **params):
     gen.unsupported("TMA reduce-stores (reduction_op)")
   if not isinstance(src[0], SmemRef) or not isinstance(dst[0], GmemRef):
     raise ValueError("copy_smem_to_gmem copies from SMEM to GMEM")
+  rows = _dynamic_rows(*src)
+  if rows is not None:
+    opened = _predicated(gen, ctx.eqn, rest)
+    _store_rows_through_registers(gen, src[0], *rows, dst[0], dst[1])
+    _end(gen, opened)
+    return []
   pieces, _ = _tma(gen, src, dst)
   if not params["commit_group"]:
     gen.grouped_stores = True   # Gluon groups each store alone: waits become waits for all
