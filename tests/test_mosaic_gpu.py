@@ -1183,6 +1183,52 @@ def test_tma_boxes_of_blocks_that_are_not_powers_of_two(blk, cols, dtype):
   assert c.source.count("tma.async_copy_global_to_shared(") == bin(blk).count("1")
 
 
+def _scoped_in_a_loop(x, wait_each_copy=True):
+  """A loop whose body allocates an SMEM buffer and a barrier (on a GPU: allocated once and
+  reused by every iteration, as in Mosaic GPU)."""
+  rows = 16
+
+  def k(x_ref, o_ref):
+    def step(i, _):
+      def scope(smem, bar):
+        plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(i * rows, rows)], smem, bar)   # <- the copy
+        if wait_each_copy:
+          plgpu.barrier_wait(bar)
+          o_ref[pl.ds(i * rows, rows)] = smem[...] * 2
+      pl.run_scoped(scope, plgpu.SMEM((rows, x.shape[1]), x.dtype), plgpu.Barrier())
+    lax.fori_loop(0, x.shape[0] // rows, step, None)
+
+  return plgpu.kernel(k, out_shape=S(x.shape, x.dtype))(x)
+
+
+def test_scratch_allocated_inside_a_loop():
+  x = rand(33, (48, 32))
+  out = _scoped_in_a_loop(x)
+  np.testing.assert_allclose(out, x * 2, **EXACT)
+
+
+def test_a_scope_entered_again_while_its_copy_is_not_awaited():
+  x = rand(34, (48, 32))
+  with pytest.raises(KernelCheckError, match=r"entering its scope again \(which the GPU does with "
+                     r"the same SMEM\) writes SMEM scratch #0 .* while the copy_gmem_to_smem into "
+                     r"it \(issued at " + at_line(_scoped_in_a_loop, "<- the copy") + r"\) has not "
+                     r"been awaited"):
+    _scoped_in_a_loop(x, wait_each_copy=False)
+
+
+def test_a_scope_entered_again_while_its_barrier_has_a_completion_nobody_awaited():
+  def k(o_ref):
+    def step(i, _):
+      pl.run_scoped(plgpu.barrier_arrive, plgpu.Barrier())   # completes; nobody waits
+    lax.fori_loop(0, 2, step, None)
+    o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+
+  with pytest.raises(KernelCheckError, match=r"the scope of barrier #0 .* is entered again, and its "
+                     r"last entry left 1 completion\(s\) nobody waited for: on the GPU the new "
+                     r"entry gets the same barrier"):
+    _run(k)
+
+
 def test_tma_rows_not_a_multiple_of_16_bytes():
   x = rand(30, (16, 8))
 

@@ -212,6 +212,8 @@ def _block_name(block: Block) -> str:
 
 RULES: dict = {}              # primitive -> rule(thread, eqn, invals) generator -> outputs
 ALLOCATORS: dict = {}         # scratch type class -> fn(type, name) -> Buffer
+REUSE_CHECKS: dict = {}       # buffer space -> fn(thread, buffer): checks that the next entry
+                              # to the buffer's scope may get the same memory (a GPU's does)
 
 
 def rule(*prims_):
@@ -407,6 +409,11 @@ def _run_scoped(th, eqn, invals):
             for i, (t, v) in enumerate(zip(types, body.invars[p["num_consts"]:]))]
     if collective:
       th.block.shared[key] = bufs
+  last = th.state.setdefault("scopes", {})   # run_scoped eqn -> the last entry's buffers
+  for b in () if collective else last.get(id(eqn), ()):
+    if b.space in REUSE_CHECKS:
+      REUSE_CHECKS[b.space](th, b)
+  last[id(eqn)] = bufs
   return (yield from eval_jaxpr(th, body, [], [*invals, *[View(b) for b in bufs]]))
 
 

@@ -99,6 +99,31 @@ eager.ALLOCATORS.update({mc.Barrier: _barrier, mc.GPUMemoryRef: _memory,
                          mc.WGMMAAccumulatorRef: _accumulator})
 
 
+def _reuse_barrier(th, buf):
+  """A scope entered again gets the same barrier on the GPU (barriers are initialized once, as
+  in Mosaic GPU): the last entry must have awaited every completion and left no phase half
+  arrived, or the new entry's waits would see the wrong phase."""
+  arrivals, done = buf.state["arrivals"].reshape(-1), buf.state["completions"].reshape(-1)
+  for i in range(done.size):
+    seen = _ts(th).observed.get((buf, i), 0)
+    if arrivals[i] or done[i] != seen:
+      left = (f"{arrivals[i]} of {buf.kind.num_arrivals} arrivals of a phase" if arrivals[i]
+              else f"{done[i] - seen} completion(s) nobody waited for")
+      fail(th, f"the scope of {_where(buf, i)} is entered again, and its last entry left "
+               f"{left}: on the GPU the new entry gets the same barrier, and its waits would see "
+               "the wrong phase. Wait for every completion before the scope ends")
+
+
+def _reuse_smem(th, buf):
+  """A scope entered again gets the same SMEM on the GPU: nothing of its last entry (a copy, a
+  wgmma) may still use it."""
+  _check_not_in_use(th, View(buf), np.ones(buf.data.size, bool),
+                    "entering its scope again (which the GPU does with the same SMEM)")
+
+
+eager.REUSE_CHECKS.update(barrier=_reuse_barrier, smem=_reuse_smem)
+
+
 # --- barriers --------------------------------------------------------------------------------
 
 def _barrier_index(th, view: View, what: str) -> int:
