@@ -1229,6 +1229,32 @@ def test_a_scope_entered_again_while_its_barrier_has_a_completion_nobody_awaited
     _run(k)
 
 
+def test_register_tiles_updated_one_row_at_a_time():
+  # x.at[i].add(row) and .set(row) with i from a loop; i = 9 is past the end: dropped
+  # (FILL_OR_DROP), as lax does.
+  x = rand(35, (8, 16))
+
+  @plgpu.kernel(out_shape=S(x.shape, x.dtype),
+                scratch_shapes=[plgpu.SMEM(x.shape, x.dtype), plgpu.Barrier()])
+  def k(x_ref, o_ref, x_smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, x_smem, bar)
+    plgpu.barrier_wait(bar)
+
+    def step(j, acc):
+      row = lax.broadcasted_iota(jnp.float32, (16,), 0) + j.astype(jnp.float32) * 100
+      acc = acc.at[2 * j].add(row)
+      return acc.at[(2 * j + 9) % 11].set(row * 10)   # rows 9 (dropped), 0, 2
+    o_ref[...] = lax.fori_loop(0, 3, step, x_smem[...])
+
+  want = np.array(x)
+  for j in range(3):
+    row = np.arange(16, dtype=np.float32) + j * 100
+    want[2 * j] += row
+    if (2 * j + 9) % 11 < 8:
+      want[(2 * j + 9) % 11] = row * 10
+  np.testing.assert_allclose(k(x), want, rtol=1e-6)
+
+
 def test_tma_rows_not_a_multiple_of_16_bytes():
   x = rand(30, (16, 8))
 

@@ -226,7 +226,6 @@ def test_partial_edge_blocks_zero_fill_reads_and_clip_writes():
                              atol=2 * 512 * 2.0**-24 * np.abs(padded).sum(axis=0).max())
 
 
-@pytest.mark.gluon_refuses("primitive 'scatter'")
 def test_init_carry_sees_every_step_in_row_major_order():
   # The carry records the grid indices of each step: 10 * i + j at position 3 * i + j.
   x = rand(12, (64, 96))

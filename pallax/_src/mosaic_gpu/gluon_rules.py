@@ -10,8 +10,11 @@ zeros), so a wgmma whose K is padded adds nothing from it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -479,6 +482,33 @@ for _p, _param in ((ji.jit_p, "jaxpr"), (ji.closed_call_p, "call_jaxpr"),
                    (ji.custom_jvp_call_p, "call_jaxpr"), (ji.custom_vjp_call_p, "call_jaxpr"),
                    (ji.remat_p, "jaxpr")):
   rule(_p)(_inline(_param))
+
+
+def _one_row_update(operand, indices, updates, *, add: bool, clip: bool):
+  """``operand.at[i].set(updates)`` (or ``.add``) for ``i = indices[0]``, in operations the
+  table has: a select against an iota of the first dimension (an ``i`` out of bounds matches no
+  row, as ``FILL_OR_DROP`` drops the update)."""
+  n = operand.shape[0]
+  i = lax.reduce_max(indices, (0,))
+  if clip:
+    i = jnp.clip(i, 0, n - 1)
+  rows = lax.broadcasted_iota(jnp.int32, operand.shape, 0) == i
+  new = lax.broadcast_in_dim(updates, operand.shape, tuple(range(1, operand.ndim)))
+  return jnp.where(rows, operand + new if add else new, operand)
+
+
+@rule(lax.scatter_p, lax.scatter_add_p)
+def _scatter(ctx, operand, indices, updates, *, dimension_numbers, mode, **_):
+  dn, rank = dimension_numbers, len(operand.shape)
+  if (indices.shape != (1,) or dn.inserted_window_dims != (0,) or
+      dn.scatter_dims_to_operand_dims != (0,) or dn.update_window_dims != tuple(range(rank - 1)) or
+      dn.operand_batching_dims):
+    ctx.gen.unsupported("scatters other than x.at[i].set(row) / .add(row)")
+  fn = functools.partial(_one_row_update, add=ctx.eqn.primitive is lax.scatter_add_p,
+                         clip=mode == lax.GatherScatterMode.CLIP)
+  closed = jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
+                                for v in ctx.eqn.invars))
+  return ctx.gen.lower_jaxpr(closed.jaxpr, [operand, indices, updates])
 
 
 # --- allocation ----------------------------------------------------------------------------
