@@ -1255,6 +1255,24 @@ def test_register_tiles_updated_one_row_at_a_time():
   np.testing.assert_allclose(k(x), want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [3, 4])
+def test_a_buffer_copied_whole_and_read_row_by_row(rows):
+  # One TMA box fills the buffer (a view of rank 2); registers read rows (views of rank 1): on a
+  # GPU the buffer's layout has rank 1, and the copy sees it through one of rank 2.
+  x = rand(37, (rows, 64))
+
+  @plgpu.kernel(out_shape=S((64,), x.dtype),
+                scratch_shapes=[plgpu.SMEM(x.shape, x.dtype), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar)
+    plgpu.barrier_wait(bar)
+    o_ref[...] = lax.fori_loop(0, rows, lambda i, acc: acc + smem[i] * (i + 1.0),
+                               jnp.zeros((64,), jnp.float32))
+
+  want = sum(x[i] * (i + 1) for i in range(rows))
+  np.testing.assert_allclose(k(x), want, rtol=1e-6)
+
+
 def test_tma_rows_not_a_multiple_of_16_bytes():
   x = rand(30, (16, 8))
 

@@ -243,7 +243,9 @@ class Writer(src.Source):
       key = f"<smem {m.group(2)}>"
       shape, dtype = self.smem_layouts[key][:2]
       rank = self.smem_rank(key)
-      stored = tuple(shape[:-rank]) + L.padded(shape[-rank:])
+      # Beside a layout of rank 1 the leading dimension is padded too: seen with a layout of
+      # rank 2 (a TMA box of the whole buffer), it must be a power of two.
+      stored = L.padded(shape) if rank == 1 else tuple(shape[:-rank]) + L.padded(shape[-rank:])
       if m.group(1) == "shape":
         out.append(line.replace(m.group(0), str(list(stored))))
       elif m.group(1).startswith("view"):   # the whole buffer, seen with a layout of rank k
@@ -256,12 +258,16 @@ class Writer(src.Source):
         out += [indent + z for z in self._zeroing(m.group(2), key, stored, rank)]
     return out
 
+  def is_whole(self, ref) -> bool:
+    """Whether ``ref`` is an SMEM buffer itself, not a view of one."""
+    return not ref.lead and self.layout_key(ref.layout) == f"<smem {ref.text}>"
+
   def whole_view(self, ref) -> str:
-    """The text of a register load or store of a whole SMEM buffer of rank 3: the buffer's
-    layout may have a lower rank (its other views index the leading dimension), and register
-    accesses need a layout of their own rank, so the bytes are reinterpreted with one."""
-    name = self.layout_key(ref.layout)[len("<smem "):-1]
-    return f"{ref.text}@view{len(ref.shape)} {name}@"
+    """The text of a whole SMEM buffer read or written by registers or a TMA box of its own
+    rank: the buffer's layout may have a lower rank (its other views index the leading
+    dimension), and those accesses need a layout of their rank, so the bytes are reinterpreted
+    with one when the buffer's is known (``resolve``)."""
+    return f"{ref.text}@view{len(ref.shape)} {ref.text}@"
 
   def _zeroing(self, name: str, key: str, stored: tuple, rank: int) -> list[str]:
     dtype = self.smem_layouts[key][1]

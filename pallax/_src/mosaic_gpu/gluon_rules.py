@@ -718,10 +718,12 @@ def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:
 def _box_view(gen, smem: SmemRef, box) -> tuple[str, str]:
   """(the SMEM expression a TMA copy of ``box`` reads or writes, the descriptor's layout): a box
   with more dimensions than the buffer (unit ones) sees it through a reshape."""
-  if tuple(box) == tuple(smem.shape) and len(box) <= 2:
-    return smem.text, smem.layout
   if tuple(box) == tuple(smem.shape):   # the buffer's layout may have a lower rank (its views')
     layout = gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
+    if gen.is_whole(smem):
+      return gen.whole_view(smem), layout
+    if len(box) <= 2:
+      return smem.text, smem.layout
     return f"{smem.text}._reinterpret({ex.dtype_name(smem.dtype, 'gl')}, {list(L.padded(box))}, {layout})", layout
   if tuple(d for d in box if d != 1) != tuple(d for d in smem.shape if d != 1):
     gen.unsupported(f"a TMA box {tuple(box)} for an SMEM buffer of shape {smem.shape}")
@@ -839,7 +841,7 @@ def _get(ctx, *invals, **_):
 def _register_view(gen, ref: SmemRef, transforms) -> SmemRef:
   """The SMEM view a register load or store reads or writes, in a layout of its own rank."""
   view = _smem_view(gen, ref, transforms)
-  if view.text == ref.text and len(view.shape) == 3 and not ref.lead:   # the whole buffer
+  if gen.is_whole(view):
     return dataclasses.replace(view, text=gen.whole_view(view))
   gen.note_view(ref.layout, len(view.shape), registers=True)
   return view
