@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from pallax._src import jax_internals as ji
 from pallax._src.interpret import eager
 from pallax._src.interpret.eager import Buffer, View, fail, flat_indices, rule
 from pallax._src.mosaic_gpu import core as mc
@@ -414,6 +415,7 @@ def _nothing(th, eqn, invals):
 def _wgmma(th, eqn, invals):
   (acc, a, b), rest = mp.split_refs(invals, eqn.params["trees"])
   yield from ()
+  _check_k_major(th, a, b)
   acc, b = acc[0].at(acc[1]), b[0].at(b[1])
   operands = [b] + ([a[0].at(a[1])] if a is not None else [])
   for v in operands:
@@ -432,6 +434,22 @@ def _wgmma(th, eqn, invals):
   eager.write(acc, total.astype(acc.buf.data.dtype))
   _ts(th).wgmmas.append((acc.buf, [(v.buf, _mask(v)) for v in operands], th.line))
   return []
+
+
+def _transposed(transforms) -> bool:
+  return sum(isinstance(t, ji.TransposeRef) for t in transforms) % 2 == 1
+
+
+def _check_k_major(th, a, b):
+  """Hopper's wgmma reads 32-bit (tf32) and 8-bit operands from SMEM K-major only: ``a`` as its
+  (M, K) buffer, ``b`` as a transposed view of an (N, K) buffer (as Mosaic GPU requires too)."""
+  (b_ref, b_transforms) = b
+  if np.dtype(b_ref.buf.data.dtype).itemsize == 2:
+    return
+  if not _transposed(b_transforms) or (a is not None and _transposed(a[1])):
+    fail(th, f"wgmma of {np.dtype(b_ref.buf.data.dtype).name} operands: Hopper reads 32-bit and "
+             "8-bit operands K-major only: keep b as an (N, K) SMEM buffer and pass "
+             "b_smem.transpose((1, 0)), a as (M, K), or use 16-bit operands")
 
 
 @rule(mp.wgmma_wait_p)
