@@ -832,6 +832,8 @@ def _get(ctx, *invals, **_):
     return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape, **masks), layout)
   if not isinstance(a.ref, SmemRef):
     gen.unsupported(f"register loads from {a.ref}")
+  if (rows := _unaligned_rows(a.ref, a.transforms)) is not None:
+    return _load_rows_in_pieces(gen, a.ref, a.transforms[0], *rows)
   view = _register_view(gen, a.ref, a.transforms)
   layout = _vector_layout(ctx, view.shape) or gen.layout(L.blocked(view.shape, view.dtype))
   smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
@@ -845,6 +847,50 @@ def _register_view(gen, ref: SmemRef, transforms) -> SmemRef:
     return dataclasses.replace(view, text=gen.whole_view(view))
   gen.note_view(ref.layout, len(view.shape), registers=True)
   return view
+
+
+def _unaligned_rows(ref: SmemRef, transforms) -> tuple[int, int, int] | None:
+  """(start, size, piece) where ``transforms`` take SMEM rows [start, start + size) that do not
+  start at a multiple of their size (Gluon's slices must), but do at a multiple of ``piece``
+  rows, a power of two that a swizzled buffer can be sliced at (8 rows or more)."""
+  if len(transforms) != 1 or not isinstance(transforms[0], ji.NDIndexer) or ref.lead:
+    return None
+  rows, *rest = transforms[0].indices
+  if not isinstance(rows, ji.Slice) or rows.stride != 1 or not isinstance(rows.start, (int, Lit)):
+    return None
+  start = rows.start.value if isinstance(rows.start, Lit) else rows.start
+  piece = start & -start
+  if not start or not L.is_pow2(rows.size) or start % rows.size == 0 or piece > rows.size or (
+      len(ref.shape) == 2 and ref.swizzle and piece < 8) or any(
+      not isinstance(i, ji.Slice) or (getattr(i.start, "value", i.start), i.size) != (0, n)
+      for i, n in zip(rest, ref.shape[1:])):
+    return None
+  return start, rows.size, piece
+
+
+def _load_rows_in_pieces(gen, ref: SmemRef, t, start: int, size: int, piece: int):
+  """A register load of SMEM rows [start, start + size) as loads of ``piece`` rows each, at
+  offsets Gluon can slice at, joined in registers (rows of one piece, then of the next)."""
+  rest = t.indices[1:]
+  parts = []
+  for o in range(start, start + size, piece):
+    idx = ji.NDIndexer((ji.Slice(o, piece, 1), *rest), t.shape, t.int_indexer_shape)
+    view = _register_view(gen, ref, [idx])
+    layout = gen.layout(L.blocked(view.shape, view.dtype))
+    smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
+    parts.append(gen.value(method(smem, "load", ex.Token(layout)), layout))
+  while len(parts) > 1:   # join pairs: (r, ...) and (r, ...) -> (2, r, ...) -> (2r, ...)
+    a, b = parts[0], parts[1]
+    rank, padded = len(a.shape), L.padded(a.shape)
+    shape = (2 * a.shape[0], *a.shape[1:])
+    joined = gen.fresh("rows")
+    gen.emit(f"{joined} = gl.join({gen.render(a)}, {gen.render(b)}).permute({(rank, *range(rank))})"
+             f".reshape({[2 * padded[0], *padded[1:]]})")
+    layout = gen.layout(L.blocked(shape, a.dtype))
+    merged = gen.value(call("gl.convert_layout", ex.Name(joined), ex.Token(layout), dtype=a.dtype,
+                            shape=shape), layout)
+    parts = parts[2:] + [merged]
+  return parts[0]
 
 
 def _vector_layout(ctx, shape) -> str | None:
