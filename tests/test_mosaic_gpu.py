@@ -1288,6 +1288,30 @@ def test_register_loads_of_smem_rows_at_any_multiple_of_8(start, size):
   np.testing.assert_allclose(k(x), x[start:start + size] + 1, **EXACT)
 
 
+def test_gmem_stored_by_tma_is_read_back_after_a_full_wait():
+  # wait_smem_to_gmem(0) (not read-only) waits for the store's writes: then GMEM may be read by
+  # registers and by TMA.
+  x = rand(39, (32, 16))
+
+  @plgpu.kernel(out_shape=(S(x.shape, x.dtype), S(x.shape, x.dtype), S(x.shape, x.dtype)),
+                scratch_shapes=[plgpu.SMEM(x.shape, x.dtype), plgpu.SMEM(x.shape, x.dtype),
+                                plgpu.Barrier()])
+  def k(x_ref, o_ref, p_ref, q_ref, smem, back, bar):
+    smem[...] = x_ref[...] + 1
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, o_ref)
+    plgpu.wait_smem_to_gmem(0)
+    p_ref[...] = o_ref[...] * 2                      # registers read what TMA wrote
+    plgpu.copy_gmem_to_smem(o_ref, back, bar)        # TMA reads it back too
+    plgpu.barrier_wait(bar)
+    q_ref[...] = back[...] * 3
+
+  o, p, q = k(x)
+  np.testing.assert_allclose(o, x + 1, **EXACT)
+  np.testing.assert_allclose(p, (x + 1) * 2, **EXACT)
+  np.testing.assert_allclose(q, (x + 1) * 3, **EXACT)
+
+
 def test_tma_rows_not_a_multiple_of_16_bytes():
   x = rand(30, (16, 8))
 
@@ -1405,7 +1429,6 @@ def test_smem_starts_as_nan():
   assert np.isnan(np.asarray(k())).all()
 
 
-@pytest.mark.gluon_refuses('TMA reduce-stores')
 def test_copy_smem_to_gmem_with_reduction_add():
   x = rand(34, (24, 16))
 

@@ -108,8 +108,6 @@ class Writer(src.Source):
     self.slices: dict = {}                   # slice layout name -> (dim, parent layout name)
     self.mma_bits = 16                       # the operand width of the kernel's wgmmas
     self.wgmma = False                       # whether the kernel has wgmmas
-    self.stored: set = set()                 # GMEM operands written by TMA stores
-    self.read: set = set()                   # GMEM operands read (TMA or registers)
     self.conversions: list = []              # (from, to, shape, line) of each layout conversion
     self.hoisted: dict = {}                  # collective run_scoped equation -> its Refs
     self.registers = None                    # the running thread's set_max_registers
@@ -378,11 +376,6 @@ def generate(params) -> GluonSource:
       gen.layout_text(text)
   except NotImplementedError as e:
     raise src.Unsupported(f"pallas_call {params.name}: {e}; run it with interpret=True") from None
-  if gen.stored & gen.read:
-    raise src.Unsupported(
-        f"pallas_call {params.name}: the kernel reads GMEM that it also writes with "
-        "copy_smem_to_gmem; Gluon can wait for such a store's reads of SMEM only, not for its "
-        "writes: not supported by the Gluon backend yet; run it with interpret=True")
   signature, host = _signature(gen, refs)
   if threads:
     source = _threaded_module(gen, name, list(signature), main, parts, ids)

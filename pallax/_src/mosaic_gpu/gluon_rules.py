@@ -826,7 +826,6 @@ def _get(ctx, *invals, **_):
       gen.unsupported("indexing a value pl.run_state closes over")
     return a.ref.value
   if isinstance(a.ref, GmemRef):
-    gen.read.add(a.ref.ptr)
     ptrs, shape, layout, mask = _gmem_pointers(gen, a.ref, a.transforms)
     masks = {} if mask is None else {"mask": mask}
     return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape, **masks), layout)
@@ -1028,7 +1027,6 @@ def _copy_gmem_to_smem(ctx, *invals, **params):
   if not isinstance(src[0], GmemRef) or not isinstance(dst[0], SmemRef):
     raise ValueError("copy_gmem_to_smem copies from GMEM to SMEM")
   pieces, nbytes = _tma(gen, dst, src)
-  gen.read.add(src[0].ptr)
   barrier = _barrier_view(gen, *bar)
   b = f"{barrier.name}.index({gen.render(barrier.index)})"
   opened = _predicated(gen, ctx.eqn, rest)
@@ -1082,14 +1080,43 @@ def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef,
   gen.emit(f"gl.store({gen.render(ptrs)}, {gen.render(value)}, mask={gen.render(gen.bind(mask, 'rows'))})")
 
 
+_ATOMICS = {"add": "gl.atomic_add", "min": "gl.atomic_min", "max": "gl.atomic_max",
+            "and": "gl.atomic_and", "or": "gl.atomic_or", "xor": "gl.atomic_xor"}
+
+
+def _reduce_through_registers(gen, src, dst, op: str):
+  """A TMA reduce-store (Gluon 3.6 has none) as atomics from registers: each element of the SMEM
+  view reduced into GMEM, as the hardware's reduce does, past the array's end dropped."""
+  if op not in _ATOMICS:
+    gen.unsupported(f"TMA reduce-stores with reduction_op={op!r}")
+  starts, box = _gmem_coords(gen, *dst)
+  ptrs, shape, layout, mask = _gmem_pointers(gen, *dst)
+  kept = [d for d, b in enumerate(box) if b != 1 or len(shape) == len(box)]
+  if len(kept) != len(shape):
+    gen.unsupported("TMA reduce-stores into GMEM views with indexed dimensions")
+  b = np.dtype(np.bool_)
+  for j, d in enumerate(kept):   # TMA drops what lies past the array's end
+    inside = binary("<", ex.add(starts[d], _iota_in(gen, I32, shape, j, layout)),
+                    _i32(dst[0].shape[d]), dtype=b)
+    mask = inside if mask is None else binary("&", mask, inside, dtype=b)
+  view = _register_view(gen, *src)
+  value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
+                           ex.Token(layout)), layout)
+  masks = "" if mask is None else f", mask={gen.render(gen.bind(mask, 'inside'))}"
+  gen.emit(f"{_ATOMICS[op]}({gen.render(ptrs)}, {gen.render(value)}{masks})")
+
+
 @rule(mp.copy_smem_to_gmem_p)
 def _copy_smem_to_gmem(ctx, *invals, **params):
   gen = ctx.gen
   (src, dst, _), rest = _refs(ctx, invals)
-  if params["reduction_op"] is not None:
-    gen.unsupported("TMA reduce-stores (reduction_op)")
   if not isinstance(src[0], SmemRef) or not isinstance(dst[0], GmemRef):
     raise ValueError("copy_smem_to_gmem copies from SMEM to GMEM")
+  if params["reduction_op"] is not None:
+    opened = _predicated(gen, ctx.eqn, rest)
+    _reduce_through_registers(gen, src, dst, params["reduction_op"])
+    _end(gen, opened)
+    return []
   rows = _dynamic_rows(*src)
   if rows is not None:
     opened = _predicated(gen, ctx.eqn, rest)
@@ -1099,7 +1126,6 @@ def _copy_smem_to_gmem(ctx, *invals, **params):
   pieces, _ = _tma(gen, src, dst)
   if not params["commit_group"]:
     gen.grouped_stores = True   # Gluon groups each store alone: waits become waits for all
-  gen.stored.add(dst[0].ptr)
   opened = _predicated(gen, ctx.eqn, rest)
   for source, desc, coords in pieces:
     gen.emit(f"tma.async_copy_shared_to_global({desc}, [{coords}], {source})")
@@ -1142,10 +1168,17 @@ def _commit_group(ctx):
 
 @rule(mp.wait_smem_to_gmem_p)
 def _wait_smem_to_gmem(ctx, *, n, wait_read_only):
-  # Gluon waits for a store's reads of SMEM only, and counts each store as a group: with groups
-  # of several stores (commit_group=False), wait for all of them. A kernel that reads back what it
-  # stored (needing the writes) is refused in codegen.generate.
-  ctx.gen.emit(f"tma.store_wait({0 if ctx.gen.grouped_stores else n})")
+  # Gluon counts each store as a group: with groups of several stores (commit_group=False), wait
+  # for all of them. Its store_wait waits for a store's reads of SMEM only; a full wait (the
+  # writes to GMEM done) is the same PTX without `.read`, by the thread that issued the stores,
+  # then a barrier for the warpgroup's other threads.
+  gen = ctx.gen
+  n = 0 if gen.grouped_stores else n
+  gen.emit(f"tma.store_wait({n})")
+  if not wait_read_only:
+    gen.emit(f'gl.inline_asm_elementwise("cp.async.bulk.wait_group {n};\\n mov.u32 $0, 0;", "=r", '
+             "[], dtype=gl.int32, is_pure=False, pack=1)")
+    gen.emit("gl.thread_barrier()")
   return []
 
 
