@@ -719,11 +719,11 @@ def _box_view(gen, smem: SmemRef, box) -> tuple[str, str]:
   """(the SMEM expression a TMA copy of ``box`` reads or writes, the descriptor's layout): a box
   with more dimensions than the buffer (unit ones) sees it through a reshape."""
   if tuple(box) == tuple(smem.shape):   # the buffer's layout may have a lower rank (its views')
+    if len(box) <= 2 and not gen.is_whole(smem):
+      return smem.text, smem.layout
     layout = gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
     if gen.is_whole(smem):
       return gen.whole_view(smem), layout
-    if len(box) <= 2:
-      return smem.text, smem.layout
     return f"{smem.text}._reinterpret({ex.dtype_name(smem.dtype, 'gl')}, {list(L.padded(box))}, {layout})", layout
   if tuple(d for d in box if d != 1) != tuple(d for d in smem.shape if d != 1):
     gen.unsupported(f"a TMA box {tuple(box)} for an SMEM buffer of shape {smem.shape}")
