@@ -280,7 +280,6 @@ def test_copy_of_squeezed_integer_index_view():
   np.testing.assert_allclose(k(x), want, **EXACT)
 
 
-@pytest.mark.gluon_refuses('used whole')
 def test_size_one_dims_and_odd_sizes():
   x = rand(6, (1, 37, 1, 16))
 

@@ -47,6 +47,7 @@ class SmemRef:
   layout: str
   swizzle: int = 0        # bytes (the buffer's): where it may be sliced
   lead: tuple = ()        # leading dimensions stored flattened into one (buffers of rank > 3)
+  reshaped: bool = False  # such a buffer seen whole, unflattened
 
 
 @dataclasses.dataclass

@@ -160,6 +160,15 @@ def _convert(ctx, x, *, new_dtype, **_):
   return ctx.gen.value(method(x, "to", _dtype(new_dtype), dtype=new_dtype), ctx.gen.layout_of(x))
 
 
+@rule(lax.bitcast_convert_type_p)
+def _bitcast(ctx, x, *, new_dtype):
+  new = np.dtype(new_dtype)
+  if new.itemsize != np.dtype(x.dtype).itemsize:
+    ctx.gen.unsupported(f"bitcast_convert_type from {np.dtype(x.dtype).name} to {new.name} "
+                        "(types of different sizes)")
+  return ctx.gen.value(method(x, "to", _dtype(new), dtype=new, bitcast=True), ctx.gen.layout_of(x))
+
+
 @rule(lax.exp2_p)
 def _exp2(ctx, x, **_):
   return ctx.gen.value(call("gl.exp2", x, dtype=x.dtype, shape=x.shape), ctx.gen.layout_of(x))
@@ -252,6 +261,8 @@ def _iota(ctx, *, dtype, shape, dimension, **_):
 
 
 def _iota_in(gen, dtype, shape, dimension: int, layout: str):
+  if len(shape) > 2:
+    return _iota_nd(gen, dtype, shape, dimension, layout)
   lane = layout if len(shape) == 1 else _slice_layout(gen, layout, 1 - dimension)
   e = call("gl.arange", _i32(0), _i32(L.padded(shape)[dimension]), layout=ex.Token(lane), dtype=I32,
            shape=(shape[dimension],))
@@ -264,6 +275,28 @@ def _iota_in(gen, dtype, shape, dimension: int, layout: str):
   gen.remat[v.name] = lambda new: None if _kind(gen, new) == "other" else \
       _iota_in(gen, dtype, shape, dimension, new)
   return v
+
+
+def _iota_nd(gen, dtype, shape, dimension: int, layout: str):
+  """An iota along ``dimension`` of a tile of rank > 2: the vector in ``layout`` with every other
+  dimension sliced away (highest first), expanded back (lowest first) and broadcast."""
+  others = [d for d in range(len(shape)) if d != dimension]
+  lane = layout
+  for d in reversed(others):
+    lane = _slice_layout(gen, lane, d)
+  e = call("gl.arange", _i32(0), _i32(L.padded(shape)[dimension]), layout=ex.Token(lane),
+           dtype=I32, shape=(shape[dimension],))
+  for d in others:   # the dimensions below d are back already: d is its position
+    e = call("gl.expand_dims", e, _i32(d), dtype=I32,
+             shape=tuple(shape[k] if k == dimension else 1 for k in range(len(shape))
+                         if k == dimension or k <= d))
+  if dtype != I32:
+    e = method(e, "to", _dtype(dtype), dtype=dtype)
+  full = call("gl.full", _shape(shape), _i32(0), _dtype(dtype), layout=ex.Token(layout),
+              dtype=dtype, shape=tuple(shape))
+  pair = gen.fresh("pair")
+  gen.emit(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
+  return gen.value(ex.Subscript(ex.Name(pair), (_i32(0),), dtype=dtype, shape=tuple(shape)), layout)
 
 
 def _half(gen, x, dim: int, upper: bool):
@@ -563,7 +596,9 @@ def allocate(gen, kind, aval):
     gen.emit(f"{phase} = 0")
     return BarrierRef(name, phase, n)
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
-    stored = shape if len(shape) <= 3 else (int(np.prod(shape[:-2])),) + shape[-2:]
+    # Rank > 3: the leading dimensions flattened into one, each padded to a power of two so
+    # that the whole buffer can also be seen unflattened (a reshape).
+    stored = shape if len(shape) <= 3 else (int(np.prod(L.padded(shape[:-2]))),) + shape[-2:]
     name = gen.fresh("smem")
     layout = gen.allocate_smem(name, stored, dtype)
     return SmemRef(name, shape, dtype, layout, L.swizzle(shape[-2:], dtype),
@@ -617,8 +652,9 @@ def _smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
   text, shape, permuted = ref.text, list(ref.shape), False
   transforms = list(transforms)
   if ref.lead:   # a buffer of rank > 3, stored with its leading dimensions flattened
-    if not transforms:
-      gen.unsupported(f"an SMEM buffer of shape {ref.shape} used whole (index its leading dimensions)")
+    if not transforms:   # used whole: the flattened dimension split again
+      return dataclasses.replace(ref, text=f"{ref.text}.reshape({list(L.padded(ref.shape))})",
+                                 lead=(), reshaped=True)
     text, shape, transforms[0] = _flat_index(gen, ref, transforms[0])
   for t in transforms:
     if isinstance(t, ji.TransposeRef):
@@ -661,7 +697,7 @@ def _flat_index(gen, ref: SmemRef, t):
     gen.unsupported(f"slicing the leading dimensions of an SMEM buffer of shape {ref.shape} "
                     "(index them with integers)")
   flat = t.indices[0]
-  for idx, size in zip(t.indices[1:n], ref.lead[1:]):
+  for idx, size in zip(t.indices[1:n], L.padded(ref.lead[1:])):
     flat = gen.bind(ex.add(ex.mul(flat, _i32(size)), idx), "slot")
   rest = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
   return f"{ref.text}.index({gen.render(flat)})", list(ref.shape[n:]), rest
@@ -718,6 +754,8 @@ def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:
 def _box_view(gen, smem: SmemRef, box) -> tuple[str, str]:
   """(the SMEM expression a TMA copy of ``box`` reads or writes, the descriptor's layout): a box
   with more dimensions than the buffer (unit ones) sees it through a reshape."""
+  if tuple(box) == tuple(smem.shape) and smem.reshaped:   # Gluon infers the reshape's layout
+    return smem.text, gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
   if tuple(box) == tuple(smem.shape):   # the buffer's layout may have a lower rank (its views')
     if len(box) <= 2 and not gen.is_whole(smem):
       return smem.text, smem.layout
@@ -844,7 +882,8 @@ def _register_view(gen, ref: SmemRef, transforms) -> SmemRef:
   view = _smem_view(gen, ref, transforms)
   if gen.is_whole(view):
     return dataclasses.replace(view, text=gen.whole_view(view))
-  gen.note_view(ref.layout, len(view.shape), registers=True)
+  if not view.reshaped:
+    gen.note_view(ref.layout, len(view.shape), registers=True)
   return view
 
 
