@@ -1113,8 +1113,8 @@ def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef,
   mask = conds[0] if valid is None else binary("&", valid, conds[0], dtype=b)
   for cond in conds[1:]:
     mask = binary("&", mask, cond, dtype=b)
-  gen.note_view(smem.layout, 2, registers=True)
-  value = gen.value(method(ex.Name(smem.text, dtype=smem.dtype, shape=smem.shape), "load",
+  view = _register_view(gen, smem, [])
+  value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
                            ex.Token(layout)), layout)
   gen.emit(f"gl.store({gen.render(ptrs)}, {gen.render(value)}, mask={gen.render(gen.bind(mask, 'rows'))})")
 
