@@ -1,0 +1,59 @@
+"""JAX's ragged dot (``jax/experimental/pallas/ops/gpu/ragged_dot_mgpu.py``, one warpgroup, an
+``emit_pipeline`` per output tile and a logarithmic ladder of TMA stores) on pallax (Gluon) and
+on JAX's Mosaic GPU, beside XLA's ``lax.ragged_dot``: the same source, its imports switched.
+Shapes of JAX's own benchmark: m = n = 16384, k = 2048, 16 groups, float16.
+
+On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/ragged_dot.py [--small]``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+import mgpu_ops  # noqa: E402  (the import-switching loader)
+import triton_vs_pallas as tvp  # noqa: E402  (timing helpers)
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--small", action="store_true")
+  args = ap.parse_args()
+  import jax.experimental.pallas.ops.gpu.ragged_dot_mgpu as jax_rd
+  ours = mgpu_ops.load("ragged_dot_mgpu")
+  m, k, n, groups = (1024, 256, 1024, 4) if args.small else (16384, 2048, 16384, 16)
+  kx, ky, kz = jax.random.split(jax.random.key(1234), 3)
+  lhs = jax.random.normal(kx, (m, k), jnp.float16)
+  rhs = jax.random.normal(ky, (groups, k, n), jnp.float16)
+  cuts = jnp.sort(jax.random.randint(kz, (groups - 1,), 0, m, jnp.int32))
+  sizes = jnp.diff(jnp.concatenate([jnp.zeros(1, jnp.int32), cuts, jnp.full(1, m, jnp.int32)]))
+  cfg = dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, grid_block_n=2)
+  fns = {"xla": jax.jit(lambda a, b, s: jax.lax.ragged_dot(a, b, s)),
+         "pallax": jax.jit(lambda a, b, s: ours.ragged_dot(a, b, group_sizes=s, **cfg)),
+         "jax_mosaic": jax.jit(lambda a, b, s: jax_rd.ragged_dot(a, b, group_sizes=s, **cfg))}
+  call = (lhs, rhs, sizes)
+  outs = tvp.checked_outputs(fns, call, "ragged_dot")
+  want = outs["xla"]
+  dev = tvp.device_times(fns, call)
+  wall = tvp.time_calls(fns, call)
+  flops = 2 * m * k * n
+  print(f"# JAX's ragged_dot_mgpu, {jax.devices()[0].device_kind}, m={m} k={k} n={n} "
+        f"groups={groups} float16, {cfg}\n")
+  print("| kernel | max rel. error vs XLA | kernel time (µs) | TFLOP/s | wall per call (µs) | XLA / kernel |")
+  print("| --- | --- | --- | --- | --- | --- |")
+  for name in fns:
+    err = float(np.max(np.abs(outs[name] - want)) / np.max(np.abs(want)))
+    print(f"| {name} | {err:.1e} | {tvp.time_columns(dev[name], wall[name][0], flops)} | "
+          f"{dev['xla'] / dev[name]:.2f}x |")
+
+
+if __name__ == "__main__":
+  main()
