@@ -159,6 +159,15 @@ def test_out_specs_with_a_grid_of_one_step_and_more_slots_than_steps():
   np.testing.assert_allclose(f(x, y), x + y, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16])
+def test_out_specs_with_blocks_of_24_rows(dtype):
+  # Blocks of 24 rows inside 96 (TMA boxes of 16 + 8 into each slot on a GPU), columns whole.
+  x, y = rand(20, (96, 64), dtype), rand(21, (96, 64), dtype)
+  f = add_kernel((96, 64), (24, 64), grid=(4,), index_map=lambda i: (i, 0),
+                 max_concurrent_steps=2, dtype=dtype)
+  np.testing.assert_allclose(f(x, y), x + y, rtol=0, atol=0)
+
+
 def test_out_specs_with_a_transposed_walk_of_the_grid():
   # Grid (j, i) visits blocks column by column: every step still writes a new block.
   x, y = rand(8, (64, 128)), rand(9, (64, 128))
