@@ -341,7 +341,7 @@ def _grid_ids(gen: Writer, grid) -> list[ex.Expr]:
 
 def generate(params) -> GluonSource:
   """The Gluon source of ``params``' kernel (threads: see ``gluon_threads.py``)."""
-  from pallax._src.mosaic_gpu import gluon_rules  # fills TABLE
+  from pallax._src.mosaic_gpu import gluon_copies, gluon_rules  # noqa: F401 (fill TABLE)
   info = params.threads
   threads = info is not None and info.num_threads > 1
   gm = params.grid_mapping

@@ -1,5 +1,6 @@
 """Gluon rules, one per primitive of a Mosaic GPU kernel (one thread's code): ``rule(ctx,
 *operands, **params)`` as in ``gpu/source.py``. The Refs are the objects of ``gluon_codegen.py``.
+TMA copies and barriers have their rules in ``gluon_copies.py``.
 
 Values and SMEM buffers whose shapes are not powers of two live in padded tensors (see
 ``gluon_layouts.py``). What sits in the padding never reaches a result: reductions set it to their
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +65,7 @@ def _masked(gen, v, dims, fill: ex.Expr):
   return gen.value(call("gl.where", cond, v, fill, dtype=v.dtype, shape=v.shape), gen.layout_of(v))
 
 
-# --- scalars and register tiles ----------------------------------------------------------------
+# --- scalars and register tiles --------------------------------------------------------------
 
 _BINARY = {lax.add_p: "+", lax.sub_p: "-", lax.mul_p: "*", lax.and_p: "&", lax.or_p: "|",
            lax.xor_p: "^", lax.shift_left_p: "<<", lax.shift_right_arithmetic_p: ">>"}
@@ -410,7 +410,7 @@ def _hint(ctx, x, **_):
   return x
 
 
-# --- control flow ------------------------------------------------------------------------------
+# --- control flow ----------------------------------------------------------------------------
 
 def _settled(gen, init: list, body) -> list:
   """Loop carries that start as constants (splats, iotas) written in the layouts the loop body
@@ -544,7 +544,7 @@ def _scatter(ctx, operand, indices, updates, *, dimension_numbers, mode, **_):
   return ctx.gen.lower_jaxpr(closed.jaxpr, [operand, indices, updates])
 
 
-# --- allocation ----------------------------------------------------------------------------
+# --- allocation ------------------------------------------------------------------------------
 
 @rule(prims.run_scoped_p)
 def _run_scoped(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
@@ -643,7 +643,7 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
   return outs
 
 
-# --- views -------------------------------------------------------------------------------------
+# --- views -----------------------------------------------------------------------------------
 
 def _smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
   """The view of ``ref`` that ``transforms`` take (``k_last``: a wgmma operand whose buffer's
@@ -724,48 +724,6 @@ def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int, k
   if start % atom or size % atom:
     gen.unsupported(f"a slice [{start}:{start + size}] of SMEM that does not start and end at a "
                     f"multiple of {what}")
-
-
-def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:
-  """(the box's starting coordinates in the operand, the box shape over all of the operand's
-  dimensions) of a GMEM view: an integer index is a dimension of the box of size 1."""
-  starts = [_i32(0) for _ in ref.shape]
-  dims = list(range(len(ref.shape)))       # view dimension -> operand dimension
-  box = list(ref.shape)
-  for t in (*ref.pre, *transforms):
-    if not isinstance(t, ji.NDIndexer):
-      gen.unsupported(f"the GMEM view {t}")
-    kept = []
-    for idx, d in zip(t.indices, dims):
-      if isinstance(idx, ji.Slice):
-        if idx.stride != 1:
-          gen.unsupported("TMA copies of strided GMEM views")
-        start, box[d] = (idx.start if isinstance(idx.start, ex.Expr) else _i32(idx.start)), idx.size
-        kept.append(d)
-      elif not getattr(idx, "shape", ()):
-        start, box[d] = idx, 1
-      else:
-        gen.unsupported("TMA copies of gathered GMEM views")
-      starts[d] = gen.bind(ex.add(starts[d], start), "c")
-    dims = kept
-  return starts, tuple(box)
-
-
-def _box_view(gen, smem: SmemRef, box) -> tuple[str, str]:
-  """(the SMEM expression a TMA copy of ``box`` reads or writes, the descriptor's layout): a box
-  with more dimensions than the buffer (unit ones) sees it through a reshape."""
-  if tuple(box) == tuple(smem.shape) and smem.reshaped:   # Gluon infers the reshape's layout
-    return smem.text, gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
-  if tuple(box) == tuple(smem.shape):   # the buffer's layout may have a lower rank (its views')
-    if len(box) <= 2 and not gen.is_whole(smem):
-      return smem.text, smem.layout
-    layout = gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
-    if gen.is_whole(smem):
-      return gen.whole_view(smem), layout
-    return f"{smem.text}._reinterpret({ex.dtype_name(smem.dtype, 'gl')}, {list(L.padded(box))}, {layout})", layout
-  if tuple(d for d in box if d != 1) != tuple(d for d in smem.shape if d != 1):
-    gen.unsupported(f"a TMA box {tuple(box)} for an SMEM buffer of shape {smem.shape}")
-  return f"{smem.text}.reshape({list(L.padded(box))})", gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
 
 
 def _barrier_view(gen, ref: BarrierRef, transforms) -> BarrierRef:
@@ -984,242 +942,7 @@ def _swap(ctx, ref, value, *leaves, **_):
   return None
 
 
-# --- TMA, barriers, wgmma --------------------------------------------------------------------
-
-def _refs(ctx, invals):
-  refs, rest = mp.split_refs(invals, ctx.eqn.params["trees"])
-  return refs, rest
-
-
-def _predicated(gen, eqn, rest):
-  """Opens ``if predicate:`` when the primitive has one (close with _end)."""
-  if not eqn.params.get("has_predicate"):
-    return False
-  gen.emit(f"if {gen.render(rest[0])}:")
-  gen.depth += 1
-  return True
-
-
-def _end(gen, opened):
-  if opened:
-    gen.depth -= 1
-
-
-TMA_MAX_BOX = 256   # elements along one dimension of a hardware TMA box
-
-
-def _box_pieces(box, padded, gmem_shape, smem: SmemRef) -> list[list[tuple[int, int]]]:
-  """Per dimension of a TMA box, the (offset, size) pieces it is copied in: boxes of 256 along a
-  leading dimension longer than TMA allows (a tiled SMEM buffer, as Mosaic GPU copies it); the
-  powers of two that sum to it (16 + 8 for 24) along a leading dimension the box spans only
-  part of, where padding it would reach into the next block; else the whole dimension. A piece
-  must start in SMEM where TMA may write (128 bytes, or a whole swizzle pattern of 8 rows), and
-  a swizzled buffer splits along rows in whole patterns only."""
-  align = max(128, 8 * smem.swizzle)
-  out = []
-  for d, (b, p, n) in enumerate(zip(box, padded, gmem_shape)):
-    step = int(np.prod(padded[d + 1:])) * smem.dtype.itemsize   # SMEM bytes per index of d
-    if d == len(box) - 1:
-      sizes = [b]
-    elif p > TMA_MAX_BOX:
-      sizes = [TMA_MAX_BOX] * (p // TMA_MAX_BOX)
-    elif not L.is_pow2(b) and b != n:
-      sizes = [1 << k for k in reversed(range(b.bit_length())) if b >> k & 1]
-    else:
-      sizes = [b]
-    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
-    rows = d == len(box) - 2 and smem.swizzle
-    if any(o * step % align for o in offsets) or (rows and any(q % 8 for q in sizes[1:])):
-      sizes, offsets = [b], [0]   # not expressible: the descriptor says why
-    out.append(list(zip(offsets, sizes)))
-  return out
-
-
-def _tma(gen, smem_ref, gmem_ref) -> tuple[list, int]:
-  """The boxes of a copy, each (the SMEM side's expression, the descriptor, the coordinates),
-  and their bytes (see ``_box_pieces``)."""
-  smem = _smem_view(gen, *smem_ref)
-  starts, box = _gmem_coords(gen, *gmem_ref)
-  text, layout = _box_view(gen, smem, box)
-  padded = L.padded(box)
-  pieces, nbytes = [], 0
-  for piece in itertools.product(*_box_pieces(box, padded, gmem_ref[0].shape, smem)):
-    view = text + "".join(f".slice({o}, {L.pow2(q)}, dim={d})"
-                          for d, (o, q) in enumerate(piece) if L.pow2(q) < padded[d])
-    coords = ", ".join(gen.render(gen.bind(ex.add(s, _i32(o)), "c") if o else s)
-                       for s, (o, _) in zip(starts, piece))
-    piece_box = tuple(q for _, q in piece)
-    pieces.append((view, gen.descriptor(gmem_ref[0], piece_box, layout), coords))
-    # The hardware counts each whole (padded) box's bytes, zeros past the array's end too.
-    nbytes += int(np.prod(L.padded(piece_box))) * smem.dtype.itemsize
-  return pieces, nbytes
-
-
-@rule(mp.copy_gmem_to_smem_p)
-def _copy_gmem_to_smem(ctx, *invals, **params):
-  gen = ctx.gen
-  (src, dst, bar), rest = _refs(ctx, invals)
-  if params["collective_axes"]:
-    gen.unsupported("collective (multicast) copies")
-  if bar is None:
-    raise NotImplementedError("copy_gmem_to_smem needs a barrier on Hopper")
-  if not isinstance(src[0], GmemRef) or not isinstance(dst[0], SmemRef):
-    raise ValueError("copy_gmem_to_smem copies from GMEM to SMEM")
-  pieces, nbytes = _tma(gen, dst, src)
-  barrier = _barrier_view(gen, *bar)
-  b = f"{barrier.name}.index({gen.render(barrier.index)})"
-  opened = _predicated(gen, ctx.eqn, rest)
-  gen.emit(f"mbarrier.expect({b}, {nbytes})")   # one arrival, whatever the number of boxes
-  for target, desc, coords in pieces:
-    gen.emit(f"tma.async_copy_global_to_shared({desc}, [{coords}], {b}, {target})")
-  _end(gen, opened)
-  return []
-
-
-def _dynamic_rows(smem: SmemRef, transforms) -> tuple[ex.Expr, int] | None:
-  """(start, size) where ``transforms`` take rows of a 2-D SMEM buffer from a start known only
-  at run time (and whole columns); None otherwise."""
-  if len(transforms) != 1 or not isinstance(transforms[0], ji.NDIndexer) or len(smem.shape) != 2:
-    return None
-  rows, cols = transforms[0].indices
-  whole = isinstance(cols, ji.Slice) and (getattr(cols.start, "value", cols.start), cols.size,
-                                          cols.stride) == (0, smem.shape[1], 1)
-  if isinstance(rows, ji.Slice) and isinstance(rows.start, ex.Expr) and \
-      not isinstance(rows.start, Lit) and rows.stride == 1 and whole:
-    return rows.start, rows.size
-  return None
-
-
-def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef, transforms):
-  """A TMA store of SMEM rows [start, start + size) (a start known only at run time, which TMA
-  boxes and Gluon's SMEM slices cannot take) as a masked register store: the whole buffer is
-  read, and each row written to where the copy would put it. Rows TMA would clip past the
-  array's end are masked off too."""
-  (t,) = transforms
-  if len(t.indices) != 2 or not all(isinstance(i, ji.Slice) for i in t.indices):
-    gen.unsupported("copies of dynamic SMEM slices to GMEM views other than 2-D slices")
-  grows, gcols = t.indices
-  g0 = grows.start if isinstance(grows.start, ex.Expr) else _i32(grows.start)
-  c0 = gcols.start if isinstance(gcols.start, ex.Expr) else _i32(gcols.start)
-  first = gen.bind(binary("-", g0, start), "row0")   # the GMEM row of the buffer's row 0
-  shifted = ji.NDIndexer((ji.Slice(first, smem.shape[0], 1), gcols), t.shape, t.int_indexer_shape)
-  ptrs, shape, layout, valid = _gmem_pointers(gen, dst, [shifted])
-  r = _iota_in(gen, I32, shape, 0, layout)
-  c = _iota_in(gen, I32, shape, 1, layout)
-  b = np.dtype(np.bool_)
-  conds = [binary(">=", r, start, dtype=b), binary("<", r, ex.add(start, _i32(size)), dtype=b),
-           binary("<", ex.add(first, r), _i32(dst.shape[0]), dtype=b),
-           binary("<", ex.add(c0, c), _i32(dst.shape[1]), dtype=b)]
-  mask = conds[0] if valid is None else binary("&", valid, conds[0], dtype=b)
-  for cond in conds[1:]:
-    mask = binary("&", mask, cond, dtype=b)
-  view = _register_view(gen, smem, [])
-  value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
-                           ex.Token(layout)), layout)
-  gen.emit(f"gl.store({gen.render(ptrs)}, {gen.render(value)}, mask={gen.render(gen.bind(mask, 'rows'))})")
-
-
-_ATOMICS = {"add": "gl.atomic_add", "min": "gl.atomic_min", "max": "gl.atomic_max",
-            "and": "gl.atomic_and", "or": "gl.atomic_or", "xor": "gl.atomic_xor"}
-
-
-def _reduce_through_registers(gen, src, dst, op: str):
-  """A TMA reduce-store (Gluon 3.6 has none) as atomics from registers: each element of the SMEM
-  view reduced into GMEM, as the hardware's reduce does, past the array's end dropped."""
-  if op not in _ATOMICS:
-    gen.unsupported(f"TMA reduce-stores with reduction_op={op!r}")
-  starts, box = _gmem_coords(gen, *dst)
-  ptrs, shape, layout, mask = _gmem_pointers(gen, *dst)
-  kept = [d for d, b in enumerate(box) if b != 1 or len(shape) == len(box)]
-  if len(kept) != len(shape):
-    gen.unsupported("TMA reduce-stores into GMEM views with indexed dimensions")
-  b = np.dtype(np.bool_)
-  for j, d in enumerate(kept):   # TMA drops what lies past the array's end
-    inside = binary("<", ex.add(starts[d], _iota_in(gen, I32, shape, j, layout)),
-                    _i32(dst[0].shape[d]), dtype=b)
-    mask = inside if mask is None else binary("&", mask, inside, dtype=b)
-  view = _register_view(gen, *src)
-  value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
-                           ex.Token(layout)), layout)
-  masks = "" if mask is None else f", mask={gen.render(gen.bind(mask, 'inside'))}"
-  gen.emit(f"{_ATOMICS[op]}({gen.render(ptrs)}, {gen.render(value)}{masks})")
-
-
-@rule(mp.copy_smem_to_gmem_p)
-def _copy_smem_to_gmem(ctx, *invals, **params):
-  gen = ctx.gen
-  (src, dst, _), rest = _refs(ctx, invals)
-  if not isinstance(src[0], SmemRef) or not isinstance(dst[0], GmemRef):
-    raise ValueError("copy_smem_to_gmem copies from SMEM to GMEM")
-  if params["reduction_op"] is not None:
-    opened = _predicated(gen, ctx.eqn, rest)
-    _reduce_through_registers(gen, src, dst, params["reduction_op"])
-    _end(gen, opened)
-    return []
-  rows = _dynamic_rows(*src)
-  if rows is not None:
-    opened = _predicated(gen, ctx.eqn, rest)
-    _store_rows_through_registers(gen, src[0], *rows, dst[0], dst[1])
-    _end(gen, opened)
-    return []
-  pieces, _ = _tma(gen, src, dst)
-  if not params["commit_group"]:
-    gen.grouped_stores = True   # Gluon groups each store alone: waits become waits for all
-  opened = _predicated(gen, ctx.eqn, rest)
-  for source, desc, coords in pieces:
-    gen.emit(f"tma.async_copy_shared_to_global({desc}, [{coords}], {source})")
-  _end(gen, opened)
-  return []
-
-
-@rule(mp.barrier_wait_p)
-def _barrier_wait(ctx, *invals, **_):
-  gen = ctx.gen
-  (bar,), _ = _refs(ctx, invals)
-  b = _barrier_view(gen, *bar)
-  i = gen.render(b.index)
-  gen.emit(f"mbarrier.wait({b.name}.index({i}), ({b.phase} >> {i}) & 1)")
-  gen.emit(f"{b.phase} = {b.phase} ^ (1 << {i})")
-  return []
-
-
-@rule(mp.barrier_arrive_p)
-def _barrier_arrive(ctx, *invals, **_):
-  gen = ctx.gen
-  (bar,), rest = _refs(ctx, invals)
-  b = _barrier_view(gen, *bar)
-  opened = _predicated(gen, ctx.eqn, rest)
-  gen.emit(f"mbarrier.arrive({b.name}.index({gen.render(b.index)}))")
-  _end(gen, opened)
-  return []
-
-
-@rule(mp.commit_smem_p)
-def _commit_smem(ctx):
-  ctx.gen.emit("hopper.fence_async_shared()")
-  return []
-
-
-@rule(mp.commit_smem_to_gmem_group_p)
-def _commit_group(ctx):
-  return []   # see _wait_smem_to_gmem
-
-
-@rule(mp.wait_smem_to_gmem_p)
-def _wait_smem_to_gmem(ctx, *, n, wait_read_only):
-  # Gluon counts each store as a group: with groups of several stores (commit_group=False), wait
-  # for all of them. Its store_wait waits for a store's reads of SMEM only; a full wait (the
-  # writes to GMEM done) is the same PTX without `.read`, by the thread that issued the stores,
-  # then a barrier for the warpgroup's other threads.
-  gen = ctx.gen
-  n = 0 if gen.grouped_stores else n
-  gen.emit(f"tma.store_wait({n})")
-  if not wait_read_only:
-    gen.emit(f'gl.inline_asm_elementwise("cp.async.bulk.wait_group {n};\\n mov.u32 $0, 0;", "=r", '
-             "[], dtype=gl.int32, is_pure=False, pack=1)")
-    gen.emit("gl.thread_barrier()")
-  return []
-
+# --- wgmma -----------------------------------------------------------------------------------
 
 @rule(mp.wgmma_p)
 def _wgmma(ctx, *invals, trees):
