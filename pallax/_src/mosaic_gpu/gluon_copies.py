@@ -197,7 +197,8 @@ def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef,
   view = _register_view(gen, smem, [])
   value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
                            ex.Token(layout)), layout)
-  gen.emit(f"gl.store({gen.render(ptrs)}, {gen.render(value)}, mask={gen.render(gen.bind(mask, 'rows'))})")
+  rows = gen.render(gen.bind(mask, "rows"))
+  gen.emit(f"gl.store({gen.render(ptrs)}, {gen.render(value)}, mask={rows})")
 
 
 _ATOMICS = {"add": "gl.atomic_add", "min": "gl.atomic_min", "max": "gl.atomic_max",

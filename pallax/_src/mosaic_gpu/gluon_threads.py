@@ -3,10 +3,11 @@
 A ``plgpu`` kernel with ``num_threads=n`` runs one body in n warpgroups that branch on
 ``lax.axis_index(thread_name)``. Gluon runs each role as a partition function of
 ``gl.warp_specialize``: thread 0 the default partition (the kernel's 4 warps), threads 1..n-1
-workers of 4 warps each, or of one warp where the thread holds no register tensors (a memory
-thread that only issues TMA copies and waits on barriers: Gluon brackets each copy and barrier
-operation with a barrier over the partition's warps, which one warp makes cheap). The body is lowered once per thread with its index a literal, so the
-writer's folding turns the thread's ``pl.when`` branches into straight code. Collective scratch
+workers of 4 warps each, or of one warp where the thread holds no register tensors and no SMEM
+of its own (a memory thread that only issues TMA copies and waits on barriers: Gluon brackets
+each copy and barrier operation with a barrier over the partition's warps, which one warp makes
+cheap). The body is lowered once per thread with its index a literal, so the writer's folding
+turns the thread's ``pl.when`` branches into straight code. Collective scratch
 (``run_scoped(..., collective_axes=thread)``: SMEM, barriers) is allocated once, before the
 split, and handed to every partition; each partition tracks its own barrier phases, as each
 ``plgpu`` thread does. ``set_max_registers`` sets a worker's register budget.
