@@ -238,24 +238,35 @@ class Writer(src.Source):
       m = _PLACEHOLDER.search(line)
       if m is None:
         out.append(line)
-        continue
-      key = f"<smem {m.group(2)}>"
-      shape, dtype = self.smem_layouts[key][:2]
-      rank = self.smem_rank(key)
-      # Beside a layout of rank 1 the leading dimension is padded too: seen with a layout of
-      # rank 2 (a TMA box of the whole buffer), it must be a power of two.
-      stored = L.padded(shape) if rank == 1 else tuple(shape[:-rank]) + L.padded(shape[-rank:])
-      if m.group(1) == "shape":
-        out.append(line.replace(m.group(0), str(list(stored))))
-      elif m.group(1).startswith("view"):   # the whole buffer, seen with a layout of rank k
-        k = int(m.group(1)[4:])
-        view = "" if k == rank else (f"._reinterpret({ex.dtype_name(dtype, 'gl')}, {list(stored)}, "
-                                     f"{self.layout(L.shared(shape, dtype, k))})")
-        out.append(line.replace(m.group(0), view))
-      elif stored != tuple(shape):
-        indent = line[:m.start()]
-        out += [indent + z for z in self._zeroing(m.group(2), key, stored, rank)]
+      elif m.group(1) == "zero":
+        shape, _, rank, stored = self._stored(m.group(2))
+        if stored != tuple(shape):
+          indent = line[:m.start()]
+          out += [indent + z for z in self._zeroing(m.group(2), f"<smem {m.group(2)}>", stored, rank)]
+      else:   # every placeholder of the line: shapes and views are written in place
+        out.append(_PLACEHOLDER.sub(lambda m: self._in_place(m.group(1), m.group(2)), line))
     return out
+
+  def _stored(self, buffer: str) -> tuple:
+    """(shape, dtype, layout rank, stored shape) of an SMEM buffer."""
+    key = f"<smem {buffer}>"
+    shape, dtype = self.smem_layouts[key][:2]
+    rank = self.smem_rank(key)
+    # Beside a layout of rank 1 the leading dimension is padded too: seen with a layout of
+    # rank 2 (a TMA box of the whole buffer), it must be a power of two.
+    stored = L.padded(shape) if rank == 1 else tuple(shape[:-rank]) + L.padded(shape[-rank:])
+    return shape, dtype, rank, stored
+
+  def _in_place(self, kind: str, buffer: str) -> str:
+    """The text of a ``@shape buf@`` or ``@viewK buf@`` placeholder."""
+    shape, dtype, rank, stored = self._stored(buffer)
+    if kind == "shape":
+      return str(list(stored))
+    k = int(kind[len("view"):])   # the whole buffer, seen with a layout of rank k
+    if k == rank:
+      return ""
+    return (f"._reinterpret({ex.dtype_name(dtype, 'gl')}, {list(stored)}, "
+            f"{self.layout(L.shared(shape, dtype, k))})")
 
   def is_whole(self, ref) -> bool:
     """Whether ``ref`` is an SMEM buffer itself, not a view of one."""

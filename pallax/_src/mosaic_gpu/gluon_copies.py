@@ -13,12 +13,12 @@ import numpy as np
 
 from pallax._src import jax_internals as ji
 from pallax._src.gpu import expr as ex
-from pallax._src.gpu.expr import Lit, binary, method
+from pallax._src.gpu.expr import binary, method
 from pallax._src.mosaic_gpu import gluon_layouts as L
 from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu.gluon_codegen import GmemRef, SmemRef, rule
 from pallax._src.mosaic_gpu.gluon_rules import (I32, _barrier_view, _gmem_pointers, _i32,
-                                                _iota_in, _register_view, _smem_view)
+                                                _iota_in, _register_view, _smem_view, row_slice)
 
 
 # --- TMA boxes -------------------------------------------------------------------------------
@@ -160,15 +160,8 @@ def _copy_gmem_to_smem(ctx, *invals, **params):
 def _dynamic_rows(smem: SmemRef, transforms) -> tuple[ex.Expr, int] | None:
   """(start, size) where ``transforms`` take rows of a 2-D SMEM buffer from a start known only
   at run time (and whole columns); None otherwise."""
-  if len(transforms) != 1 or not isinstance(transforms[0], ji.NDIndexer) or len(smem.shape) != 2:
-    return None
-  rows, cols = transforms[0].indices
-  whole = isinstance(cols, ji.Slice) and (getattr(cols.start, "value", cols.start), cols.size,
-                                          cols.stride) == (0, smem.shape[1], 1)
-  if isinstance(rows, ji.Slice) and isinstance(rows.start, ex.Expr) and \
-      not isinstance(rows.start, Lit) and rows.stride == 1 and whole:
-    return rows.start, rows.size
-  return None
+  rows = row_slice(smem, transforms)
+  return rows if rows is not None and len(smem.shape) == 2 and isinstance(rows[0], ex.Expr) else None
 
 
 def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef, transforms):

@@ -537,11 +537,18 @@ def _scatter(ctx, operand, indices, updates, *, dimension_numbers, mode, **_):
       dn.scatter_dims_to_operand_dims != (0,) or dn.update_window_dims != tuple(range(rank - 1)) or
       dn.operand_batching_dims):
     ctx.gen.unsupported("scatters other than x.at[i].set(row) / .add(row)")
-  fn = functools.partial(_one_row_update, add=ctx.eqn.primitive is lax.scatter_add_p,
-                         clip=mode == lax.GatherScatterMode.CLIP)
-  closed = jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype)
-                                for v in ctx.eqn.invars))
-  return ctx.gen.lower_jaxpr(closed.jaxpr, [operand, indices, updates])
+  avals = tuple((tuple(v.aval.shape), np.dtype(v.aval.dtype)) for v in ctx.eqn.invars)
+  jaxpr = _one_row_update_jaxpr(avals, ctx.eqn.primitive is lax.scatter_add_p,
+                                mode == lax.GatherScatterMode.CLIP)
+  return ctx.gen.lower_jaxpr(jaxpr, [operand, indices, updates])
+
+
+@functools.lru_cache(maxsize=64)
+def _one_row_update_jaxpr(avals, add: bool, clip: bool):
+  """``_one_row_update`` traced once per signature (a loop body is lowered twice, a kernel
+  maybe more often)."""
+  fn = functools.partial(_one_row_update, add=add, clip=clip)
+  return jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(s, d) for s, d in avals)).jaxpr
 
 
 # --- allocation ------------------------------------------------------------------------------
@@ -845,23 +852,33 @@ def _register_view(gen, ref: SmemRef, transforms) -> SmemRef:
   return view
 
 
+def row_slice(ref: SmemRef, transforms) -> tuple[int | ex.Expr, int] | None:
+  """(start, size) where ``transforms`` take SMEM rows [start, start + size) and the whole of
+  every other dimension (start: an int, or an expression known only at run time); None for any
+  other view."""
+  if len(transforms) != 1 or not isinstance(transforms[0], ji.NDIndexer) or ref.lead:
+    return None
+  rows, *rest = transforms[0].indices
+  if not isinstance(rows, ji.Slice) or rows.stride != 1 or any(
+      not isinstance(i, ji.Slice) or (getattr(i.start, "value", i.start), i.size, i.stride) != (0, n, 1)
+      for i, n in zip(rest, ref.shape[1:])):
+    return None
+  return (rows.start.value if isinstance(rows.start, Lit) else rows.start), rows.size
+
+
 def _unaligned_rows(ref: SmemRef, transforms) -> tuple[int, int, int] | None:
   """(start, size, piece) where ``transforms`` take SMEM rows [start, start + size) that do not
   start at a multiple of their size (Gluon's slices must), but do at a multiple of ``piece``
   rows, a power of two that a swizzled buffer can be sliced at (8 rows or more)."""
-  if len(transforms) != 1 or not isinstance(transforms[0], ji.NDIndexer) or ref.lead:
+  rows = row_slice(ref, transforms)
+  if rows is None or not isinstance(rows[0], int):
     return None
-  rows, *rest = transforms[0].indices
-  if not isinstance(rows, ji.Slice) or rows.stride != 1 or not isinstance(rows.start, (int, Lit)):
-    return None
-  start = rows.start.value if isinstance(rows.start, Lit) else rows.start
+  start, size = rows
   piece = start & -start
-  if not start or not L.is_pow2(rows.size) or start % rows.size == 0 or piece > rows.size or (
-      len(ref.shape) == 2 and ref.swizzle and piece < 8) or any(
-      not isinstance(i, ji.Slice) or (getattr(i.start, "value", i.start), i.size) != (0, n)
-      for i, n in zip(rest, ref.shape[1:])):
+  if not start or not L.is_pow2(size) or start % size == 0 or piece > size or (
+      len(ref.shape) == 2 and ref.swizzle and piece < 8):
     return None
-  return start, rows.size, piece
+  return start, size, piece
 
 
 def _load_rows_in_pieces(gen, ref: SmemRef, t, start: int, size: int, piece: int):
