@@ -5,7 +5,10 @@ operands), and with a 1-byte constant as the spare operand; against JAX Pallas a
 one process, interleaved. Also prints the size of each side's thunk annotation in a profiler
 trace. A research probe for issue 13: it patches pallax's launch module.
 
-    PYTHONPATH=$PWD python3 benchmarks/probe_kernel_call_variants.py
+    PYTHONPATH=$PWD python3 benchmarks/probe_kernel_call_variants.py [--gpu-time]
+
+With ``--gpu-time``: the kernel time of the PTX and cubin forms of layer_norm and rms_norm at
+4x1024x4096 instead.
 """
 import dataclasses
 import glob
@@ -118,7 +121,7 @@ def _add_one(x_ref, o_ref):
   o_ref[...] = x_ref[...] + 1
 
 
-def cases():
+def cases(big=False):
   import pallax
   import pallax.triton as plt_
   from jax.experimental.pallas import triton as jplt
@@ -127,12 +130,13 @@ def cases():
   x = jax.random.normal(jax.random.key(int(time.time())), (128,), jnp.float32)
   trivial = lambda P, cp: lambda x: P.pallas_call(  # noqa: E731
       _add_one, out_shape=S(x.shape, x.dtype), compiler_params=cp)(x)
-  yield "x+1", (x,), trivial(pallax, plt_.CompilerParams()), \
-      trivial(JP, jplt.CompilerParams()), lambda x: x + 1
+  if not big:
+    yield "x+1", (x,), trivial(pallax, plt_.CompilerParams()), \
+        trivial(JP, jplt.CompilerParams()), lambda x: x + 1
   import jax.experimental.pallas.ops.gpu as gpu_ops
   ks = iter(jax.random.split(jax.random.key(int(time.time()) + 1), 8))
   for op in ("layer_norm", "rms_norm"):
-    shape = (1, 16, 1024)
+    shape = (4, 1024, 4096) if big else (1, 16, 1024)
     args = tuple(jax.random.normal(next(ks), s) for s in (shape, shape[-1:], shape[-1:]))
     pm, jm = jax_gpu_ops.load(op), importlib.import_module(f"{gpu_ops.__name__}.{op}")
     ref = {"layer_norm": jax_gpu_ops._ln_ref, "rms_norm": jax_gpu_ops._rms_ref}[op]
@@ -155,6 +159,8 @@ def annotation_sizes(fns, args):
 
 def main():
   print(jax.devices()[0].device_kind)
+  if "--gpu-time" in sys.argv:
+    return gpu_time()
   for label, args, pallax_f, jax_f, xla_f in cases():
     fns = {}
     for kind in ("ptx", "ptx_small", "cubin", "trim", "spare_const"):
@@ -172,6 +178,22 @@ def main():
       base = t["jax_pallas"]
       print(f"  n={n:3d} " + "  ".join(f"{k} {v:.1f} ({base / v:.3f}x)" for k, v in t.items()),
             flush=True)
+
+
+def gpu_time():
+  """Kernel time (profiler) of the PTX and cubin forms at bandwidth-bound sizes: does the
+  driver's PTX compiler build a slower kernel than Triton's ptxas?"""
+  for label, args, pallax_f, jax_f, xla_f in cases(big=True):
+    fns = {f"pallax_{k}": _jit(pallax_f, k, args) for k in ("ptx", "cubin")}
+    fns["jax_pallas"] = jax.jit(jax_f)
+    want = np.asarray(jax.jit(xla_f)(*args))
+    for k, f in fns.items():
+      np.testing.assert_allclose(np.asarray(f(*args)), want, rtol=1e-4, atol=1e-4, err_msg=k)
+    for rep in range(3):
+      t = {k: v * 1e6 for k, v in tvp.device_times(fns, args, n=10, rounds=9).items()}
+      base = t["jax_pallas"]
+      print(f"{label} 4x1024x4096 GPU µs: " +
+            "  ".join(f"{k} {v:.1f} ({base / v:.3f}x)" for k, v in t.items()), flush=True)
 
 
 if __name__ == "__main__":
