@@ -23,6 +23,7 @@ def pow2(n: int) -> int:
 class Expr:
   dtype: Any = None           # a numpy dtype; None for tokens that are not values
   shape: tuple = ()           # the logical shape
+  bounds: tuple | None = None  # an integer name's known (lo, hi), every lane (see ``interval``)
 
   @property
   def padded(self) -> tuple[int, ...]:
@@ -138,6 +139,54 @@ def method(obj: Expr, name: str, *args, dtype=None, shape=None, **kwargs) -> Cal
   return Call(Attr(obj, name), tuple(args), tuple(kwargs.items()),
               dtype=obj.dtype if dtype is None else dtype,
               shape=obj.shape if shape is None else tuple(shape))
+
+
+# --- value ranges of index arithmetic ----------------------------------------------------------
+
+def interval(e) -> tuple[int, int] | None:
+  """Bounds (lo, hi) that every lane of the integer expression ``e`` lies within, or None where
+  they are unknown. Known: literals, ``tl.arange``, names bound with bounds (grid indices, loop
+  indices, values bound from known expressions) and + - * // % of those. Lets index code leave
+  out wrap-arounds and bounds checks it can prove never fire."""
+  if not isinstance(e, Expr) or e.dtype is None or not np.issubdtype(np.dtype(e.dtype), np.integer):
+    return None
+  got = _interval(e)
+  if got is None:
+    return None
+  info = np.iinfo(np.dtype(e.dtype))
+  return got if info.min <= got[0] <= got[1] <= info.max else None   # it could wrap: unknown
+
+
+def _interval(e):
+  if isinstance(e, Lit):
+    return None if isinstance(e.value, bool) else (int(e.value), int(e.value))
+  if isinstance(e, Name):
+    return e.bounds
+  if isinstance(e, Subscript) and all(i is None or i == slice(None) for i in e.index):
+    return interval(e.obj)   # new axes
+  if isinstance(e, Call) and e.fn == "tl.arange":
+    lo, hi = (literal(a) for a in e.args)
+    return (lo, hi - 1)
+  if isinstance(e, Op) and len(e.args) == 2:
+    a, b = (interval(x) for x in e.args)
+    if a is None or b is None:
+      return None
+    return _combine(e.op, a, b)
+  return None
+
+
+def _combine(op: str, a, b):
+  if op == "+":
+    return (a[0] + b[0], a[1] + b[1])
+  if op == "-":
+    return (a[0] - b[1], a[1] - b[0])
+  if op == "*":
+    corners = [x * y for x in a for y in b]
+    return (min(corners), max(corners))
+  if op in ("//", "%") and a[0] >= 0 and b[0] == b[1] > 0:   # C and Python agree here
+    k = b[0]
+    return (a[0] // k, a[1] // k) if op == "//" else (0, min(k - 1, a[1]))
+  return None
 
 
 def _broadcast(a: tuple, b: tuple) -> tuple:

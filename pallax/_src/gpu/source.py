@@ -118,15 +118,17 @@ class Source:
     """``e`` as a name (a new statement unless it is a name or a literal already)."""
     dtype = e.dtype if dtype is None else np.dtype(dtype)
     shape = e.shape if shape is None else tuple(shape)
+    bounds = ex.interval(e) if dtype == e.dtype else None
     if isinstance(e, (ex.Name, ex.Lit)):
-      return dataclasses.replace(e, dtype=dtype, shape=shape)
-    name = ex.Name(self.fresh(hint), dtype=dtype, shape=shape)
+      return dataclasses.replace(e, dtype=dtype, shape=shape, bounds=bounds)
+    name = ex.Name(self.fresh(hint), dtype=dtype, shape=shape, bounds=bounds)
     self.max_numel = max(self.max_numel, name.numel)
     self.emit(f"{name.name} = {self.render(e)}")
     return name
 
-  def fresh_name(self, hint: str, dtype, shape) -> ex.Name:
-    return ex.Name(self.fresh(hint), dtype=np.dtype(dtype), shape=tuple(shape))
+  def fresh_name(self, hint: str, dtype, shape, bounds=None) -> ex.Name:
+    """A new variable; ``bounds`` (lo, hi) only where every value it will hold lies within."""
+    return ex.Name(self.fresh(hint), dtype=np.dtype(dtype), shape=tuple(shape), bounds=bounds)
 
   def assign(self, targets: list[ex.Name], values: list[ex.Expr]):
     pairs = [(t, v) for t, v in zip(targets, values) if not (isinstance(v, ex.Name) and v.name == t.name)]

@@ -193,7 +193,8 @@ def _program_ids(gen, gm, plan) -> list[ex.Name]:
   launch's tail), the sequential axes as loops. Returns one name per grid axis."""
   ids: list = [None] * len(gm.grid)
   if plan.decode:
-    pid = gen.fresh_name("pid", np.int32, ())
+    programs = math.prod(axis.size for axis in plan.decode)
+    pid = gen.fresh_name("pid", np.int32, (), bounds=(0, programs - 1))
     gen.emit(f"{pid.name} = tl.program_id(0)")
     gen.lane, gen.lanes = pid, plan.lanes
     rest = pid
@@ -202,12 +203,12 @@ def _program_ids(gen, gm, plan) -> list[ex.Name]:
       idx = rest if last else ex.binary("%", rest, tl.i32(axis.size))
       if axis.reversed:
         idx = ex.binary("-", tl.i32(axis.size - 1), idx)
-      ids[axis.axis] = gen.fresh_name(f"i{axis.axis}", np.int32, ())
+      ids[axis.axis] = gen.fresh_name(f"i{axis.axis}", np.int32, (), bounds=ex.interval(idx))
       gen.emit(f"{ids[axis.axis].name} = {gen.render(idx)}")
       if not last:
         rest = gen.bind(ex.binary("//", rest, tl.i32(axis.size)), "rest")
   for a in plan.launch.sequential:
-    ids[a] = gen.fresh_name(f"i{a}", np.int32, ())
+    ids[a] = gen.fresh_name(f"i{a}", np.int32, (), bounds=(0, gm.grid[a] - 1))
     gen.emit(f"for {ids[a].name} in range(0, {gm.grid[a]}):")
     gen.depth += 1
   return ids

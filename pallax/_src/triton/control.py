@@ -39,7 +39,8 @@ def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
     carry = [gen.materialize(v, "carry") for v in init[1:]]
     start = init[0]
     stop = ex.add(start, tl.i32(length))
-    i = gen.fresh_name("i", start.dtype, ())
+    first, last = ex.interval(start), ex.interval(stop)
+    i = gen.fresh_name("i", start.dtype, (), bounds=first and last and (first[0], last[1] - 1))
     new = _loop(gen, f"for {i.name} in range({gen.render(start)}, {gen.render(stop)}):", body,
                 [*consts, i, *carry])
     gen.assign(carry, new[1:])

@@ -131,7 +131,8 @@ def _from_end(gen, idx: ex.Expr, size: int) -> ex.Expr:
   (entries below -size stay negative, outside the Ref, and are masked off)."""
   unsigned = np.issubdtype(idx.dtype, np.unsignedinteger)
   idx = _index(idx)
-  if unsigned:
+  known = ex.interval(idx)
+  if unsigned or known is not None and known[0] >= 0:   # never negative: nothing to wrap
     return idx
   wrapped = tl.where(tl.compare("<", idx, tl.i32(0)), add(idx, tl.i32(size)), idx)
   return gen.bind(wrapped, "idx")
@@ -200,11 +201,11 @@ def address(ref: RefVal, user_mask: ex.Expr | None):
 
 def _coord_bounds(d: RefDim, coord, fixed: bool, masked_by_user: bool) -> list:
   """The conditions that keep one dimension's coordinates inside the array."""
-  conds = []
-  if d.index is not None or d.low:
+  conds, known = [], ex.interval(coord)
+  if (d.index is not None or d.low) and not (known and known[0] >= 0):
     conds.append(tl.compare(">=", coord, tl.i32(0)))
   past_end = (not d.exact and not ex.is_zero(coord)) if fixed else (not d.exact or masked_by_user)
-  if past_end:
+  if past_end and not (known and known[1] < d.array_size):
     conds.append(tl.compare("<", coord, ex.index_literal(d.array_size)))
   return conds
 
