@@ -305,6 +305,22 @@ def test_decode_order_first_axis_fastest_and_loop_count_axes_reversed():
   assert plan.launch.sequential == (1,)
 
 
+def test_decode_order_runs_vmapped_axes_slowest():
+  # vmap twice: grid (2, 5, 3), the kernel's own axis last. Its programs run side by side, then
+  # the inner vmap's axis, then the outer's (JAX Pallas's launch order; a batch element's rows
+  # lie together in memory).
+  spec = pl.BlockSpec((None, 8), lambda i: (i, 0))
+  f = lambda x: pl.pallas_call(_copy, out_shape=x, grid=(3,), in_specs=[spec], out_specs=spec)(x)
+  params = params_of(jax.vmap(jax.vmap(f)), S((2, 5, 3, 8), F32))
+  assert params.grid_mapping.grid == (2, 5, 3) and params.grid_mapping.vmapped_dims == (0, 1)
+  plan = kplan.analyse(params)
+  assert [(a.axis, a.size) for a in plan.decode] == [(2, 3), (1, 5), (0, 2)]
+  # A grid axis that is not vmap's (tiling's) keeps its place.
+  gm = pcall.with_leading_grid_axis(params.grid_mapping, 4, [False] * 2, vmapped=False)
+  assert gm.grid == (4, 2, 5, 3) and gm.vmapped_dims == (1, 2)
+  assert kplan.decode_order((0, 1, 2, 3), gm.vmapped_dims) == [0, 3, 2, 1]
+
+
 def test_hidden_buffers():
   plan = kplan.analyse(scratch())
   assert plan.scratch == (kplan.HiddenBuffer("scratch[0]", (8, 8), np.dtype(np.float32), 2,

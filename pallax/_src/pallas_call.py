@@ -651,15 +651,16 @@ def _batch_block_mapping(bm: BlockMapping, batched: bool, size: int) -> BlockMap
       array_aval=ji.ShapedArray((size,) + bm.array_aval.shape, bm.array_aval.dtype))
 
 
-def with_leading_grid_axis(gm: GridMapping, size: int, batched) -> GridMapping:
+def with_leading_grid_axis(gm: GridMapping, size: int, batched, vmapped=True) -> GridMapping:
   """``gm`` with a new first grid axis of ``size``; each block operand k with ``batched[k]`` gets
-  a new leading array dimension of that size, indexed by the new axis (the others ignore it)."""
+  a new leading array dimension of that size, indexed by the new axis (the others ignore it).
+  ``vmapped``: the axis is a batch axis that vmap added (GPU launches run it slowest)."""
   bms = tuple(_batch_block_mapping(bm, b, size) for bm, b in zip(gm.block_mappings, batched))
   map_avals = (ji.ShapedArray((), jnp.int32),) + tuple(gm.index_map_avals)
   return gm.replace(
       grid=(size,) + gm.grid, block_mappings=bms,
       index_map_tree=jax.tree.structure((map_avals, {})), index_map_avals=map_avals,
-      vmapped_dims=(0,) + tuple(d + 1 for d in gm.vmapped_dims),
+      vmapped_dims=(0,) * vmapped + tuple(d + 1 for d in gm.vmapped_dims),
       grid_names=None if gm.grid_names is None else ("vmap",) + tuple(gm.grid_names))
 
 

@@ -154,12 +154,21 @@ def analyse(params) -> KernelPlan:
               if any(t is None for t in tables) else disjoint.choose(range(gm.num_outputs)))
   launch = launch_schedule(params, tables, disjoint.choose)
   loops = tuple(sorted(loop_count_axes(jaxpr, len(gm.grid))))
-  decode = tuple(ProgramAxis(a, gm.grid[a], a in loops) for a in launch.parallel)
+  decode = tuple(ProgramAxis(a, gm.grid[a], a in loops)
+                 for a in decode_order(launch.parallel, gm.vmapped_dims))
   lanes = math.prod(p.size for p in decode)
   written, read = ref_effects(jaxpr, len(gm.grid))
   return KernelPlan(tables, schedule, launch, loops, decode, lanes,
                     _vectorize(params, schedule, loops, written), blocks,
                     _scratch(gm, lanes), _globals(params), written, read)
+
+
+def decode_order(parallel, vmapped) -> list[int]:
+  """The parallel axes from fastest to slowest between neighbouring programs: the kernel's own
+  axes in order, then the axes vmap added, innermost first. So the programs of one batch element
+  run side by side, as its data lies in memory (and as JAX Pallas launches them)."""
+  return ([a for a in parallel if a not in vmapped]
+          + [a for a in reversed(vmapped) if a in parallel])
 
 
 def _vectorize(params, schedule, loops, written) -> tuple[int, ...]:

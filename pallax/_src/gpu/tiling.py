@@ -234,5 +234,6 @@ def rewrite(params, sequential_axes: bool):
     return dataclasses.replace(params, jaxpr=_rewrite_jaxpr(jaxpr))
   gm = params.grid_mapping
   n_tiles = math.prod(whole.tile_counts())
-  new_gm = pcall.with_leading_grid_axis(gm, n_tiles, [False] * len(gm.block_mappings))
+  new_gm = pcall.with_leading_grid_axis(gm, n_tiles, [False] * len(gm.block_mappings),
+                                        vmapped=False)
   return dataclasses.replace(params, jaxpr=_rewrite_jaxpr(jaxpr, whole=whole), grid_mapping=new_gm)

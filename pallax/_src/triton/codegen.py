@@ -188,9 +188,10 @@ def _pointers(gen, params) -> list[ex.Name]:
 
 def _program_ids(gen, gm, plan) -> list[ex.Name]:
   """Emits the grid indices of this program: the parallel axes decoded from the launch index
-  (the plan's order: the first grid axis varies fastest between neighbouring programs, and along
-  axes that set a loop's trip count the longest programs launch first, which shortens the
-  launch's tail), the sequential axes as loops. Returns one name per grid axis."""
+  (the plan's order: the first grid axis varies fastest between neighbouring programs, axes that
+  vmap added slowest; along axes that set a loop's trip count the longest programs launch first,
+  which shortens the launch's tail), the sequential axes as loops. Returns one name per grid
+  axis."""
   ids: list = [None] * len(gm.grid)
   if plan.decode:
     programs = math.prod(axis.size for axis in plan.decode)
