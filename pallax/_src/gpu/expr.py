@@ -166,7 +166,7 @@ def _interval(e):
     return interval(e.obj)   # new axes
   if isinstance(e, Call) and e.fn == "tl.arange":
     lo, hi = (literal(a) for a in e.args)
-    return (lo, hi - 1)
+    return None if lo is None or hi is None else (lo, hi - 1)
   if isinstance(e, Op) and len(e.args) == 2:
     a, b = (interval(x) for x in e.args)
     if a is None or b is None:
