@@ -352,7 +352,7 @@ def _grid_ids(gen: Writer, grid) -> list[ex.Expr]:
 
 def generate(params) -> GluonSource:
   """The Gluon source of ``params``' kernel (threads: see ``gluon_threads.py``)."""
-  from pallax._src.mosaic_gpu import gluon_copies, gluon_rules  # noqa: F401 (fill TABLE)
+  from pallax._src.mosaic_gpu import gluon_copies, gluon_order, gluon_rules  # noqa: F401 (TABLE)
   info = params.threads
   threads = info is not None and info.num_threads > 1
   gm = params.grid_mapping
@@ -361,7 +361,7 @@ def generate(params) -> GluonSource:
   names = tuple(gm.grid_names or ())
   axes = [(n, g) for n, g in zip(names, gm.grid)] + list(info.axis_env() if info else ())
   with ji.extend_axis_env_nd(axes):   # legalizing retraces lax.axis_index
-    jaxpr = legalize(params.jaxpr, 90)
+    jaxpr = gluon_order.hoist_reads(legalize(params.jaxpr, 90))
   gen.mma_bits, gen.wgmma = _mma_bits(jaxpr)
   ids = _grid_ids(gen, gm.grid)
   gen.axes = dict(zip(names, ids))
