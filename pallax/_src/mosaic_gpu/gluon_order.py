@@ -30,9 +30,7 @@ def hoist_reads(jaxpr: ji.Jaxpr) -> ji.Jaxpr:
   placed before the run of ``barrier_arrive``s that directly precedes it."""
   eqns, moved = [], set()
   for eqn in jaxpr.eqns:
-    params = jaxpr_util.map_sub_jaxprs(eqn.params, hoist_reads)
-    if any(params[k] is not eqn.params[k] for k in params):
-      eqn = eqn.replace(params=params)
+    eqn = eqn.replace(params=jaxpr_util.map_sub_jaxprs(eqn.params, hoist_reads))
     at = len(eqns)
     if eqn.primitive is ji.get_p or (eqn.primitive in _FOLLOWERS
                                      and any(not isinstance(v, ji.Literal) and v in moved

@@ -194,8 +194,7 @@ def _program_ids(gen, gm, plan) -> list[ex.Name]:
   axis."""
   ids: list = [None] * len(gm.grid)
   if plan.decode:
-    programs = math.prod(axis.size for axis in plan.decode)
-    pid = gen.fresh_name("pid", np.int32, (), bounds=(0, programs - 1))
+    pid = gen.fresh_name("pid", np.int32, (), bounds=(0, plan.lanes - 1))
     gen.emit(f"{pid.name} = tl.program_id(0)")
     gen.lane, gen.lanes = pid, plan.lanes
     rest = pid
