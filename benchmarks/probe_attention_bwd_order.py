@@ -1,7 +1,7 @@
 """JAX's attention_mgpu backward on pallax (Gluon), per kernel, against JAX's Mosaic GPU, with a
 variant of the source whose dK/dV step releases LSE together with dO (the release moved down,
 past the dV/dP wgmmas): what the barriers around Gluon 3.6's ``mbarrier.arrive`` still cost.
-pallax already reads delta before releasing dO (``mosaic_gpu/gluon_order.py``). A research
+pallax already reads delta before releasing dO (``gluon/order.py``). A research
 probe for issue 11; the variant is not something pallax does.
 
 On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/probe_attention_bwd_order.py``.

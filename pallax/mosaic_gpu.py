@@ -5,7 +5,7 @@ Kernels written with it run in pallax's interpreter on any machine, with checks 
 hardware leaves to the user (barrier phases, commits, in-flight copies, deadlocks). On Hopper GPUs
 one-warpgroup kernels compile to Gluon (a first subset: see the README).
 """
-from pallax._src.mosaic_gpu import backend as _backend  # noqa: F401 (registers the Gluon backend)
+from pallax._src.gluon import backend as _backend  # noqa: F401 (registers the Gluon backend)
 from pallax._src.mosaic_gpu import semantics as _semantics  # noqa: F401 (registers the rules)
 from pallax._src.mosaic_gpu.core import (
     ACC, GMEM, REGS, SMEM, TMEM, Barrier, BlockSpec, ClusterBarrier, CompilerParams, CopyPartition,
@@ -13,7 +13,7 @@ from pallax._src.mosaic_gpu.core import (
     Replicated, SemaphoreType, SomeLayout, SwizzleTransform, Tiling, TilingTransform, TMEMLayout,
     TraceScope, TransposeTransform, WarpMesh, WGMMAAccumulatorRef)
 from pallax._src.mosaic_gpu.core import shape_dtype_struct as ShapeDtypeStruct  # noqa: N812
-from pallax._src.mosaic_gpu.gluon_compile import lower
+from pallax._src.gluon.compile import lower
 from pallax._src.mosaic_gpu.helpers import NDLoopInfo, find_swizzle, nd_loop, planar_snake
 from pallax._src.mosaic_gpu.kernel import kernel
 from pallax._src.mosaic_gpu.primitives import (

@@ -18,7 +18,7 @@ _lowered: dict = {}   # Params -> None (it lowers), or (refused, why)
 
 def lower(params):
   """None if ``params``' kernel lowers to sm_90a PTX, else (a clean refusal?, why)."""
-  from pallax._src.mosaic_gpu import gluon_compile
+  from pallax._src.gluon import compile as gluon_compile
   try:
     return _lowered[params]
   except (KeyError, TypeError):

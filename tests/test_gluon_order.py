@@ -1,5 +1,5 @@
 """The Gluon backend reads a Ref before the barrier arrivals just ahead of the read
-(``mosaic_gpu/gluon_order.py``): the kernel's results stay the interpreter's (on a GPU: the
+(``gluon/order.py``): the kernel's results stay the interpreter's (on a GPU: the
 suite's comparison), and the generated source shows the new order on any machine."""
 import re
 
@@ -10,7 +10,7 @@ from jax import lax
 
 import pallax as pl
 import pallax.mosaic_gpu as plgpu
-from pallax._src.mosaic_gpu import gluon_order
+from pallax._src.gluon import order as gluon_order
 from pallax._src.mosaic_gpu import primitives as mp
 
 S = jax.ShapeDtypeStruct

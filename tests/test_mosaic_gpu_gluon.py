@@ -185,7 +185,7 @@ gpu = pytest.mark.skipif(not _on_hopper(), reason="needs a Hopper GPU")
 @pytest.fixture(autouse=True)
 def _gluon_ran(request):
   """A GPU test here must have run a kernel on Gluon (not quietly in the interpreter)."""
-  from pallax._src.mosaic_gpu import gluon_compile
+  from pallax._src.gluon import compile as gluon_compile
   before = gluon_compile.LAUNCHES
   yield
   if request.node.get_closest_marker("gpu") is not None and _on_hopper():
@@ -483,7 +483,7 @@ def test_vmap_on_the_gpu_matches_the_interpreter():
 
 
 def test_gpus_before_hopper_are_pointed_to_the_interpreter():
-  from pallax._src.mosaic_gpu import backend
+  from pallax._src.gluon import backend
   with pytest.raises(RuntimeError, match=r"need a Hopper GPU .* this one has 8\.6\. Run it in the "
                                          r"interpreter instead: plgpu.kernel\(\.\.\., interpret=True\)"):
     backend.check_compute_capability(86, "k")

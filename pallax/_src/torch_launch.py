@@ -81,7 +81,7 @@ def _triton(params, cc, device):
 
 
 def _gluon(params, cc, device):
-  from pallax._src.mosaic_gpu import backend, gluon_compile
+  from pallax._src.gluon import backend, compile as gluon_compile
   backend.check_compute_capability(cc, params.name, "call it with CPU tensors")
   compiled, c = gluon_compile.launchable_kernel(params)
   descriptors = [(k, host) for k, host in enumerate(c.host_descriptors) if host is not None]

@@ -14,7 +14,8 @@ import zlib
 import jax
 
 from pallax._src import jax_internals as ji
-from pallax._src.mosaic_gpu.gluon_codegen import GluonSource, generate
+from pallax._src.gluon.codegen import generate
+from pallax._src.gluon.writer import GluonSource
 
 SHARED_MEMORY_LIMIT = 232448   # sm_90
 TARGET = 90

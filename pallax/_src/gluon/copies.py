@@ -3,7 +3,7 @@ barriers they complete: TMA copies (a box the hardware cannot take in one copy i
 pieces), TMA stores and their waits, and what Gluon 3.6's TMA cannot do at all, done from
 registers instead (stores of rows from a run-time start, reduce-stores as atomics).
 
-The helpers these share with the other rules (views, pointers, iotas) are in ``gluon_rules.py``.
+The views and pointers these share with the register loads and stores are in ``memory.py``.
 """
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import numpy as np
 from pallax._src import jax_internals as ji
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import binary, method
-from pallax._src.mosaic_gpu import gluon_layouts as L
+from pallax._src.gluon import layouts as L
 from pallax._src.mosaic_gpu import primitives as mp
-from pallax._src.mosaic_gpu.gluon_codegen import GmemRef, SmemRef, rule
-from pallax._src.mosaic_gpu.gluon_rules import (I32, _barrier_view, _gmem_pointers, _i32,
-                                                _iota_in, _register_view, _smem_view, row_slice)
+from pallax._src.gluon.memory import barrier_view, gmem_pointers, register_view, row_slice, smem_view
+from pallax._src.gluon.values import I32, i32, iota_in
+from pallax._src.gluon.writer import GmemRef, SmemRef, rule
 
 
 # --- TMA boxes -------------------------------------------------------------------------------
@@ -26,7 +26,7 @@ from pallax._src.mosaic_gpu.gluon_rules import (I32, _barrier_view, _gmem_pointe
 def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:
   """(the box's starting coordinates in the operand, the box shape over all of the operand's
   dimensions) of a GMEM view: an integer index is a dimension of the box of size 1."""
-  starts = [_i32(0) for _ in ref.shape]
+  starts = [i32(0) for _ in ref.shape]
   dims = list(range(len(ref.shape)))       # view dimension -> operand dimension
   box = list(ref.shape)
   for t in (*ref.pre, *transforms):
@@ -37,7 +37,7 @@ def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:
       if isinstance(idx, ji.Slice):
         if idx.stride != 1:
           gen.unsupported("TMA copies of strided GMEM views")
-        start, box[d] = (idx.start if isinstance(idx.start, ex.Expr) else _i32(idx.start)), idx.size
+        start, box[d] = (idx.start if isinstance(idx.start, ex.Expr) else i32(idx.start)), idx.size
         kept.append(d)
       elif not getattr(idx, "shape", ()):
         start, box[d] = idx, 1
@@ -119,7 +119,7 @@ def _box_pieces(box, padded, gmem_shape, smem: SmemRef) -> list[list[tuple[int, 
 def _tma(gen, smem_ref, gmem_ref) -> tuple[list, int]:
   """The boxes of a copy, each (the SMEM side's expression, the descriptor, the coordinates),
   and their bytes (see ``_box_pieces``)."""
-  smem = _smem_view(gen, *smem_ref)
+  smem = smem_view(gen, *smem_ref)
   starts, box = _gmem_coords(gen, *gmem_ref)
   text, layout = _box_view(gen, smem, box)
   padded = L.padded(box)
@@ -127,7 +127,7 @@ def _tma(gen, smem_ref, gmem_ref) -> tuple[list, int]:
   for piece in itertools.product(*_box_pieces(box, padded, gmem_ref[0].shape, smem)):
     view = text + "".join(f".slice({o}, {L.pow2(q)}, dim={d})"
                           for d, (o, q) in enumerate(piece) if L.pow2(q) < padded[d])
-    coords = ", ".join(gen.render(gen.bind(ex.add(s, _i32(o)), "c") if o else s)
+    coords = ", ".join(gen.render(gen.bind(ex.add(s, i32(o)), "c") if o else s)
                        for s, (o, _) in zip(starts, piece))
     piece_box = tuple(q for _, q in piece)
     pieces.append((view, gen.descriptor(gmem_ref[0], piece_box, layout), coords))
@@ -147,7 +147,7 @@ def _copy_gmem_to_smem(ctx, *invals, **params):
   if not isinstance(src[0], GmemRef) or not isinstance(dst[0], SmemRef):
     raise ValueError("copy_gmem_to_smem copies from GMEM to SMEM")
   pieces, nbytes = _tma(gen, dst, src)
-  barrier = _barrier_view(gen, *bar)
+  barrier = barrier_view(gen, *bar)
   b = f"{barrier.name}.index({gen.render(barrier.index)})"
   opened = _predicated(gen, ctx.eqn, rest)
   gen.emit(f"mbarrier.expect({b}, {nbytes})")   # one arrival, whatever the number of boxes
@@ -173,21 +173,21 @@ def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef,
   if len(t.indices) != 2 or not all(isinstance(i, ji.Slice) for i in t.indices):
     gen.unsupported("copies of dynamic SMEM slices to GMEM views other than 2-D slices")
   grows, gcols = t.indices
-  g0 = grows.start if isinstance(grows.start, ex.Expr) else _i32(grows.start)
-  c0 = gcols.start if isinstance(gcols.start, ex.Expr) else _i32(gcols.start)
+  g0 = grows.start if isinstance(grows.start, ex.Expr) else i32(grows.start)
+  c0 = gcols.start if isinstance(gcols.start, ex.Expr) else i32(gcols.start)
   first = gen.bind(binary("-", g0, start), "row0")   # the GMEM row of the buffer's row 0
   shifted = ji.NDIndexer((ji.Slice(first, smem.shape[0], 1), gcols), t.shape, t.int_indexer_shape)
-  ptrs, shape, layout, valid = _gmem_pointers(gen, dst, [shifted])
-  r = _iota_in(gen, I32, shape, 0, layout)
-  c = _iota_in(gen, I32, shape, 1, layout)
+  ptrs, shape, layout, valid = gmem_pointers(gen, dst, [shifted])
+  r = iota_in(gen, I32, shape, 0, layout)
+  c = iota_in(gen, I32, shape, 1, layout)
   b = np.dtype(np.bool_)
-  conds = [binary(">=", r, start, dtype=b), binary("<", r, ex.add(start, _i32(size)), dtype=b),
-           binary("<", ex.add(first, r), _i32(dst.shape[0]), dtype=b),
-           binary("<", ex.add(c0, c), _i32(dst.shape[1]), dtype=b)]
+  conds = [binary(">=", r, start, dtype=b), binary("<", r, ex.add(start, i32(size)), dtype=b),
+           binary("<", ex.add(first, r), i32(dst.shape[0]), dtype=b),
+           binary("<", ex.add(c0, c), i32(dst.shape[1]), dtype=b)]
   mask = conds[0] if valid is None else binary("&", valid, conds[0], dtype=b)
   for cond in conds[1:]:
     mask = binary("&", mask, cond, dtype=b)
-  view = _register_view(gen, smem, [])
+  view = register_view(gen, smem, [])
   value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
                            ex.Token(layout)), layout)
   rows = gen.render(gen.bind(mask, "rows"))
@@ -204,16 +204,16 @@ def _reduce_through_registers(gen, src, dst, op: str):
   if op not in _ATOMICS:
     gen.unsupported(f"TMA reduce-stores with reduction_op={op!r}")
   starts, box = _gmem_coords(gen, *dst)
-  ptrs, shape, layout, mask = _gmem_pointers(gen, *dst)
+  ptrs, shape, layout, mask = gmem_pointers(gen, *dst)
   kept = [d for d, b in enumerate(box) if b != 1 or len(shape) == len(box)]
   if len(kept) != len(shape):
     gen.unsupported("TMA reduce-stores into GMEM views with indexed dimensions")
   b = np.dtype(np.bool_)
   for j, d in enumerate(kept):   # TMA drops what lies past the array's end
-    inside = binary("<", ex.add(starts[d], _iota_in(gen, I32, shape, j, layout)),
-                    _i32(dst[0].shape[d]), dtype=b)
+    inside = binary("<", ex.add(starts[d], iota_in(gen, I32, shape, j, layout)),
+                    i32(dst[0].shape[d]), dtype=b)
     mask = inside if mask is None else binary("&", mask, inside, dtype=b)
-  view = _register_view(gen, *src)
+  view = register_view(gen, *src)
   value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
                            ex.Token(layout)), layout)
   masks = "" if mask is None else f", mask={gen.render(gen.bind(mask, 'inside'))}"
@@ -251,7 +251,7 @@ def _copy_smem_to_gmem(ctx, *invals, **params):
 def _barrier_wait(ctx, *invals, **_):
   gen = ctx.gen
   (bar,), _ = _refs(ctx, invals)
-  b = _barrier_view(gen, *bar)
+  b = barrier_view(gen, *bar)
   i = gen.render(b.index)
   gen.emit(f"mbarrier.wait({b.name}.index({i}), ({b.phase} >> {i}) & 1)")
   gen.emit(f"{b.phase} = {b.phase} ^ (1 << {i})")
@@ -262,7 +262,7 @@ def _barrier_wait(ctx, *invals, **_):
 def _barrier_arrive(ctx, *invals, **_):
   gen = ctx.gen
   (bar,), rest = _refs(ctx, invals)
-  b = _barrier_view(gen, *bar)
+  b = barrier_view(gen, *bar)
   opened = _predicated(gen, ctx.eqn, rest)
   gen.emit(f"mbarrier.arrive({b.name}.index({gen.render(b.index)}))")
   _end(gen, opened)

@@ -21,7 +21,7 @@ def check_compute_capability(cc: int, name: str,
 
 
 def _lowering(ctx, *args, params):
-  from pallax._src.mosaic_gpu import gluon_compile
+  from pallax._src.gluon import compile as gluon_compile
   from pallax._src.gpu.device import device_compute_capability
   check_compute_capability(device_compute_capability(), params.name)
   return gluon_compile.gluon_lowering(ctx, *args, params=params)

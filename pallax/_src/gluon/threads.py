@@ -18,6 +18,8 @@ import numpy as np
 
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
+from pallax._src.mosaic_gpu import primitives as mp
+from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
 
 WORKER_WARPS = 4
@@ -64,3 +66,10 @@ def split(name: str, params: list[str], parts) -> list[str]:
   warps = [w for _, _, w in parts[1:]]
   regs = [r or DEFAULT_WORKER_REGISTERS for _, r, _ in parts[1:]]
   return [f"    gl.warp_specialize([{fns}], {warps}, {regs})"]
+
+
+
+@rule(mp.set_max_registers_p)
+def _set_max_registers(ctx, *, n, action):
+  ctx.gen.registers = n   # the running thread's partition budget (threads.split)
+  return []

@@ -7,7 +7,7 @@ operation between two layouts converts its second operand to the first's.
 
 Gluon tensors have powers of two in every dimension: a value or buffer of another shape is the
 tensor of its shape rounded up (``padded``), and every layout here is that tensor's. The rules
-keep the lanes past the logical shape from leaking (see ``gluon_rules.py``).
+keep the lanes past the logical shape from leaking (see ``values.py``).
 """
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""The Gluon backend: Mosaic GPU kernels as Gluon source for Hopper (see ``codegen.py``)."""

@@ -1,0 +1,111 @@
+"""Gluon rules that allocate: scratch scopes (SMEM buffers, barriers, wgmma accumulators),
+scopes inside loops allocated once at the kernel's top, and ``pl.run_state`` accumulators.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pallax._src import jax_internals as ji
+from pallax._src import jaxpr_util
+from pallax._src import primitives as prims
+from pallax._src.gluon import layouts as L
+from pallax._src.gluon.values import to_layout, wait_all
+from pallax._src.gluon.writer import AccRef, BarrierRef, SmemRef, ValueRef, rule
+from pallax._src.gpu import expr as ex
+from pallax._src.mosaic_gpu import core as mc
+
+@rule(prims.run_scoped_p)
+def _run_scoped(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
+  gen = ctx.gen
+  refs = gen.hoisted.get(ctx.eqn)   # collective scratch of a thread: allocated before the split
+  if refs is None and gen.thread_name in ctx.eqn.params.get("collective_axes", ()):
+    gen.unsupported(f"scratch shared by the threads ({gen.thread_name!r}) allocated inside a loop "
+                    "or branch (allocate it in the kernel's straight-line code)")
+  types, avals = scratch_types, [v.aval.inner_aval for v in jaxpr.invars[num_consts:]]
+  refs = [r if r is not None else allocate(gen, t, a)
+          for r, t, a in zip(refs or [None] * len(types), types, avals)]
+  return gen.lower_jaxpr(jaxpr, [*consts, *refs])
+
+
+def hoist_nested(gen, jaxpr, nested: bool = False) -> None:
+  """Allocates now (at the kernel's top) the SMEM buffers and barriers of scopes inside loops
+  and branches, recording them by equation in ``gen.hoisted`` (None for accumulators, which
+  are registers made at the scope). Each entry to such a scope reuses them: SMEM holds
+  whatever the last entry left (as a fresh buffer holds anything), and a barrier goes on from
+  the phase its last completion left, which the interpreter's checks make its initial one
+  (every completion is awaited before the scope ends)."""
+  for eqn in jaxpr.eqns:
+    p = eqn.params
+    if eqn.primitive is prims.run_scoped_p and nested:
+      gen.hoisted[eqn] = [None if isinstance(t, mc.WGMMAAccumulatorRef) else
+                          allocate(gen, t, v.aval.inner_aval)
+                          for t, v in zip(p["scratch_types"], p["jaxpr"].invars[p["num_consts"]:])]
+    inner = nested or eqn.primitive not in (prims.run_scoped_p, *ji.CALL_PRIMITIVES)
+    for sub in jaxpr_util.sub_jaxprs(p):
+      hoist_nested(gen, sub, inner)
+
+
+def allocate(gen, kind, aval):
+  shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
+  if isinstance(kind, mc.WGMMAAccumulatorRef):
+    layout = gen.layout(L.wgmma(shape[1], gen.mma_bits))
+    name = gen.fresh("acc")
+    gen.emit(f"{name} = gl.zeros({list(L.padded(shape))}, {ex.dtype_name(dtype, 'gl')}, layout={layout})")
+    gen.accs.append(AccRef(name, shape, layout))
+    return gen.accs[-1]
+  if gen.depth != 1:
+    gen.unsupported("SMEM or barrier allocations inside loops or branches")
+  if isinstance(kind, mc.Barrier):
+    name, phase = gen.fresh("bar"), gen.fresh("phase")
+    n = int(np.prod(shape)) if shape else 1
+    gen.emit(f"{name} = gl.allocate_shared_memory(gl.int64, [{n}, 1], {L.BARRIER})")
+    gen.emit(f"for _b in gl.static_range({n}):")
+    gen.emit(f"    mbarrier.init({name}.index(_b), count={kind.num_arrivals})")
+    gen.emit(f"{phase} = 0")
+    return BarrierRef(name, phase, n)
+  if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
+    # Rank > 3: the leading dimensions flattened into one, each padded to a power of two so
+    # that the whole buffer can also be seen unflattened (a reshape).
+    stored = shape if len(shape) <= 3 else (int(np.prod(L.padded(shape[:-2]))),) + shape[-2:]
+    name = gen.fresh("smem")
+    layout = gen.allocate_smem(name, stored, dtype)
+    return SmemRef(name, shape, dtype, layout, L.swizzle(shape[-2:], dtype),
+                   lead=shape[:-2] if len(shape) > 3 else ())
+  gen.unsupported(f"scratch of type {kind}")
+
+
+@rule(ji.run_state_p)
+def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
+  """``pl.run_state`` over values (``plgpu.ACC.init(x)``): each becomes an accumulator variable;
+  Refs the body closes over pass through."""
+  gen, given, refs = ctx.gen, iter(invals), []
+  for init, v in zip(is_initialized, jaxpr.invars):
+    x = next(given) if init else None
+    if x is not None and not isinstance(x, ex.Expr):
+      refs.append(x)
+      continue
+    shape = tuple(v.aval.inner_aval.shape)
+    if x is not None and x.dtype != np.float32:   # a value the body closes over: read only
+      refs.append(ValueRef(x))
+      continue
+    if x is None or len(shape) != 2:
+      gen.unsupported("pl.run_state over values other than (ACC.init of) 2-D float32 arrays")
+    layout = gen.layout(L.wgmma(shape[1], gen.mma_bits))
+    name = gen.fresh("acc")
+    gen.emit(f"{name} = {gen.render(to_layout(gen, x, layout, shape, x.dtype))}")
+    gen.accs.append(AccRef(name, shape, layout))
+    refs.append(gen.accs[-1])
+  gen.lower_jaxpr(jaxpr, refs)
+  outs = []
+  for r, v in zip(refs, ctx.eqn.outvars):
+    if isinstance(r, ValueRef):
+      outs.append(r.value)
+    elif isinstance(r, AccRef):
+      wait_all(gen, [r])
+      value = gen.fresh_name("acc_value", v.aval.dtype, r.shape)
+      gen.emit(f"{value.name} = {r.name}")
+      gen.layouts[value.name] = r.layout
+      outs.append(value)
+    else:
+      outs.append(r)
+  return outs

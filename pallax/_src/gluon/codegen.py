@@ -1,0 +1,196 @@
+"""A Mosaic GPU kernel as ``@gluon.jit`` source for Hopper (sm_90a).
+
+The kernel jaxpr (legalized as for Triton, then reordered by ``order.py``) is walked once by the
+``Writer`` (``writer.py``) with the Gluon rule table, whose rules live by topic: ``elementwise``,
+``shapes``, ``control``, ``allocation``, ``memory`` (views, register loads and stores), ``mma``
+(wgmma), ``copies`` (TMA and barriers), ``threads`` (warp specialization). Refs become objects the
+rules understand: GMEM operands (a pointer and a TMA descriptor per box shape, made in the
+prologue), SMEM buffers (a shared-memory descriptor and its views: ``.index``, ``.permute``),
+barriers (mbarriers with a phase bitfield per allocation, which Gluon carries through loops like
+any variable) and wgmma accumulators (a register variable that wgmmas reassign). The grid is
+flattened onto launch axis 0 with the last axis fastest, as Mosaic promises.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pallax._src import core as pc
+from pallax._src import jax_internals as ji
+from pallax._src import jaxpr_util
+from pallax._src.gluon import control, elementwise, mma, shapes  # noqa: F401 (their rules register)
+from pallax._src.gluon import copies, memory  # noqa: F401 (their rules register)
+from pallax._src.gluon import layouts as L
+from pallax._src.gluon import order
+from pallax._src.gluon import threads as warp_specialize
+from pallax._src.gluon.allocation import allocate, hoist_nested
+from pallax._src.gluon.writer import GluonSource, GmemRef, Writer
+from pallax._src.gpu import expr as ex
+from pallax._src.gpu import source as src
+from pallax._src.gpu.legalize import legalize
+from pallax._src.mosaic_gpu import primitives as mp
+
+
+def _grid_ids(gen: Writer, grid) -> list[ex.Expr]:
+  """Program coordinates from launch axis 0, the last grid axis fastest (Mosaic's order)."""
+  pid = ex.Name("pid", dtype=np.dtype(np.int32))
+  gen.emit("pid = gl.program_id(0)")
+  ids, stride = [], 1
+  for k in range(len(grid) - 1, -1, -1):
+    e = pid if stride == 1 else ex.binary("//", pid, ex.Lit(stride, dtype=np.dtype(np.int32)))
+    if k > 0:
+      e = ex.binary("%", e, ex.Lit(grid[k], dtype=np.dtype(np.int32)))
+    ids.append(gen.bind(e, f"id{k}"))
+    stride *= grid[k]
+  return ids[::-1]
+
+
+def generate(params) -> GluonSource:
+  """The Gluon source of ``params``' kernel (threads: see ``threads.py``)."""
+  info = params.threads
+  threads = info is not None and info.num_threads > 1
+  gm = params.grid_mapping
+  name = src.kernel_identifier(params.name)
+  gen = Writer(name)
+  names = tuple(gm.grid_names or ())
+  axes = [(n, g) for n, g in zip(names, gm.grid)] + list(info.axis_env() if info else ())
+  with ji.extend_axis_env_nd(axes):   # legalizing retraces lax.axis_index
+    jaxpr = order.hoist_reads(legalize(params.jaxpr, 90))
+  gen.mma_bits, gen.wgmma = _mma_bits(jaxpr)
+  ids = _grid_ids(gen, gm.grid)
+  gen.axes = dict(zip(names, ids))
+  if info is not None:
+    gen.axes.update({n: ex.Lit(0, dtype=np.dtype(np.int32)) for n, _ in info.cluster})
+    if info.thread_name is not None:
+      gen.axes[info.thread_name] = ex.Lit(0, dtype=np.dtype(np.int32))
+  refs = []
+  for k, bm in enumerate(gm.block_mappings):
+    ptr = src.identifier(f"{'in' if bm.origin.startswith('args') else 'out'}{k}_ptr")
+    refs.append(GmemRef(ptr, tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), bm.origin,
+                        _block_indexer(gen, bm, ids)))
+  if threads:
+    gen.thread_name = info.thread_name
+    warp_specialize.hoist(gen, jaxpr, info.thread_name, allocate)
+    main = gen.lines
+    parts = warp_specialize.partitions(gen, jaxpr, [*ids, *refs], info)
+  else:
+    hoist_nested(gen, jaxpr)
+    gen.lower_jaxpr(jaxpr, [*ids, *refs])
+  try:
+    for text in gen.smem_layouts:
+      gen.layout_text(text)
+  except NotImplementedError as e:
+    raise src.Unsupported(f"pallas_call {params.name}: {e}; run it with interpret=True") from None
+  signature, host = _signature(gen, refs)
+  if threads:
+    source = _threaded_module(gen, name, list(signature), main, parts, ids)
+  else:
+    source = _module(gen, name, list(signature))
+  if params.debug:
+    print(layout_report(gen, params.name))
+  return GluonSource(name, source, signature, (math.prod(gm.grid), 1, 1), host_descriptors=host)
+
+
+def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
+  """The kernel's parameters: an operand that the kernel reaches through one TMA descriptor
+  only is passed as that descriptor, made on the host at launch (no descriptor to build in every
+  block, no scratch memory for it); the others as pointers."""
+  signature, host = {}, []
+  boxes = {}
+  for (ptr, box), desc in gen.descriptors.items():
+    boxes.setdefault(ptr, []).append((box, desc))
+  for ref in refs:
+    dtype = ex.SIGNATURE[ref.dtype.name]
+    uses = boxes.get(ref.ptr, [])
+    if len(uses) != 1 or ref.ptr in gen.pointer_uses:
+      signature[ref.ptr] = "*" + dtype
+      host.append(None)
+      continue
+    (box, desc), = uses
+    layout = gen.layout_text(gen.layout_key(gen.descriptor_layouts[desc])).removeprefix("gl.")
+    signature[desc] = f"tensordesc<{dtype}[{', '.join(map(str, L.padded(box)))}],{layout}>"
+    del gen.descriptor_lines[desc]
+    strides = tuple(int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape)))
+    host.append((tuple(ref.shape), strides))
+  return signature, tuple(host)
+
+
+def _block_indexer(gen: Writer, bm, ids) -> tuple:
+  """The operand's block as a view of the whole array: squeezed leading dimensions indexed by
+  the index map (``jax.vmap`` of a kernel adds them); every other dimension whole."""
+  shape = tuple(bm.array_aval.shape)
+  if tuple(bm.ref_aval.shape) == shape:
+    return ()
+  lead = len(shape) - len(bm.ref_aval.shape)
+  if tuple(bm.ref_aval.shape) != shape[lead:] or not all(
+      isinstance(d, pc.Squeezed) for d in bm.block_shape[:lead]):
+    gen.unsupported(f"the blocked operand {bm.origin} (blocks other than squeezed leading "
+                    "dimensions of whole arrays)")
+  idx = gen.lower_jaxpr(bm.index_map_jaxpr, list(ids))
+  indices = tuple(idx[:lead]) + tuple(ji.Slice(0, n, 1) for n in shape[lead:])
+  return (ji.NDIndexer(indices, shape, ()),)
+
+
+def layout_report(gen: Writer, kernel: str) -> str:
+  """The layouts chosen (``debug=True``) and each conversion between them, with its line."""
+  lines = [f"Gluon layouts of {kernel}:"]
+  lines += [f"  {n} = {gen.layout_text(text)}" for text, n in gen.constexprs.items()]
+  for src_l, dst_l, shape, frame in gen.conversions:
+    lines.append(f"  convert_layout {src_l} -> {dst_l} of a {list(shape)} tile at {frame or 'library code'}"
+                 " (may cost a round trip through shared memory)")
+  if not gen.conversions:
+    lines.append("  no layout conversions")
+  return "\n".join(lines)
+
+
+def _mma_bits(jaxpr) -> tuple[int, bool]:
+  """(the operand width of the kernel's wgmmas, whether it has any): the width fixes the
+  accumulators' layout (their instruction shape), which must not change inside the loops that
+  accumulate."""
+  bits = set()
+  for e in jaxpr_util.equations(jaxpr):
+    if e.primitive is mp.wgmma_p:
+      refs, rest = mp.split_refs(e.invars, e.params["trees"])
+      a = rest[0] if refs[1] is None else refs[1][0]
+      dtype = a.aval.inner_aval.dtype if hasattr(a.aval, "inner_aval") else a.aval.dtype
+      bits.add(np.dtype(dtype).itemsize * 8)
+  return (min(bits) if len(bits) == 1 else 16), bool(bits)
+
+
+_HEADER = """from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia import hopper
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+INF = gl.constexpr(float("inf"))
+NAN = gl.constexpr(float("nan"))
+"""
+
+
+def _constexprs(gen: Writer) -> list[str]:
+  return [f"    {n}: gl.constexpr = {gen.layout_text(text)}" for text, n in gen.constexprs.items()]
+
+
+def _module(gen: Writer, name: str, params: list[str]) -> str:
+  body = gen.resolve(gen.lines)
+  lines = [_HEADER, "@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
+  lines += [f"    {d}" for d in gen.descriptor_lines.values()]
+  lines += body
+  return "\n".join(lines) + "\n"
+
+
+def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids) -> str:
+  """One function per thread, and the kernel: descriptors, collective scratch, the split."""
+  shared = list(dict.fromkeys(
+      params + list(gen.descriptors.values()) + [i.name for i in ids if isinstance(i, ex.Name)]
+      + gen.hoisted_names()))
+  bodies, main = [gen.resolve(body) for body, _, _ in parts], gen.resolve(main)
+  lines = [_HEADER]
+  for t, body in enumerate(bodies):
+    lines += ["@gluon.jit", f"def {name}_t{t}({', '.join(shared)}):"] + _constexprs(gen)
+    lines += body + ["    pass", ""]   # a thread may have nothing to do
+  lines += ["@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
+  lines += [f"    {d}" for d in gen.descriptor_lines.values()] + main
+  lines += warp_specialize.split(name, shared, parts)
+  return "\n".join(lines) + "\n"

@@ -1,0 +1,130 @@
+"""Gluon rules of structured control flow (scan and fori loops, while loops, conds, calls
+inlined) and of the axis indices. Loop and branch carries keep the layout they enter with.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pallax._src import jax_internals as ji
+from pallax._src import jaxpr_util
+from pallax._src.gluon.values import I32, dtype_token, i32
+from pallax._src.gluon.writer import rule
+from pallax._src.gpu import expr as ex
+from pallax._src.gpu.expr import Lit, binary, call, method
+
+@rule(ji.axis_index_p)
+def _axis_index(ctx, *, axis_name):
+  if axis_name not in ctx.gen.axes:
+    raise NotImplementedError(f"lax.axis_index({axis_name!r}): no such axis")
+  return ctx.gen.axes[axis_name]
+
+
+@rule(ji.optimization_barrier_p)
+def _identity(ctx, *xs, **_):
+  return list(xs)
+
+
+
+def _settled(gen, init: list, body) -> list:
+  """Loop carries that start as constants (splats, iotas) written in the layouts the loop body
+  produces for them: ``body(carries)`` is lowered once, as a probe, to learn those."""
+  if not any(getattr(v, "name", None) in gen.remat and v.shape for v in init):
+    return init
+  def probe():
+    carries = [_carry(gen, v) for v in init]
+    gen.tentative.update(c.name for c, v in zip(carries, init) if getattr(v, "name", None) in gen.remat)
+    return body(carries)
+  outs = gen.probe(probe)
+  return [gen.in_layout(v, gen.layout_of(o)) if getattr(v, "name", None) in gen.remat else v
+          for v, o in zip(init, outs)]
+
+
+def _carry(gen, v: ex.Expr, hint="c") -> ex.Name:
+  """A fresh variable holding ``v`` (loop and branch carries need names of their own)."""
+  name = gen.fresh_name(hint, v.dtype, v.shape)
+  text = gen.render(v) if v.shape or not isinstance(v, Lit) else \
+      gen.render(call("gl.full", ex.Token("[]"), v, dtype_token(v.dtype), dtype=v.dtype))
+  gen.emit(f"{name.name} = {text}")
+  if gen.layout_of(v):
+    gen.layouts[name.name] = gen.layout_of(v)
+  return name
+
+
+@rule(ji.scan_p)
+def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
+  gen, body = ctx.gen, jaxpr
+  nc, ncarry, nxs = (len(s) for s in ft_in.unpack())
+  if nxs or len(body.outvars) != ncarry or reverse:
+    gen.unsupported("lax.scan over arrays")
+  consts, init = list(invals[:nc]), list(invals[nc:])
+  if ncarry and jaxpr_util.fori_index(body, nc):
+    i = gen.fresh_name("i", I32, ())
+    init[1:] = _settled(gen, init[1:], lambda c: gen.lower_jaxpr(body, [*consts, i, *c])[1:])
+    carry = [_carry(gen, v) for v in init[1:]]
+    stop = ex.add(init[0], i32(length))
+    gen.emit(f"for {i.name} in range({gen.render(init[0])}, {gen.render(stop)}):")
+    gen.depth += 1
+    new = gen.lower_jaxpr(body, [*consts, i, *carry])
+    gen.assign(carry, new[1:])
+    gen.depth -= 1
+    return [gen.bind(stop, "i_end"), *carry]
+  init = _settled(gen, init, lambda c: gen.lower_jaxpr(body, [*consts, *c]))
+  carry = [_carry(gen, v) for v in init]
+  gen.emit(f"for _ in range({length}):")
+  gen.depth += 1
+  gen.assign(carry, gen.lower_jaxpr(body, [*consts, *carry]))
+  gen.depth -= 1
+  return carry
+
+
+@rule(ji.while_p)
+def _while(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+  """``while go: carry = body(carry); go = cond(carry)``: the flag is a carry like the others."""
+  gen, cn, bn = ctx.gen, cond_nconsts, body_nconsts
+  cconsts, bconsts, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
+  init = _settled(gen, list(init), lambda c: gen.lower_jaxpr(body_jaxpr, [*bconsts, *c]))
+  carry = [_carry(gen, v) for v in init]
+  (go,) = gen.lower_jaxpr(cond_jaxpr, [*cconsts, *carry])
+  flag = _carry(gen, go, "go")
+  gen.emit(f"while {flag.name}:")
+  gen.depth += 1
+  gen.assign(carry, gen.lower_jaxpr(body_jaxpr, [*bconsts, *carry]))
+  (go,) = gen.lower_jaxpr(cond_jaxpr, [*cconsts, *carry])
+  gen.assign([flag], [go])
+  gen.depth -= 1
+  return carry
+
+
+@rule(ji.cond_p)
+def _cond(ctx, index, *ops, branches, **_):
+  gen = ctx.gen
+  if isinstance(index, Lit):   # decided when the code is written (a thread's own branch)
+    k = int(np.clip(int(index.value), 0, len(branches) - 1))
+    return gen.lower_jaxpr(branches[k], list(ops))
+  if len(branches) != 2:
+    gen.unsupported("lax.switch with more than two branches")
+  results = [gen.fresh_name("r", a.dtype, a.shape) for a in ctx.avals_out]
+  idx = index if index.dtype != np.bool_ else method(index, "to", dtype_token(np.int32), dtype=I32)
+  for head, k in ((f"if {gen.render(binary('!=', idx, i32(0)))}:", 1), ("else:", 0)):
+    gen.emit(head)
+    gen.depth += 1
+    before = len(gen.lines)
+    gen.assign(results, gen.lower_jaxpr(branches[k], list(ops)))
+    if len(gen.lines) == before:
+      if k == 0:   # an empty else (pl.when): leave it out
+        del gen.lines[-1]
+        gen.depth -= 1
+        break
+      gen.emit("pass")
+    gen.depth -= 1
+  return results
+
+
+def _inline(param):
+  return lambda ctx, *invals, **params: ctx.gen.lower_jaxpr(params[param], list(invals))
+
+
+for _p, _param in ((ji.jit_p, "jaxpr"), (ji.closed_call_p, "call_jaxpr"),
+                   (ji.custom_jvp_call_p, "call_jaxpr"), (ji.custom_vjp_call_p, "call_jaxpr"),
+                   (ji.remat_p, "jaxpr")):
+  rule(_p)(_inline(_param))

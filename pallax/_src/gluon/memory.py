@@ -1,0 +1,303 @@
+"""Gluon views of Refs (SMEM slices, indices and transposes; barrier indices; GMEM pointer
+tensors) and the rules of register loads and stores through them.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from jax import lax
+
+from pallax._src import jax_internals as ji
+from pallax._src import ref_access
+from pallax._src.gluon import layouts as L
+from pallax._src.gluon.values import (I32, dtype_token, i32, masked, same_layout, shape_token,
+                                      slice_layout, to_layout, valid_lanes, wait_all, wgmma_vector)
+from pallax._src.gluon.writer import AccRef, BarrierRef, GmemRef, SmemRef, ValueRef, rule
+from pallax._src.gpu import expr as ex
+from pallax._src.gpu.expr import Lit, call, method
+from pallax._src.mosaic_gpu import primitives as mp
+
+def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
+  """The view of ``ref`` that ``transforms`` take (``k_last``: a wgmma operand whose buffer's
+  last dimension is K, which may be sliced inside a swizzle atom, as wgmma itself steps
+  through it)."""
+  text, shape, permuted = ref.text, list(ref.shape), False
+  transforms = list(transforms)
+  if ref.lead:   # a buffer of rank > 3, stored with its leading dimensions flattened
+    if not transforms:   # used whole: the flattened dimension split again
+      return dataclasses.replace(ref, text=f"{ref.text}.reshape({list(L.padded(ref.shape))})",
+                                 lead=(), reshaped=True)
+    text, shape, transforms[0] = _flat_index(gen, ref, transforms[0])
+  for t in transforms:
+    if isinstance(t, ji.TransposeRef):
+      text = f"{text}.permute({tuple(t.permutation)})"
+      shape = [shape[p] for p in t.permutation]
+      permuted = True
+      continue
+    if not isinstance(t, ji.NDIndexer):
+      gen.unsupported(f"the SMEM view {t}")
+    new_shape, dim, rank = [], 0, sum(isinstance(i, ji.Slice) for i in t.indices)
+    for idx, size in zip(t.indices, shape):
+      if isinstance(idx, ji.Slice):
+        if not (isinstance(idx.start, Lit) or isinstance(idx.start, int)) or idx.stride != 1:
+          gen.unsupported("dynamic or strided slices of SMEM")
+        start = idx.start.value if isinstance(idx.start, Lit) else idx.start
+        if (start, idx.size) != (0, size):
+          if permuted:
+            gen.unsupported("partial slices of a transposed SMEM view")
+          _check_smem_slice(gen, ref, start, idx.size, rank - dim, k_last)
+          text = f"{text}.slice({start}, {idx.size}, {dim})"
+        new_shape.append(idx.size)
+        dim += 1
+      elif not getattr(idx, "shape", ()):
+        if dim != 0:
+          gen.unsupported("indexing an inner dimension of SMEM")
+        text = f"{text}.index({gen.render(idx)})"
+      else:
+        gen.unsupported("gathers from SMEM")
+    shape = new_shape
+  gen.note_view(ref.layout, len(shape))
+  return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle)
+
+
+def _flat_index(gen, ref: SmemRef, t):
+  """(text, shape, the rest of indexer ``t``) after indexing every leading dimension of a
+  flattened buffer at once (Gluon's SMEM layouts describe at most one leading dimension)."""
+  n = len(ref.lead)
+  if not isinstance(t, ji.NDIndexer) or len(t.indices) < n or any(
+      isinstance(i, ji.Slice) or getattr(i, "shape", ()) for i in t.indices[:n]):
+    gen.unsupported(f"slicing the leading dimensions of an SMEM buffer of shape {ref.shape} "
+                    "(index them with integers)")
+  flat = t.indices[0]
+  for idx, size in zip(t.indices[1:n], L.padded(ref.lead[1:])):
+    flat = gen.bind(ex.add(ex.mul(flat, i32(size)), idx), "slot")
+  rest = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
+  return f"{ref.text}.index({gen.render(flat)})", list(ref.shape[n:]), rest
+
+
+def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int, k_last: bool):
+  """Swizzled SMEM splits at whole swizzle atoms only: along rows in groups of 8, along the
+  last dimension in whole swizzle widths (16 bytes when not swizzled), or, where that is a
+  wgmma operand's K, in steps of wgmma's K (32 bytes); and a slice starts at a multiple of its
+  own size (Gluon's subslices are aligned tiles)."""
+  if start % size or not L.is_pow2(size):
+    gen.unsupported(f"a slice [{start}:{start + size}] of SMEM that does not start at a multiple "
+                    f"of its size {size}, or whose size is not a power of two")
+  if from_end == 1 and k_last:
+    atom = 32 // ref.dtype.itemsize
+    what = f"{atom} elements (wgmma's K step)"
+  elif from_end == 1:
+    atom = max(ref.swizzle, 16) // ref.dtype.itemsize
+    what = f"{atom} elements (its {ref.swizzle}-byte swizzle)"
+  elif from_end == 2:
+    atom, what = 8, "8 rows"
+  else:
+    return
+  if start % atom or size % atom:
+    gen.unsupported(f"a slice [{start}:{start + size}] of SMEM that does not start and end at a "
+                    f"multiple of {what}")
+
+
+def barrier_view(gen, ref: BarrierRef, transforms) -> BarrierRef:
+  if not isinstance(ref, BarrierRef):
+    raise ValueError(f"a barrier operation takes a plgpu.Barrier, not {type(ref).__name__}")
+  if not transforms:
+    return BarrierRef(ref.name, ref.phase, ref.count, i32(0))
+  (t,) = transforms
+  (idx,) = t.indices
+  return BarrierRef(ref.name, ref.phase, ref.count, idx)
+
+
+
+def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple[ex.Name, tuple, str | None, ex.Expr | None]:
+  """(the pointer tensor of a GMEM view, the view's shape, its layout, the mask of its padded
+  lanes or None): register accesses of GMEM read or write whole views; the interpreter checks
+  their bounds."""
+  gen.pointer_uses.add(ref.ptr)
+  rank = len(ref.shape)
+  strides = [int(np.prod(ref.shape[k + 1:])) for k in range(rank)]
+  offset: ex.Expr = i32(0)
+  dims = list(range(rank))          # view dimension -> operand dimension
+  sizes = list(ref.shape)
+  for t in (*ref.pre, *transforms):
+    if not isinstance(t, ji.NDIndexer):
+      gen.unsupported(f"the GMEM view {t}")
+    new_dims, new_sizes = [], []
+    for idx, d, size in zip(t.indices, dims, sizes):
+      if isinstance(idx, ji.Slice):
+        if idx.stride != 1:
+          gen.unsupported("strided register accesses of GMEM")
+        start = idx.start if isinstance(idx.start, ex.Expr) else i32(idx.start)
+        new_dims.append(d)
+        new_sizes.append(idx.size)
+      elif not getattr(idx, "shape", ()):
+        start = idx
+      else:
+        gen.unsupported("gathers from GMEM")
+      offset = ex.add(offset, ex.mul(start, strides[d]))
+    dims, sizes = new_dims, new_sizes
+  shape = tuple(sizes)
+  ptr = gen.bind(ex.binary("+", ex.Name(ref.ptr, dtype=ref.dtype), offset), "ptr")
+  if not shape:
+    return ptr, shape, None, None
+  if len(shape) > 2:
+    gen.unsupported("register accesses of GMEM views of rank 3 or more")
+  layout = gen.layout(L.blocked(shape, ref.dtype))
+  for j, (d, n) in enumerate(zip(dims, shape)):
+    lane = layout if len(shape) == 1 else slice_layout(gen, layout, 1 - j)
+    ar = call("gl.arange", i32(0), i32(ex.pow2(n)), layout=ex.Token(lane), dtype=I32, shape=(n,))
+    if len(shape) == 2:
+      ar = call("gl.expand_dims", ar, i32(1 - j), dtype=I32, shape=(n, 1) if j == 0 else (1, n))
+    ptr = gen.bind(ex.binary("+", ptr, ex.mul(gen.bind(ar, "offs"), strides[d])), "ptrs")
+  return ptr, shape, layout, valid_lanes(gen, shape, layout, range(len(shape)))
+
+
+
+@rule(ji.get_p)
+def _get(ctx, *invals, **_):
+  gen = ctx.gen
+  a = ref_access.split(ctx.eqn, invals)
+  if isinstance(a.ref, AccRef):
+    wait_all(gen, [a.ref])
+    value = gen.fresh_name("acc_value", ctx.out.dtype, a.ref.shape)
+    gen.emit(f"{value.name} = {a.ref.name}")   # a copy: later wgmmas reassign the accumulator
+    gen.layouts[value.name] = a.ref.layout
+    return value
+  if isinstance(a.ref, ValueRef):
+    if any(not isinstance(t, ji.NDIndexer) or any(not isinstance(i, ji.Slice) or i.size != n
+           for i, n in zip(t.indices, a.ref.value.shape)) for t in a.transforms):
+      gen.unsupported("indexing a value pl.run_state closes over")
+    return a.ref.value
+  if isinstance(a.ref, GmemRef):
+    ptrs, shape, layout, mask = gmem_pointers(gen, a.ref, a.transforms)
+    masks = {} if mask is None else {"mask": mask}
+    return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape, **masks), layout)
+  if not isinstance(a.ref, SmemRef):
+    gen.unsupported(f"register loads from {a.ref}")
+  if (rows := _unaligned_rows(a.ref, a.transforms)) is not None:
+    return _load_rows_in_pieces(gen, a.ref, a.transforms[0], *rows)
+  view = register_view(gen, a.ref, a.transforms)
+  layout = _vector_layout(ctx, view.shape) or gen.layout(L.blocked(view.shape, view.dtype))
+  smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
+  return gen.value(method(smem, "load", ex.Token(layout)), layout)
+
+
+def register_view(gen, ref: SmemRef, transforms) -> SmemRef:
+  """The SMEM view a register load or store reads or writes, in a layout of its own rank."""
+  view = smem_view(gen, ref, transforms)
+  if gen.is_whole(view):
+    return dataclasses.replace(view, text=gen.whole_view(view))
+  if not view.reshaped:
+    gen.note_view(ref.layout, len(view.shape), registers=True)
+  return view
+
+
+def row_slice(ref: SmemRef, transforms) -> tuple[int | ex.Expr, int] | None:
+  """(start, size) where ``transforms`` take SMEM rows [start, start + size) and the whole of
+  every other dimension (start: an int, or an expression known only at run time); None for any
+  other view."""
+  if len(transforms) != 1 or not isinstance(transforms[0], ji.NDIndexer) or ref.lead:
+    return None
+  rows, *rest = transforms[0].indices
+  if not isinstance(rows, ji.Slice) or rows.stride != 1 or any(
+      not isinstance(i, ji.Slice) or (getattr(i.start, "value", i.start), i.size, i.stride) != (0, n, 1)
+      for i, n in zip(rest, ref.shape[1:])):
+    return None
+  return (rows.start.value if isinstance(rows.start, Lit) else rows.start), rows.size
+
+
+def _unaligned_rows(ref: SmemRef, transforms) -> tuple[int, int, int] | None:
+  """(start, size, piece) where ``transforms`` take SMEM rows [start, start + size) that do not
+  start at a multiple of their size (Gluon's slices must), but do at a multiple of ``piece``
+  rows, a power of two that a swizzled buffer can be sliced at (8 rows or more)."""
+  rows = row_slice(ref, transforms)
+  if rows is None or not isinstance(rows[0], int):
+    return None
+  start, size = rows
+  piece = start & -start
+  if not start or not L.is_pow2(size) or start % size == 0 or piece > size or (
+      len(ref.shape) == 2 and ref.swizzle and piece < 8):
+    return None
+  return start, size, piece
+
+
+def _load_rows_in_pieces(gen, ref: SmemRef, t, start: int, size: int, piece: int):
+  """A register load of SMEM rows [start, start + size) as loads of ``piece`` rows each, at
+  offsets Gluon can slice at, joined in registers (rows of one piece, then of the next)."""
+  rest = t.indices[1:]
+  parts = []
+  for o in range(start, start + size, piece):
+    idx = ji.NDIndexer((ji.Slice(o, piece, 1), *rest), t.shape, t.int_indexer_shape)
+    view = register_view(gen, ref, [idx])
+    layout = gen.layout(L.blocked(view.shape, view.dtype))
+    smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
+    parts.append(gen.value(method(smem, "load", ex.Token(layout)), layout))
+  while len(parts) > 1:   # join pairs: (r, ...) and (r, ...) -> (2, r, ...) -> (2r, ...)
+    a, b = parts[0], parts[1]
+    rank, padded = len(a.shape), L.padded(a.shape)
+    shape = (2 * a.shape[0], *a.shape[1:])
+    joined = gen.fresh("rows")
+    gen.emit(f"{joined} = gl.join({gen.render(a)}, {gen.render(b)}).permute({(rank, *range(rank))})"
+             f".reshape({[2 * padded[0], *padded[1:]]})")
+    layout = gen.layout(L.blocked(shape, a.dtype))
+    merged = gen.value(call("gl.convert_layout", ex.Name(joined), ex.Token(layout), dtype=a.dtype,
+                            shape=shape), layout)
+    parts = parts[2:] + [merged]
+  return parts[0]
+
+
+def _vector_layout(ctx, shape) -> str | None:
+  """The layout to read a vector from SMEM in when it is only broadcast into tiles that wgmma
+  accumulators fill (softmax statistics in attention), or cast to a wgmma slice layout: a slice
+  of the accumulators' layout, so that no conversion through shared memory follows the load.
+  None: choose locally."""
+  gen = ctx.gen
+  uses = gen.uses(ctx.eqn.outvars[0])
+  if len(shape) != 1 or not uses or not gen.wgmma:
+    return None
+  if len(uses) == 1 and uses[0].primitive is mp.layout_cast_p:   # plgpu.load(..., layout=)
+    return wgmma_vector(gen, uses[0].params["new_layout"], shape)
+  tiles = set()
+  for e in uses:
+    if e.primitive is not lax.broadcast_in_dim_p or len(e.params["shape"]) != 2:
+      return None
+    (new,) = {0, 1} - set(e.params["broadcast_dimensions"])
+    tiles.add((new, e.params["shape"][1]))
+  (dim, n), *others = tiles
+  if others or e.params["shape"][0] % (16 * L.WARPS):
+    return None
+  return slice_layout(gen, gen.layout(L.wgmma(n, gen.mma_bits)), dim)
+
+
+@rule(ji.swap_p)
+def _swap(ctx, ref, value, *leaves, **_):
+  gen = ctx.gen
+  a = ref_access.split(ctx.eqn, [ref, value, *leaves])
+  if isinstance(a.ref, AccRef):
+    v, _ = same_layout(gen, ex.Name(a.ref.name, dtype=value.dtype, shape=a.ref.shape), value)
+    gen.layouts[a.ref.name] = a.ref.layout
+    gen.emit(f"{a.ref.name} = {gen.render(v)}")
+    return None
+  if ctx.is_used(0):
+    gen.unsupported("using the old value of a store")
+  if isinstance(a.ref, GmemRef):
+    ptrs, shape, layout, mask = gmem_pointers(gen, a.ref, a.transforms)
+    if shape:
+      value = to_layout(gen, value, layout, shape, a.ref.dtype)
+    masks = "" if mask is None else f", mask={gen.render(mask)}"
+    gen.emit(f"gl.store({gen.render(ptrs)}, {gen.render(value)}{masks})")
+    return None
+  if not isinstance(a.ref, SmemRef):
+    gen.unsupported(f"register stores to {a.ref}")
+  view = register_view(gen, a.ref, a.transforms)
+  if not value.shape:
+    layout = gen.layout(L.blocked(view.shape, view.dtype))
+    value = gen.value(call("gl.full", shape_token(view.shape), value, dtype_token(view.dtype),
+                           layout=ex.Token(layout), dtype=view.dtype, shape=view.shape), layout)
+  value = masked(gen, value, range(len(view.shape)), i32(0))   # SMEM padding stays zero
+  gen.emit(f"{view.text}.store({gen.render(value)})")
+  return None
+
+
+# --- wgmma -----------------------------------------------------------------------------------

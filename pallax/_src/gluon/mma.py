@@ -1,0 +1,60 @@
+"""Gluon rules of Hopper's warpgroup MMA (``plgpu.wgmma``) and its waits."""
+from __future__ import annotations
+
+from pallax._src import jax_internals as ji
+from pallax._src.gluon import layouts as L
+from pallax._src.gluon.memory import smem_view
+from pallax._src.gluon.values import i32, masked, wait_all
+from pallax._src.gluon.writer import SmemRef, rule
+from pallax._src.gpu import expr as ex
+from pallax._src.gpu.expr import call
+from pallax._src.mosaic_gpu import primitives as mp
+
+@rule(mp.wgmma_p)
+def _wgmma(ctx, *invals, trees):
+  gen = ctx.gen
+  (acc, a, b), rest = mp.split_refs(invals, trees)
+  acc_ref = acc[0]
+  if acc[1]:
+    gen.unsupported("wgmma into a view of an accumulator")
+  # K is the last dimension of a's buffer unless a is transposed, of b's only if b is.
+  transposed = lambda ref: any(isinstance(t, ji.TransposeRef) for t in ref[1])
+  b_view = smem_view(gen, *b, k_last=transposed(b))
+  if a is None:   # a register operand: in the layout wgmma reads registers in
+    value = masked(gen, rest[0], [1], i32(0))   # padding along K adds nothing
+    bits = value.dtype.itemsize * 8
+    dot = gen.layout(f"gl.DotOperandLayout(operand_index=0, parent={gen.layout(L.wgmma(acc_ref.shape[1], bits))}, "
+                     f"k_width={32 // bits})")
+    gen.conversions.append((gen.layout_of(value), dot, tuple(value.shape), gen.last_frame))
+    a_view = SmemRef(gen.render(gen.value(call("gl.convert_layout", value, ex.Token(dot),
+                                                  dtype=value.dtype, shape=value.shape), dot, "a_op")),
+                     value.shape, value.dtype, dot)
+  else:
+    a_view = smem_view(gen, *a, k_last=not transposed(a))
+  bits = a_view.dtype.itemsize * 8
+  if bits == 32 and ".permute((1, 0))" not in b_view.text:
+    raise NotImplementedError(
+        "wgmma of float32 operands (tf32) reads b in K-major order only: keep b as an (N, K) SMEM "
+        "buffer and pass b_smem.transpose((1, 0)), or use 16-bit operands")
+  layout = gen.layout(L.wgmma(acc_ref.shape[1], bits))
+  if layout != acc_ref.layout:
+    gen.emit(f"{acc_ref.name} = gl.convert_layout({acc_ref.name}, {layout})")
+    acc_ref.layout = layout
+  gen.emit(f"{acc_ref.name} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc_ref.name}, is_async=True)")
+  # plgpu.wgmma returns with at most this wgmma in flight.
+  # The operands stay alive (and unwritten) while the wgmma may read them.
+  gen.emit(f"{acc_ref.name}, _, _ = hopper.warpgroup_mma_wait(1, deps=[{acc_ref.name}, {a_view.text}, "
+           f"{b_view.text}])")
+  pending = gen.pending_accs
+  if acc_ref not in pending:
+    pending.append(acc_ref)
+  return []
+
+
+
+@rule(mp.wgmma_wait_p)
+def _wgmma_wait(ctx, *, n):
+  # After each wgmma at most that one is in flight (see _wgmma): only n = 0 waits here.
+  if n == 0:
+    wait_all(ctx.gen, list(ctx.gen.pending_accs))
+  return []

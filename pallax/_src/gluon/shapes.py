@@ -1,0 +1,164 @@
+"""Gluon rules that make or reshape register tiles: broadcasts, iotas, static slices (by
+halving), layout casts and one-row scatters.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from pallax._src.gluon import layouts as L
+from pallax._src.gluon.values import (convert_layout, expand, i32, iota_in, layout_kind, slice_layout,
+                                      to_layout, wgmma_vector)
+from pallax._src.gluon.writer import rule
+from pallax._src.gpu import expr as ex
+from pallax._src.gpu.expr import call
+from pallax._src.mosaic_gpu import core as mc
+from pallax._src.mosaic_gpu import primitives as mp
+
+def _broadcast_tile(ctx, x, shape, broadcast_dimensions):
+  """A reduced vector back to a tile: ``expand_dims`` undoes its slice layout."""
+  gen = ctx.gen
+  new_dims = [d for d in range(len(shape)) if d not in broadcast_dimensions]
+  if len(new_dims) != 1 or len(shape) != 2:
+    gen.unsupported("broadcasts of register tiles other than vectors to 2-D tiles")
+  x, parent = _slice_of(gen, x, new_dims[0], shape)
+  return expand(gen, x, shape, new_dims[0], parent)
+
+
+def _slice_of(gen, x, dim: int, shape):
+  """(``dim``, parent layout) of vector ``x`` as a slice of a tile of ``shape``: converted to a
+  slice of a coalesced layout unless it is a slice along ``dim`` already."""
+  sliced = gen.slices.get(gen.layout_of(x))
+  if sliced is not None and sliced[0] == dim:
+    return x, sliced[1]
+  parent = gen.layout(L.blocked(shape, x.dtype))
+  return gen.convert(x, slice_layout(gen, parent, dim)), parent
+
+
+@rule(lax.broadcast_in_dim_p)
+def _broadcast(ctx, x, *, shape, broadcast_dimensions, **_):
+  if x.shape:
+    return _broadcast_tile(ctx, x, tuple(shape), tuple(broadcast_dimensions))
+  return ctx.gen.splat(x, tuple(shape), ctx.gen.layout(L.blocked(shape, x.dtype)))
+
+
+@rule(lax.iota_p)
+def _iota(ctx, *, dtype, shape, dimension, **_):
+  """``broadcasted_iota``: an ``arange`` along ``dimension``, broadcast over the others."""
+  shape = tuple(shape)
+  if len(shape) > 2:
+    ctx.gen.unsupported("iotas of rank 3 or more")
+  return iota_in(ctx.gen, np.dtype(dtype), shape, dimension, ctx.gen.layout(L.blocked(shape, dtype)))
+
+
+
+def _half(gen, x, dim: int, upper: bool):
+  """The lower or upper half of register tile ``x`` along ``dim``: Gluon has no slicing of
+  registers, but splits a trailing dimension of 2 (reshape, move it last, split)."""
+  shape, padded = list(x.shape), list(L.padded(x.shape))
+  split = padded[:dim] + [2, padded[dim] // 2] + padded[dim + 1:]
+  order = [d for d in range(len(shape) + 1) if d != dim] + [dim]
+  pair = gen.fresh("halves")
+  gen.emit(f"{pair} = {gen.render(x)}.reshape({split}).permute({tuple(order)}).split()")
+  shape[dim] //= 2
+  return ex.Subscript(ex.Name(pair), (i32(int(upper)),), dtype=x.dtype, shape=tuple(shape))
+
+
+
+def _halve(gen, v, dim: int, upper: bool):
+  """One halving of a 2-D tile, in a layout that keeps both halves in each thread's registers
+  (a wgmma accumulator stays one while it has more rows than a warpgroup covers)."""
+  kind = layout_kind(gen, gen.layout_of(v))
+  if kind == "other" or L.coverage(kind, v.shape, v.dtype)[dim] * 2 > v.shape[dim]:
+    # The layout of a half-size tile: on the whole tile it repeats once along ``dim``.
+    half_shape = tuple(n // 2 if d == dim else n for d, n in enumerate(v.shape))
+    kind = "blocked"
+    v = convert_layout(gen, v, gen.layout(L.blocked(half_shape, v.dtype)))
+    if L.coverage(kind, half_shape, v.dtype)[dim] > half_shape[dim]:
+      gen.unsupported(f"slicing a register tile of shape {v.shape} along dimension {dim} into "
+                      "pieces smaller than a warp's rows or a thread's vector")
+  half = _half(gen, v, dim, upper)
+  if kind == "wgmma" and half.shape[0] >= 16 * L.WARPS:
+    k = int(gen.layout_key(gen.layout_of(v)).rsplit(",", 1)[1].strip(" ])"))   # instr_shape's K
+    layout = gen.layout(L.wgmma(half.shape[1], 256 // k))
+  else:
+    layout = gen.layout(L.blocked(half.shape, half.dtype))
+  return gen.value(call("gl.convert_layout", half, ex.Token(layout), dtype=half.dtype,
+                        shape=half.shape), layout)
+
+
+@rule(lax.slice_p)
+def _slice(ctx, x, *, start_indices, limit_indices, strides):
+  """Static slices of a 2-D register tile into power-of-two pieces (an accumulator's epilogue
+  tiles), by halving."""
+  gen = ctx.gen
+  if strides is not None and any(s != 1 for s in strides):
+    gen.unsupported("strided slices of register tiles")
+  if len(x.shape) != 2:
+    gen.unsupported("slices of register tiles other than 2-D ones")
+  v = x
+  for d, (lo, hi, n) in enumerate(zip(start_indices, limit_indices, x.shape)):
+    size = hi - lo
+    if size == n:
+      continue
+    if not (L.is_pow2(n) and L.is_pow2(size) and lo % size == 0):
+      gen.unsupported(f"a slice [{lo}:{hi}] of a register tile's dimension of {n} (pieces of "
+                      "a power-of-two size at multiples of it only)")
+    while v.shape[d] > size:
+      half = v.shape[d] // 2
+      v = _halve(gen, v, d, upper=(lo // half) % 2 == 1)
+  return v
+
+
+
+@rule(mp.layout_cast_p)
+def _layout_cast(ctx, x, *, new_layout):
+  """``plgpu.layout_cast``: the wgmma layouts are Gluon's (choosing them before a loop keeps its
+  carries in the layout the loop computes in); other layouts are hints Gluon chooses itself."""
+  gen = ctx.gen
+  if new_layout == mc.Layout.WGMMA and len(x.shape) == 2:
+    layout = gen.layout(L.wgmma(x.shape[1], gen.mma_bits))
+  else:
+    layout = wgmma_vector(gen, new_layout, x.shape)
+    if layout is None:
+      return x
+  return to_layout(gen, x, layout, x.shape, x.dtype)
+
+
+
+def _one_row_update(operand, indices, updates, *, add: bool, clip: bool):
+  """``operand.at[i].set(updates)`` (or ``.add``) for ``i = indices[0]``, in operations the
+  table has: a select against an iota of the first dimension (an ``i`` out of bounds matches no
+  row, as ``FILL_OR_DROP`` drops the update)."""
+  n = operand.shape[0]
+  i = lax.reduce_max(indices, (0,))
+  if clip:
+    i = jnp.clip(i, 0, n - 1)
+  rows = lax.broadcasted_iota(jnp.int32, operand.shape, 0) == i
+  new = lax.broadcast_in_dim(updates, operand.shape, tuple(range(1, operand.ndim)))
+  return jnp.where(rows, operand + new if add else new, operand)
+
+
+@rule(lax.scatter_p, lax.scatter_add_p)
+def _scatter(ctx, operand, indices, updates, *, dimension_numbers, mode, **_):
+  dn, rank = dimension_numbers, len(operand.shape)
+  if (indices.shape != (1,) or dn.inserted_window_dims != (0,) or
+      dn.scatter_dims_to_operand_dims != (0,) or dn.update_window_dims != tuple(range(rank - 1)) or
+      dn.operand_batching_dims):
+    ctx.gen.unsupported("scatters other than x.at[i].set(row) / .add(row)")
+  avals = tuple((tuple(v.aval.shape), np.dtype(v.aval.dtype)) for v in ctx.eqn.invars)
+  jaxpr = _one_row_update_jaxpr(avals, ctx.eqn.primitive is lax.scatter_add_p,
+                                mode == lax.GatherScatterMode.CLIP)
+  return ctx.gen.lower_jaxpr(jaxpr, [operand, indices, updates])
+
+
+@functools.lru_cache(maxsize=64)
+def _one_row_update_jaxpr(avals, add: bool, clip: bool):
+  """``_one_row_update`` traced once per signature (a loop body is lowered twice, a kernel
+  maybe more often)."""
+  fn = functools.partial(_one_row_update, add=add, clip=clip)
+  return jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(s, d) for s, d in avals)).jaxpr

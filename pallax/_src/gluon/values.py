@@ -1,0 +1,190 @@
+"""Helpers the Gluon rules share: literals and type tokens, the layouts of register values
+(meeting in one layout, conversions, slices), masks of padded lanes, iotas and broadcasts rebuilt
+in the layout they meet, and waiting for wgmmas.
+
+Values and SMEM buffers whose shapes are not powers of two live in padded tensors (see
+``layouts.py``). What sits in the padding never reaches a result: reductions set it to their
+identity first; GMEM is written through masks or by TMA, which drops what lies past the array's
+end; and in SMEM it is zero (buffers start zeroed, register stores zero it, TMA fills it with
+zeros), so a wgmma whose K is padded adds nothing from it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pallax._src.gluon import layouts as L
+from pallax._src.gpu import expr as ex
+from pallax._src.gpu.expr import Lit, binary, call, method
+from pallax._src.mosaic_gpu import core as mc
+
+I32 = np.dtype(np.int32)
+
+
+def i32(v) -> Lit:
+  return Lit(int(v), dtype=I32)
+
+
+def dtype_token(d) -> ex.Token:
+  return ex.Token(ex.dtype_name(d, "gl"))
+
+
+def shape_token(shape) -> ex.Token:
+  """A tensor's shape in Gluon source: the logical shape padded to powers of two."""
+  return ex.Token(str(list(L.padded(shape))))
+
+
+def valid_lanes(gen, shape, layout: str, dims) -> ex.Expr | None:
+  """Whether each lane of a ``shape`` tile in ``layout`` lies inside the logical shape along
+  ``dims`` (None: those dimensions are not padded)."""
+  cond = None
+  for d in dims:
+    if L.is_pow2(shape[d]):
+      continue
+    inside = binary("<", iota_in(gen, I32, tuple(shape), d, layout), i32(shape[d]), dtype=np.dtype(np.bool_))
+    cond = inside if cond is None else binary("&", cond, inside, dtype=np.dtype(np.bool_))
+  return cond
+
+
+def masked(gen, v, dims, fill: ex.Expr):
+  """``v`` with its padded lanes along ``dims`` set to ``fill``."""
+  cond = valid_lanes(gen, v.shape, gen.layout_of(v), dims) if v.shape and gen.layout_of(v) else None
+  if cond is None:
+    return v
+  return gen.value(call("gl.where", cond, v, fill, dtype=v.dtype, shape=v.shape), gen.layout_of(v))
+
+
+
+def common_layout(gen, *vals):
+  """``vals`` in one layout (register tiles of two layouts cannot meet in one operation): the
+  first computed tile's; a splatted constant is written again in it rather than converted."""
+  tiles = [v for v in vals if v.shape and gen.layout_of(v) is not None]
+  if not tiles:
+    return list(vals), None
+  chosen = lambda v: getattr(v, "name", None) not in gen.remat and v.name not in gen.tentative
+  target = next((v for v in tiles if chosen(v)), tiles[0])
+  layout = gen.layout_of(target)
+  return [gen.in_layout(v, layout) for v in vals], layout
+
+
+def same_layout(gen, x, y):
+  """``y`` in ``x``'s layout (``x`` is an accumulator: its layout stays)."""
+  lx, ly = gen.layout_of(x), gen.layout_of(y)
+  if lx is None or ly is None or lx == ly or not y.shape:
+    return y, lx or ly
+  return convert_layout(gen, y, lx), lx
+
+
+def convert_layout(gen, v, layout):
+  return gen.convert(v, layout)
+
+
+
+def expand(gen, x, shape, dim: int, layout: str):
+  """Vector ``x`` (in ``layout``'s slice along ``dim``) broadcast along ``dim`` to ``shape``."""
+  e = call("gl.expand_dims", x, i32(dim), dtype=x.dtype,
+           shape=tuple(1 if d == dim else n for d, n in enumerate(shape)))
+  full = call("gl.full", shape_token(shape), i32(0), dtype_token(x.dtype), layout=ex.Token(layout),
+              dtype=x.dtype, shape=tuple(shape))
+  pair = gen.fresh("pair")
+  gen.emit(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
+  v = gen.value(ex.Subscript(ex.Name(pair), (i32(0),), dtype=x.dtype, shape=tuple(shape)), layout)
+  def again(new):   # broadcast again from the vector in the new layout's slice
+    if layout_kind(gen, new) == "other":
+      return None
+    return expand(gen, gen.in_layout(x, slice_layout(gen, new, dim)), shape, dim, new)
+  gen.remat[v.name] = again
+  return v
+
+
+
+def iota_in(gen, dtype, shape, dimension: int, layout: str):
+  if len(shape) > 2:
+    return iota_nd(gen, dtype, shape, dimension, layout)
+  lane = layout if len(shape) == 1 else slice_layout(gen, layout, 1 - dimension)
+  e = call("gl.arange", i32(0), i32(L.padded(shape)[dimension]), layout=ex.Token(lane), dtype=I32,
+           shape=(shape[dimension],))
+  if dtype != I32:
+    e = method(e, "to", dtype_token(dtype), dtype=dtype)
+  if len(shape) == 1:
+    v = gen.value(e, layout)
+  else:
+    v = expand(gen, gen.value(e, lane, "iota"), shape, 1 - dimension, layout)
+  gen.remat[v.name] = lambda new: None if layout_kind(gen, new) == "other" else \
+      iota_in(gen, dtype, shape, dimension, new)
+  return v
+
+
+def iota_nd(gen, dtype, shape, dimension: int, layout: str):
+  """An iota along ``dimension`` of a tile of rank > 2: the vector in ``layout`` with every other
+  dimension sliced away (highest first), expanded back (lowest first) and broadcast."""
+  others = [d for d in range(len(shape)) if d != dimension]
+  lane = layout
+  for d in reversed(others):
+    lane = slice_layout(gen, lane, d)
+  e = call("gl.arange", i32(0), i32(L.padded(shape)[dimension]), layout=ex.Token(lane),
+           dtype=I32, shape=(shape[dimension],))
+  for d in others:   # the dimensions below d are back already: d is its position
+    e = call("gl.expand_dims", e, i32(d), dtype=I32,
+             shape=tuple(shape[k] if k == dimension else 1 for k in range(len(shape))
+                         if k == dimension or k <= d))
+  if dtype != I32:
+    e = method(e, "to", dtype_token(dtype), dtype=dtype)
+  full = call("gl.full", shape_token(shape), i32(0), dtype_token(dtype), layout=ex.Token(layout),
+              dtype=dtype, shape=tuple(shape))
+  pair = gen.fresh("pair")
+  gen.emit(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
+  return gen.value(ex.Subscript(ex.Name(pair), (i32(0),), dtype=dtype, shape=tuple(shape)), layout)
+
+
+
+def layout_kind(gen, layout) -> str:
+  text = gen.layout_key(layout)
+  return "wgmma" if text.startswith("gl.NVMMADistributedLayout") else \
+      "blocked" if text.startswith("gl.BlockedLayout") else "other"
+
+
+
+# A vector of a wgmma tile's rows sits in the same threads whatever the instruction's N, so
+# ``Layout.WGMMA.reduce(1)`` picks one (slices of two N convert without moving data).
+ROW_VECTOR_N = 64
+
+
+def wgmma_vector(gen, layout, shape) -> str | None:
+  """``Layout.WGMMA.reduce(axis)`` of a vector as a Gluon slice layout (None: another layout):
+  a column vector (axis 1) sits in the same threads whatever the tile's width; a row vector
+  (axis 0) spans a tile as wide as itself."""
+  if not (isinstance(layout, mc.ReducedLayout) and layout.layout == mc.Layout.WGMMA
+          and layout.axes in ((0,), (1,)) and len(shape) == 1):
+    return None
+  (axis,) = layout.axes
+  n = ROW_VECTOR_N if axis == 1 else shape[0]
+  return slice_layout(gen, gen.layout(L.wgmma(n, gen.mma_bits)), axis)
+
+
+
+def slice_layout(gen, layout: str, dim: int) -> str:
+  """The layout of a tensor with ``dim`` of a ``layout`` tensor taken away (a reduction's)."""
+  name = gen.layout(f"gl.SliceLayout({dim}, {layout})")
+  gen.slices[name] = (dim, layout)
+  return name
+
+
+
+def to_layout(gen, v, layout, shape, dtype):
+  """``v`` as a tensor of ``shape`` in ``layout`` (a scalar is broadcast)."""
+  if not v.shape:
+    return gen.value(call("gl.full", shape_token(shape), v, dtype_token(dtype),
+                          layout=ex.Token(layout), dtype=dtype, shape=shape), layout)
+  if gen.layout_of(v) not in (None, layout):
+    return convert_layout(gen, v, layout)
+  return v
+
+
+
+def wait_all(gen, accs):
+  """Waits for every wgmma into ``accs`` (reading an accumulator, or wgmma_wait(0))."""
+  pending = gen.pending_accs
+  for acc in accs:
+    gen.emit(f"{acc.name} = hopper.warpgroup_mma_wait(0, deps=[{acc.name}])")
+    if acc in pending:
+      pending.remove(acc)
