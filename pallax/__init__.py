@@ -16,7 +16,7 @@ from pallax._src.primitives import (
 from pallax._src.interpret.interpreter import KernelCheckError
 from pallax._src.kernel import core_map, kernel
 from pallax._src.jax_internals import run_state
-from pallax._src.torch_kernel import as_torch_kernel
+from pallax._src.torch.kernel import as_torch_kernel
 from pallax._src.triton import params as _triton_backend  # registers the Triton backend
 
 __version__ = "0.1.0"

@@ -33,4 +33,4 @@ from pallax._src.mosaic_gpu.unsupported import (
 
 GPUMemorySpace = MemorySpace   # the docs' older name
 from pallax._src.mosaic_gpu.pipeline import emit_pipeline, emit_pipeline_warp_specialized  # noqa: E402
-from pallax._src.torch_kernel import as_torch_kernel  # noqa: E402,F401  (Triton kernels; plgpu kernels refused clearly)
+from pallax._src.torch.kernel import as_torch_kernel  # noqa: E402,F401  (Triton kernels; plgpu kernels refused clearly)

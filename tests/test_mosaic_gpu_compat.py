@@ -34,10 +34,9 @@ def test_pallas_call_with_mosaic_gpu_specs(shape):
 
 def test_mosaic_gpu_kernel_asks_for_the_interpreter_where_a_gpu_backend_would_run_it(monkeypatch):
   from pallax._src import backends
-  from pallax._src import pallas_call as pcall
   fake = backends.Backend("triton", ("cpu",), object, None, lambda: True)
-  monkeypatch.setattr(pcall.backends, "choose", lambda params, platform: None if params.interpret else fake)
-  monkeypatch.setattr(pcall.backends, "for_kind", lambda kind, platform: None)   # no Gluon here
+  monkeypatch.setattr(backends, "choose", lambda params, platform: None if params.interpret else fake)
+  monkeypatch.setattr(backends, "for_kind", lambda kind, platform: None)   # no Gluon here
   f = plgpu.kernel(lambda o_ref: o_ref.__setitem__(..., jnp.ones(128)),
                    out_type=jax.ShapeDtypeStruct((128,), jnp.float32))
   with pytest.raises(NotImplementedError, match="need the Gluon backend.*pass interpret=True"):

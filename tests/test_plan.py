@@ -8,6 +8,7 @@ import pytest
 from jax import lax
 
 import pallax as pl
+from pallax._src import grid_mapping
 from pallax._src import pallas_call as pcall
 from pallax._src import plan as kplan
 
@@ -316,7 +317,7 @@ def test_decode_order_runs_vmapped_axes_slowest():
   plan = kplan.analyse(params)
   assert [(a.axis, a.size) for a in plan.decode] == [(2, 3), (1, 5), (0, 2)]
   # A grid axis that is not vmap's (tiling's) keeps its place.
-  gm = pcall.with_leading_grid_axis(params.grid_mapping, 4, [False] * 2, vmapped=False)
+  gm = grid_mapping.with_leading_grid_axis(params.grid_mapping, 4, [False] * 2, vmapped=False)
   assert gm.grid == (4, 2, 5, 3) and gm.vmapped_dims == (1, 2)
   assert kplan.decode_order((0, 1, 2, 3), gm.vmapped_dims) == [0, 3, 2, 1]
 

@@ -1,4 +1,4 @@
-"""The lax primitives ``as_torch_kernel`` runs as torch operations (``pallax/_src/torch_rules.py``),
+"""The lax primitives ``as_torch_kernel`` runs as torch operations (``pallax/_src/torch/rules.py``),
 each against JAX on the CPU, elementwise, on random inputs (skipped where torch is missing)."""
 import numpy as np
 import pytest
@@ -9,7 +9,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
-from pallax._src import torch_plan, torch_rules  # noqa: E402
+from pallax._src.torch import plan as torch_plan  # noqa: E402
+from pallax._src.torch import rules as torch_rules  # noqa: E402
 
 rng = np.random.default_rng(0)
 F = rng.standard_normal((6, 10)).astype(np.float32)

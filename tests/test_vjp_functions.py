@@ -1,5 +1,5 @@
 """The reverse-mode split that ``as_torch_kernel`` hands to ``torch.autograd``
-(``pallax/_src/torch_autograd.vjp_functions``), checked with JAX alone on any machine: the forward
+(``pallax/_src/torch/autograd.vjp_functions``), checked with JAX alone on any machine: the forward
 function's outputs and the backward function's cotangents equal ``jax.vjp``'s, for JAX's own ops
 with ``custom_vjp`` backward kernels (run here in the interpreter)."""
 import jax
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import pallax as pl
-from pallax._src.torch_autograd import vjp_functions
+from pallax._src.torch.autograd import vjp_functions
 from jax_gpu_ops import load
 
 

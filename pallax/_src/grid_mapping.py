@@ -16,13 +16,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Hashable
+from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
+from pallax._src import kernel_errors
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -181,3 +184,218 @@ class GridMapping:
                    f"{tuple(getattr(d, 'block_size', d) if not isinstance(d, pc.Squeezed) else None for d in bm.block_shape)}"
                    f" index_map {{ {str(bm.index_map_jaxpr).strip()} }}")
     return "\n".join(lines)
+
+
+# --- building the GridMapping ------------------------------------------------------------
+
+def _as_tuple_grid(grid, name) -> tuple[int, ...]:
+  if grid is None:
+    grid = ()
+  if isinstance(grid, (int, np.integer)):
+    grid = (grid,)
+  try:
+    grid = tuple(grid)
+  except TypeError:
+    raise TypeError(f"pallas_call {name}: grid must be an int or a tuple of ints, got {grid!r}") from None
+  for g in grid:
+    if isinstance(g, tuple):
+      raise TypeError(f"pallas_call {name}: grid {grid!r} mixes named and unnamed axes; name "
+                      "every axis, grid=((\"i\", 2), (\"j\", 4)), or none")
+    if not isinstance(g, (int, np.integer)):
+      raise TypeError(f"pallas_call {name}: grid sizes must be static Python ints, got {grid!r}; "
+                      "dynamic grids are not supported")
+  if any(g <= 0 for g in grid):
+    raise ValueError(f"pallas_call {name}: grid sizes must be positive, got grid={tuple(grid)}")
+  return tuple(int(g) for g in grid)
+
+
+def _flatten_specs(specs, tree, what: str, count: int, name: str):
+  """One BlockSpec (or None) per operand. in_specs is a list or tuple (as in JAX Pallas) whose
+  entries may be prefixes of the inputs' pytrees; out_specs may be a single spec."""
+  if specs is pc.no_block_spec:
+    return [None] * count
+  if what == "in_specs" and not isinstance(specs, (list, tuple)):
+    # As JAX Pallas: a lone BlockSpec is not spread over the inputs.
+    got = "a single BlockSpec" if isinstance(specs, pc.BlockSpec) else repr(specs)
+    raise ValueError(f"pallas_call {name}: in_specs must be a tuple or a list with one entry "
+                     f"per input, got {got}; wrap it: in_specs=[spec] (or [spec] * {count})")
+  is_leaf = lambda s: s is None or isinstance(s, (pc.BlockSpec, pc.NoBlockSpec))
+  if isinstance(specs, (list, tuple)) and tree.num_leaves == count and tree.num_nodes == count + 1 \
+      and len(specs) != count and all(is_leaf(s) for s in specs):
+    raise ValueError(f"pallas_call {name}: {what} has {len(specs)} entries but there are "
+                     f"{count} {'inputs' if what == 'in_specs' else 'outputs'}; pass one BlockSpec "
+                     "(or None for the whole array) per operand")
+  full = jax.tree.unflatten(tree, [0] * count)
+  # Pallas accepts lists and tuples interchangeably at the top level.
+  full = tuple(full) if isinstance(full, list) else full
+  specs = tuple(specs) if isinstance(specs, list) else specs
+  try:
+    flat = ji.tree_util.broadcast_prefix(specs, full, is_leaf=is_leaf)
+  except (ValueError, TypeError) as e:
+    operands = "inputs" if what == "in_specs" else "outputs"
+    raise ValueError(f"pallas_call {name}: the structure of {what} does not match the "
+                     f"{operands} ({tree}); pass one BlockSpec (or None) per operand. "
+                     f"{_prefix_error(specs, full, is_leaf, what, operands) or e}") from None
+  return [None if isinstance(s, pc.NoBlockSpec) else s for s in flat]
+
+
+def _prefix_error(specs, full, is_leaf, what: str, operands: str) -> str | None:
+  """Where ``specs`` stops being a prefix of ``full``, with the key path named after ``what``
+  (one line)."""
+  errors = ji.tree_util.prefix_errors(specs, full, is_leaf=is_leaf)
+  if not errors:
+    return None
+  return " ".join(str(errors[0](what)).split()).replace("the full pytree has",
+                                                        f"the {operands} have")
+
+
+def _block_shape(spec: pc.BlockSpec | None, shape: tuple, origin: str, name: str) -> tuple:
+  """The spec's block shape in canonical form (the whole array without a spec)."""
+  if spec is None or spec.block_shape is None:
+    return tuple(pc.Blocked(d) if d > 0 else pc.Blocked(1) for d in shape)
+  if isinstance(spec.block_shape, (int, np.integer)) or not isinstance(spec.block_shape, Sequence):
+    raise TypeError(f"pallas_call {name}: block_shape of {origin} must be a tuple, got {spec.block_shape!r}")
+  if len(spec.block_shape) != len(shape):
+    raise ValueError(
+        f"pallas_call {name}: {origin} has rank {len(shape)} (shape {shape}) but its block_shape "
+        f"{tuple(spec.block_shape)} has rank {len(spec.block_shape)}; give one block size per "
+        "dimension (None to squeeze a dimension)")
+  try:
+    block_shape = tuple(pc.canonical_block_dim(d) for d in spec.block_shape)
+  except TypeError as e:
+    raise TypeError(f"pallas_call {name}: {origin}: {e}") from None
+  for d in block_shape:
+    if d.block_size <= 0:
+      raise ValueError(f"pallas_call {name}: block sizes must be positive; {origin} has block_shape "
+                       f"{tuple(spec.block_shape)}")
+  return block_shape
+
+
+def _block_mapping(spec: pc.BlockSpec | None, aval, origin: str, grid, index_avals,
+                   name: str, debug: bool) -> BlockMapping:
+  shape = tuple(aval.shape)
+  block_shape = _block_shape(spec, shape, origin, name)
+  index_map = None if spec is None else spec.index_map
+  nd = len(shape)
+  if index_map is None:
+    index_map = lambda *_: (0,) * nd
+  else:
+    if not kernel_errors.binds(index_map, len(index_avals)):
+      extra = len(index_avals) - len(grid)
+      raise TypeError(
+          f"pallas_call {name}: the index_map of {origin} cannot take {len(index_avals)} positional "
+          f"arguments (one per grid axis of grid {grid}"
+          + (f" plus {extra} scalar-prefetch operands" if extra else "")
+          + f"); its signature is {kernel_errors.signature_text(index_map)}")
+
+  the_map = f"the index_map of {origin}" + (f" (at {kernel_errors.defined_at(index_map)})"
+                                             if kernel_errors.defined_at(index_map) else "")
+
+  def flat_index_map(*args):
+    out = index_map(*args)
+    out = tuple(out) if isinstance(out, list) else out
+    if not isinstance(out, tuple):
+      out = (out,) if nd == 1 else out
+    if not isinstance(out, tuple) or len(out) != nd:
+      n = len(out) if isinstance(out, (tuple, list)) else 1
+      raise ValueError(f"{the_map} returned {n} indices but {origin} has rank {nd}; return "
+                       "one block index per dimension")
+    for k, i in enumerate(out):
+      _check_block_index(i, k, the_map)
+    return [jnp.asarray(i, jnp.int32) for i in out]
+
+  try:
+    jaxpr, _, consts = ji.trace_to_jaxpr(flat_index_map, index_avals, name=f"index_map of {origin}")
+  except (ValueError, TypeError) as e:
+    kernel_errors.reraise(e, f"pallas_call {name}")
+  if any(isinstance(c, jax.core.Tracer) for c in consts):
+    raise ValueError(f"pallas_call {name}: {the_map} closes over a traced value; "
+                     "pass it as a scalar-prefetch operand instead")
+  if consts:
+    # As JAX Pallas: an index map computes block indices from the grid indices alone.
+    raise ValueError(
+        f"pallas_call {name}: {the_map} captures constants "
+        f"[{', '.join(jax.typeof(c).str_short() for c in consts)}]; compute the block index from "
+        "the grid indices, or pass the table as a scalar-prefetch operand (PrefetchScalarGridSpec)")
+  kernel_shape = tuple(d.block_size for d in block_shape if not isinstance(d, pc.Squeezed))
+  ref = ji.ref_aval(kernel_shape, aval.dtype, getattr(spec, "memory_space", None))
+  return BlockMapping(block_shape, ref, ji.closed(jaxpr, consts), None, ji.ShapedArray(shape, aval.dtype),
+                      origin, pipeline_mode=getattr(spec, "pipeline_mode", None), debug=debug)
+
+
+def _check_block_index(i, k: int, the_map: str):
+  """An index map's output ``k`` must be an integer scalar (as in JAX Pallas)."""
+  if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
+    return
+  dtype = getattr(i, "dtype", None)
+  if getattr(i, "shape", None) == () and dtype is not None and jnp.issubdtype(dtype, jnp.integer):
+    return
+  what = jax.typeof(i).str_short() if dtype is not None else f"a {type(i).__name__}"
+  raise ValueError(f"{the_map} returned {what} at position {k}; index maps return integer "
+                   "scalars, one block index per dimension")
+
+
+def scratch_aval(s, name):
+  if hasattr(s, "get_ref_aval"):
+    return s.get_ref_aval()
+  if isinstance(s, jax.ShapeDtypeStruct):
+    return ji.ref_aval(s.shape, s.dtype)
+  raise TypeError(f"pallas_call {name}: scratch_shapes entries must be scratch types such as "
+                  f"pl.ANY((8, 128), jnp.float32), got {s!r}")
+
+
+def make_grid_mapping(name, grid_spec: pc.GridSpec, in_avals, in_tree, out_avals, out_tree,
+                      debug=False, kernel=None) -> GridMapping:
+  grid = _as_tuple_grid(grid_spec.grid, name)
+  label = kernel_errors.label(name, kernel)
+  nidx = grid_spec.num_scalar_prefetch
+  index_avals = [ji.ref_aval(a.shape, a.dtype, pc.MemorySpace.INDEX) for a in in_avals[:nidx]]
+  grid_avals = [ji.ShapedArray((), jnp.int32)] * len(grid)
+  map_avals = grid_avals + index_avals
+  ins = in_avals[nidx:]
+  in_specs = _flatten_specs(grid_spec.in_specs, in_tree, "in_specs", len(ins), label) \
+      if nidx == 0 else _flatten_specs(grid_spec.in_specs, jax.tree.structure([0] * len(ins)),
+                                       "in_specs", len(ins), label)
+  out_specs = _flatten_specs(grid_spec.out_specs, out_tree, "out_specs", len(out_avals), label)
+  bms = [_block_mapping(s, a, f"args[{nidx + i}]", grid, map_avals, name, debug)
+         for i, (s, a) in enumerate(zip(in_specs, ins))]
+  bms += [_block_mapping(s, a, f"out[{i}]", grid, map_avals, name, debug)
+          for i, (s, a) in enumerate(zip(out_specs, out_avals))]
+  scratch = jax.tree.leaves(grid_spec.scratch_shapes, is_leaf=lambda s: hasattr(s, "get_ref_aval"))
+  gm = GridMapping(
+      grid=grid, grid_names=None, block_mappings=tuple(bms),
+      index_map_tree=jax.tree.structure((tuple(map_avals), {})),
+      index_map_avals=tuple(map_avals), vmapped_dims=(),
+      scratch_avals=tuple(scratch_aval(s, name) for s in scratch),
+      scratch_zeroed=tuple(getattr(s, "memory_space", None) is pc.MemorySpace.SEMAPHORE for s in scratch),
+      num_index_operands=nidx, num_inputs=len(ins), num_outputs=len(out_avals), debug=debug)
+  gm.check_invariants()
+  return gm
+
+
+# --- a leading grid axis (vmap, tiling) ---------------------------------------------------
+
+def _batch_block_mapping(bm: BlockMapping, batched: bool, size: int) -> BlockMapping:
+  old = bm.index_map_jaxpr
+  def new_map(b, *args):
+    idx = ji.eval_jaxpr(old, old.consts, *args)
+    return ([b] if batched else []) + list(idx)
+  jaxpr, _, consts = ji.trace_to_jaxpr(new_map, [ji.ShapedArray((), jnp.int32)] + list(old.in_avals))
+  if not batched:
+    return dataclasses.replace(bm, index_map_jaxpr=ji.closed(jaxpr, consts))
+  return dataclasses.replace(
+      bm, block_shape=(pc.squeezed,) + bm.block_shape, index_map_jaxpr=ji.closed(jaxpr, consts),
+      array_aval=ji.ShapedArray((size,) + bm.array_aval.shape, bm.array_aval.dtype))
+
+
+def with_leading_grid_axis(gm: GridMapping, size: int, batched, vmapped=True) -> GridMapping:
+  """``gm`` with a new first grid axis of ``size``; each block operand k with ``batched[k]`` gets
+  a new leading array dimension of that size, indexed by the new axis (the others ignore it).
+  ``vmapped``: the axis is a batch axis that vmap added (GPU launches run it slowest)."""
+  bms = tuple(_batch_block_mapping(bm, b, size) for bm, b in zip(gm.block_mappings, batched))
+  map_avals = (ji.ShapedArray((), jnp.int32),) + tuple(gm.index_map_avals)
+  return gm.replace(
+      grid=(size,) + gm.grid, block_mappings=bms,
+      index_map_tree=jax.tree.structure((map_avals, {})), index_map_avals=map_avals,
+      vmapped_dims=(0,) * vmapped + tuple(d + 1 for d in gm.vmapped_dims),
+      grid_names=None if gm.grid_names is None else ("vmap",) + tuple(gm.grid_names))

@@ -143,17 +143,21 @@ def is_library_file(f: str) -> bool:
           or f"{os.sep}jaxlib{os.sep}" in f)
 
 
-def user_frame(source_info):
-  """'file:line (function)' of the first frame outside jax and pallax, or None."""
+def user_location(source_info) -> tuple[str, int, str] | None:
+  """(file, line, function) of the first frame outside jax and pallax, or None."""
   tb = getattr(source_info, "traceback", None)
   if tb is None:
     return None
   for frame in tb.frames:
-    f = frame.file_name
-    if is_library_file(f):
-      continue
-    return f"{f}:{frame.line_num} ({frame.function_name})"
+    if not is_library_file(frame.file_name):
+      return frame.file_name, frame.line_num, frame.function_name
   return None
+
+
+def user_frame(source_info):
+  """'file:line (function)' of the first frame outside jax and pallax, or None."""
+  where = user_location(source_info)
+  return None if where is None else f"{where[0]}:{where[1]} ({where[2]})"
 
 
 def current_user_frame():
@@ -161,5 +165,10 @@ def current_user_frame():
   return user_frame(source_info_util.current())
 
 
-
+def stage_axis_index_with(rule):
+  """The one place pallax changes a table of JAX's: ``lax.axis_index`` is staged into jaxprs by
+  ``rule(trace, source_info, *, axis_name)`` (JAX's custom staging rule). JAX offers no other
+  hook for an axis name that a kernel's grid binds while it is traced; ``rule`` falls back to
+  JAX's default staging for every other name, so programs outside kernels see no change."""
+  pe.custom_staging_rules[axis_index_p] = rule
 

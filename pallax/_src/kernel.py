@@ -10,7 +10,9 @@ import jax
 
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
+from pallax._src import grid_mapping
 from pallax._src import pallas_call as pcall
+from pallax._src import tracing
 from pallax._src import primitives as prims
 
 
@@ -34,9 +36,9 @@ def _run_one(body, mesh: pc.Mesh, operands, out_avals, scratch, name, interpret,
   rank = len(mesh.grid)
   op_avals = [ji.ShapedArray(jax.typeof(x).shape, jax.typeof(x).dtype) for x in operands]
   ref_ops = [i for i, x in enumerate(operands) if _is_ref(x)]
-  scratch_avals = [pcall._scratch_aval(s, name) for s in scratch]
+  scratch_avals = [grid_mapping.scratch_aval(s, name) for s in scratch]
   probe_avals = [ji.ref_aval(a.shape, a.dtype) for a in op_avals + list(out_avals)] + scratch_avals
-  probe, _ = pcall.trace_kernel(body, name, mesh.grid, probe_avals,
+  probe, _ = tracing.trace_kernel(body, name, mesh.grid, probe_avals,
                                 [f"args[{i}]" for i in range(len(operands))]
                                 + [f"out[{i}]" for i in range(len(out_avals))], mesh.grid_names,
                                 kernel_args, allow_ref_consts=True,
@@ -98,12 +100,12 @@ def kernel(body=_NS, out_type=(), *, mesh, scratch_types=(), compiler_params=Non
       raise TypeError(f"pl.kernel: mesh must be a pl.Mesh(grid=..., grid_names=...), got {m!r}")
   kname = name or getattr(bodies[0], "__name__", "kernel")
   flat_types, out_tree = jax.tree.flatten(out_type, is_leaf=lambda s: hasattr(s, "dtype"))
-  out_avals = [pcall._out_aval(s, i, kname) for i, s in enumerate(flat_types)]
+  out_avals = [pcall.out_aval(s, i, kname) for i, s in enumerate(flat_types)]
   scratch = jax.tree.leaves(scratch_types, is_leaf=lambda s: hasattr(s, "get_ref_aval"))
 
   def call(*operands):
     flat_ops, in_tree = jax.tree.flatten(operands, is_leaf=_is_ref)
-    kargs = pcall._kernel_args(in_tree, out_tree, scratch_types)
+    kargs = tracing.kernel_args(in_tree, out_tree, scratch_types)
     outs = None
     for b, m in zip(bodies, meshes):
       if outs is None:

@@ -144,8 +144,8 @@ def lower(fun, *args, **kwargs) -> list[Compiled]:
   kernel in it for sm_90a: per kernel its Gluon source, TTGIR, PTX, shared memory and warp count.
   Needs no GPU."""
   from pallax._src import jaxpr_util
-  from pallax._src import pallas_call as pcall
+  from pallax._src.call_primitive import pallas_call_p
   from pallax._src.interpret import eager
   closed = jax.make_jaxpr(functools.partial(fun, **kwargs))(*args)
   return [compile_params(e.params["params"]) for e in jaxpr_util.equations(closed.jaxpr)
-          if e.primitive is pcall.pallas_call_p and eager.is_mosaic_gpu(e.params["params"])]
+          if e.primitive is pallas_call_p and eager.is_mosaic_gpu(e.params["params"])]

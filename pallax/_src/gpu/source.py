@@ -137,12 +137,12 @@ class Source:
                 + ", ".join(self.render(v) for _, v in pairs))
 
   def comment_source(self, eqn):
+    where = ji.user_location(eqn.source_info)
     frame = ji.user_frame(eqn.source_info)
     if frame is None or frame == self.last_frame:
       return
     self.last_frame = frame
-    m = re.match(r"(.*):(\d+) \((.*)\)$", frame)
-    text = linecache.getline(m.group(1), int(m.group(2))).strip() if m else ""
+    text = linecache.getline(where[0], where[1]).strip()
     self.emit(f"# {frame}: {text}" if text else f"# {frame}")
 
   def where(self, eqn) -> str:

@@ -21,7 +21,7 @@ from jax import lax
 
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
-from pallax._src import pallas_call as pcall
+from pallax._src.grid_mapping import with_leading_grid_axis
 
 # Above these sizes a single dot does not fit one program.
 MAX_RESULT = 128 * 256
@@ -234,6 +234,6 @@ def rewrite(params, sequential_axes: bool):
     return dataclasses.replace(params, jaxpr=_rewrite_jaxpr(jaxpr))
   gm = params.grid_mapping
   n_tiles = math.prod(whole.tile_counts())
-  new_gm = pcall.with_leading_grid_axis(gm, n_tiles, [False] * len(gm.block_mappings),
+  new_gm = with_leading_grid_axis(gm, n_tiles, [False] * len(gm.block_mappings),
                                         vmapped=False)
   return dataclasses.replace(params, jaxpr=_rewrite_jaxpr(jaxpr, whole=whole), grid_mapping=new_gm)

@@ -10,7 +10,7 @@ import numpy as np
 from pallax._src import ref_access
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
-from pallax._src import pallas_call as pcall
+from pallax._src.call_primitive import pallas_call_p
 from pallax._src import primitives as prims
 from pallax._src.primitives import dot, max_contiguous  # noqa: F401  (re-exported)
 from pallax._src.triton import codegen
@@ -219,7 +219,7 @@ KernelArtifact = Compiled
 
 def _pallas_call_params(jaxpr):
   for eqn in jaxpr_util.equations(jaxpr):
-    if eqn.primitive is pcall.pallas_call_p:
+    if eqn.primitive is pallas_call_p:
       yield eqn.params["params"]
 
 

@@ -141,7 +141,7 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
   _check_supported(params, compute_capability)
   params, plan = prepare(params, compute_capability)
   gm, jaxpr = params.grid_mapping, params.jaxpr
-  gen = Writer(params.name, compute_capability)
+  gen = Writer(params.name, compute_capability, memory.load_constant)
   ptrs = _pointers(gen, params)
   par, seq = plan.launch.parallel, plan.launch.sequential
   gen.emit(f"# grid {gm.grid}: axes {par} run as parallel programs"

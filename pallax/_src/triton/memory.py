@@ -366,3 +366,8 @@ def _run_scoped(ctx, *args, jaxpr, num_consts, zeroed=None, **_):
     raise Unsupported("semaphores in pl.run_scoped")
   scratch = [scratch_ref(ctx.gen, v.aval.inner_aval, "scoped") for v in jaxpr.invars[num_consts:]]
   return ctx.gen.lower_jaxpr(jaxpr, [*args, *scratch])
+
+
+def load_constant(gen, name: str, a):
+  """The value of constant array ``a``, an input of the launch named ``name``, read whole."""
+  return load(gen, whole(ex.Name(name, dtype=a.dtype), a.dtype, a.shape, "a constant array"), hint=name)

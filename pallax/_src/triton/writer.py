@@ -31,8 +31,11 @@ class Access:
 
 
 class Writer(Source):
-  def __init__(self, kernel_name: str, compute_capability: int):
+  def __init__(self, kernel_name: str, compute_capability: int, load_constant=None):
     super().__init__(kernel_name, TABLE, tl.render, _PROLOGUE_NAMES)
+    # (writer, name, array) -> the loaded value of a constant array passed as an input
+    # (``memory.load_constant``; the rules that load live above this module)
+    self.load_constant = load_constant
     self.compute_capability = compute_capability
     self.has_checks = False
     self.read_back: set[str] = set()   # pointers of Refs that the kernel both writes and reads
@@ -53,9 +56,7 @@ class Writer(Source):
     if name is None:
       name = self.fresh("const")
       self.constants.append((name, a))
-    from pallax._src.triton import memory   # memory's rules register with this module's table
-    ref = memory.whole(ex.Name(name, dtype=a.dtype), a.dtype, a.shape, "a constant array")
-    return memory.load(self, ref, hint=name)
+    return self.load_constant(self, name, a)
 
   def valid(self, shape, axes) -> ex.Expr | None:
     """A mask of the lanes inside the logical ``shape`` along ``axes`` (None: none padded)."""

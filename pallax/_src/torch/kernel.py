@@ -4,7 +4,7 @@ tensors.
 The function is traced once per input signature (shapes, dtypes, device). On a CUDA device each
 pallas_call of the trace is compiled by the Triton backend and launched by Triton's own launcher
 on torch's current stream, its outputs allocated by torch; the array code between kernels runs
-as torch operations (``torch_rules.py``). No JAX arrays, no copies, no host synchronization. On
+as torch operations (``rules.py``). No JAX arrays, no copies, no host synchronization. On
 CPU tensors the function runs in pallax's interpreter, through DLPack.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ import re
 
 import jax
 
-from pallax._src import torch_autograd
-from pallax._src import torch_plan
-from pallax._src import torch_rules
+from pallax._src.torch import autograd as torch_autograd
+from pallax._src.torch import plan as torch_plan
+from pallax._src.torch import rules as torch_rules
 
 
 def as_torch_kernel(fn):
@@ -25,7 +25,7 @@ def as_torch_kernel(fn):
   the call is differentiable through ``torch.autograd`` (``fn`` needs a ``jax.custom_vjp``,
   whose backward may itself call pallas_call). Under ``torch.compile`` it is one custom op
   (``pallax::<name>``) with a shape function, so graphs do not break at it."""
-  torch = torch_rules._torch()
+  torch = torch_rules.import_torch()
   programs: dict = {}   # (input signature, with gradients) -> _Program or Differentiated
 
   def program_for(tensors, grad: bool):
@@ -73,7 +73,7 @@ def _op_name(fn, run) -> str:
 def _custom_op(fn, run, templates):
   """``run`` as a torch custom op on a list of tensors, with a fake (shape) implementation that
   also records the output structure in ``templates``."""
-  torch = torch_rules._torch()
+  torch = torch_rules.import_torch()
 
   @torch.library.custom_op(_op_name(fn, run), mutates_args=(),
                            schema="(Tensor[] args) -> Tensor[]")
@@ -114,7 +114,7 @@ def _rebuild(template, flat):
 
 
 def _device(tensors):
-  torch = torch_rules._torch()
+  torch = torch_rules.import_torch()
   return tensors[0].device if tensors else torch.device("cuda")
 
 
@@ -136,7 +136,7 @@ def _check_64_bit(fn, dtypes):
 
 
 def _check_inputs(fn, tensors):
-  torch = torch_rules._torch()
+  torch = torch_rules.import_torch()
   name = getattr(fn, "__name__", "fn")
   for k, t in enumerate(tensors):
     if not isinstance(t, torch.Tensor):
@@ -153,7 +153,7 @@ def _check_inputs(fn, tensors):
 
 class _Program:
   """``fn`` traced for one input signature, and how to run it on that device: a prepared plan of
-  torch steps on a CUDA device (``torch_plan.py``), pallax's interpreter for CPU tensors."""
+  torch steps on a CUDA device (``plan.py``), pallax's interpreter for CPU tensors."""
 
   def __init__(self, fn, avals, device):
     self.fn = fn
@@ -173,7 +173,7 @@ class _Program:
     return outs[0] if self.single else jax.tree.unflatten(self.out_tree, outs)
 
   def _interpret(self, tensors):
-    torch = torch_rules._torch()
+    torch = torch_rules.import_torch()
     with jax.default_device(jax.devices("cpu")[0]), jax.enable_x64(self.x64):
       outs = self.jitted(*[jax.dlpack.from_dlpack(t.detach().contiguous()) for t in tensors])
     return jax.tree.map(lambda a: torch.from_dlpack(a), outs)

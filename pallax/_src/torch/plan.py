@@ -1,15 +1,15 @@
 """A traced function as a flat list of steps on torch tensors, prepared once per input signature
 so that a call does little more than launch: call-like equations (``jit``, ``custom_vjp_call``,
-...) are inlined, every pallas_call is compiled and bound to the device (``torch_launch.py``),
-every other equation to its torch rule (``torch_rules.py``), and constants and literals are put
+...) are inlined, every pallas_call is compiled and bound to the device (``launch.py``),
+every other equation to its torch rule (``rules.py``), and constants and literals are put
 on the device once. Values live in numbered slots."""
 from __future__ import annotations
 
-import jax
 import numpy as np
 
 from pallax._src import jax_internals as ji
-from pallax._src import torch_rules
+from pallax._src.torch import launch as torch_launch
+from pallax._src.torch import rules as torch_rules
 
 # Call-like primitives whose inner jaxpr is inlined: (primitive, its jaxpr's key).
 CALLS = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr",
@@ -27,7 +27,7 @@ class Plan:
     self.steps: list = []   # (step: list of values -> list of values, input slots, output slots)
     jaxpr = closed.jaxpr
     self.inputs = [self._slot() for _ in jaxpr.invars]
-    consts = [self._slot(to_torch(c, device)) for c in closed.consts]
+    consts = [self._slot(torch_rules.to_torch(c, device)) for c in closed.consts]
     self.outputs = self._inline(jaxpr, consts, self.inputs, None)
 
   def run(self, tensors):
@@ -49,14 +49,14 @@ class Plan:
     env.update(zip(jaxpr.invars, in_slots))
     def read(v):
       if isinstance(v, ji.Literal):   # on the device once: a copy per call would wait for the host
-        return self._slot(to_torch(np.asarray(v.val, v.aval.dtype), self.device))
+        return self._slot(torch_rules.to_torch(np.asarray(v.val, v.aval.dtype), self.device))
       return env[v]
     for eqn in jaxpr.eqns:
       ins = [read(v) for v in eqn.invars]
       name = eqn.primitive.name
       if name in CALLS:
         inner = eqn.params[CALLS[name]]
-        consts = [self._slot(to_torch(c, self.device)) for c in getattr(inner, "consts", ())]
+        consts = [self._slot(torch_rules.to_torch(c, self.device)) for c in getattr(inner, "consts", ())]
         outs = self._inline(getattr(inner, "jaxpr", inner), consts, ins,
                             ji.user_frame(eqn.source_info) or where)
       else:
@@ -68,7 +68,6 @@ class Plan:
   def _step(self, eqn, where):
     name = eqn.primitive.name
     if name == "pallas_call":
-      from pallax._src import torch_launch
       return torch_launch.Kernel(eqn, self.device)
     rule = torch_rules.RULES.get(name)
     if rule is None:
@@ -80,12 +79,3 @@ class Plan:
     if name in torch_rules.MULTIPLE_RESULTS:
       return lambda ins: list(rule(*ins, **params))
     return lambda ins: [rule(*ins, **params)]
-
-
-def to_torch(a, device):
-  """A NumPy/JAX array (bfloat16 included) as a torch tensor on ``device``."""
-  torch = torch_rules._torch()
-  a = np.asarray(a)
-  if a.dtype == jax.numpy.bfloat16:
-    return torch.from_numpy(a.view(np.uint16).copy()).view(torch.bfloat16).to(device)
-  return torch.from_numpy(a.copy()).to(device)

@@ -13,7 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallax._src import torch_rules
+from pallax._src.torch import rules as torch_rules
 
 
 def vjp_functions(fn, avals):
@@ -67,7 +67,7 @@ def custom_grad_op(fn, program_for, name, templates, signature, describe, avals)
   its residuals, whose registered backward is a custom op ``<name>_bwd`` running the backward
   program. Returns a function of the input list -> the output leaves. The shape functions fill
   ``templates`` (output structures) and the output counts, which Dynamo reads back as Python."""
-  torch = torch_rules._torch()
+  torch = torch_rules.import_torch()
   counts: dict = {}   # input signature -> number of outputs (the rest are residuals)
 
   @torch.library.custom_op(f"{name}_fwd", mutates_args=(), schema="(Tensor[] args) -> Tensor[]")
@@ -128,7 +128,7 @@ def unaliased(args, outs):
 
 @functools.cache
 def _function_class():
-  torch = torch_rules._torch()
+  torch = torch_rules.import_torch()
 
   class PallaxFunction(torch.autograd.Function):
     @staticmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import typing
 
-from pallax._src import torch_rules
+from pallax._src.torch import rules as torch_rules
 
 
 class Kernel:
@@ -18,7 +18,7 @@ class Kernel:
   XLA launch: operands, constants (Triton), outputs, hidden buffers (Triton)."""
 
   def __init__(self, eqn, device):
-    torch = torch_rules._torch()
+    torch = torch_rules.import_torch()
     from pallax._src.interpret import eager
     params = eqn.params["params"]
     self.device = device
@@ -45,7 +45,7 @@ class Kernel:
     self.on_device = torch.cuda.device(self.index) if torch.cuda.device_count() > 1 else None
 
   def __call__(self, ins):
-    torch = torch_rules._torch()
+    torch = torch_rules.import_torch()
     ins = [aligned(t) for t in ins]
     outs = [ins[self.aliased[k]].clone() if k in self.aliased else
             torch.empty(shape, dtype=dtype, device=self.device)
@@ -72,11 +72,10 @@ class Kernel:
 
 def _triton(params, cc, device):
   from pallax._src.triton import codegen, compile as tcompile, launch
-  from pallax._src.torch_plan import to_torch
   launch.check_compute_capability(cc, params.name)
   ks = codegen.generate(params, cc)
   hidden = [(shape, torch_rules.torch_dtype(dtype), zeroed) for shape, dtype, zeroed in ks.hidden]
-  consts = [to_torch(a, device) for a in ks.constants]
+  consts = [torch_rules.to_torch(a, device) for a in ks.constants]
   return tcompile.launchable_kernel(ks, cc, params.name), ks.grid, consts, hidden, []
 
 

@@ -3,10 +3,11 @@ given to ``as_torch_kernel`` (reshapes, the reductions that combine a split-K ke
 results, ...). One rule per primitive; a primitive not here is a clear error."""
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 
-def _torch():
+def import_torch():
   try:
     import torch
   except ImportError as e:
@@ -17,7 +18,7 @@ def _torch():
 
 def torch_dtype(dtype):
   """The torch dtype of a NumPy/JAX dtype (ValueError for one torch lacks)."""
-  torch = _torch()
+  torch = import_torch()
   name = np.dtype(dtype).name
   table = {"bool": torch.bool, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
            "int32": torch.int32, "int64": torch.int64, "float16": torch.float16,
@@ -30,7 +31,7 @@ def torch_dtype(dtype):
 
 
 def _divide(x, y):
-  torch = _torch()
+  torch = import_torch()
   floating = (x.is_floating_point() if isinstance(x, torch.Tensor) else isinstance(x, float))
   return torch.div(x, y) if floating else torch.div(x, y, rounding_mode="trunc")   # lax: C division
 
@@ -43,7 +44,7 @@ def _broadcast_in_dim(x, *, shape, broadcast_dimensions, **_):
 
 
 def _pad(x, padding_value, *, padding_config):
-  torch = _torch()
+  torch = import_torch()
   if any(interior for _, _, interior in padding_config):
     raise NotImplementedError("as_torch_kernel: lax.pad with interior padding")
   widths = [w for lo, hi, _ in reversed(padding_config) for w in (lo, hi)]   # last dim first
@@ -58,7 +59,7 @@ def _slice(x, *, start_indices, limit_indices, strides):
 
 
 def _select_n(which, *cases):
-  torch = _torch()
+  torch = import_torch()
   if len(cases) != 2:
     raise NotImplementedError("as_torch_kernel: select_n with more than two cases")
   return torch.where(which.bool(), cases[1], cases[0])
@@ -77,12 +78,12 @@ def _dot_general(x, y, *, dimension_numbers, preferred_element_type=None, **_):
       [c for j, c in enumerate(ys) if j not in yc and j not in yb]
   if preferred_element_type is not None:
     x, y = x.to(torch_dtype(preferred_element_type)), y.to(torch_dtype(preferred_element_type))
-  return _torch().einsum(f"{''.join(xs)},{''.join(ys)}->{''.join(out)}", x, y)
+  return import_torch().einsum(f"{''.join(xs)},{''.join(ys)}->{''.join(out)}", x, y)
 
 
 def _reduce(name):
   def rule(x, *, axes, **_):
-    torch = _torch()
+    torch = import_torch()
     if not axes:
       return x
     if name == "sum":
@@ -93,13 +94,13 @@ def _reduce(name):
 
 def _binary(fn_name):
   def rule(x, y, *, out_dtype=None):
-    out = getattr(_torch(), fn_name)(x, y)
+    out = getattr(import_torch(), fn_name)(x, y)
     return out if out_dtype is None else out.to(torch_dtype(out_dtype))
   return rule
 
 
 def _unary(fn_name):
-  return lambda x, **_: getattr(_torch(), fn_name)(x)
+  return lambda x, **_: getattr(import_torch(), fn_name)(x)
 
 
 RULES = {
@@ -120,8 +121,17 @@ RULES = {
                                                    if k not in dimensions]),
     "convert_element_type": lambda x, *, new_dtype, **_: x.to(torch_dtype(new_dtype)),
     "pad": _pad, "slice": _slice, "select_n": _select_n, "dot_general": _dot_general,
-    "concatenate": lambda *xs, dimension: _torch().cat(xs, dim=dimension),
+    "concatenate": lambda *xs, dimension: import_torch().cat(xs, dim=dimension),
     "copy": lambda x: x.clone(), "copy_p": lambda x: x.clone(),
     "optimization_barrier": lambda *xs: xs,   # an XLA scheduling hint: values unchanged
 }
 MULTIPLE_RESULTS = {"optimization_barrier"}
+
+
+def to_torch(a, device):
+  """A NumPy/JAX array (bfloat16 included) as a torch tensor on ``device``."""
+  torch = import_torch()
+  a = np.asarray(a)
+  if a.dtype == jax.numpy.bfloat16:
+    return torch.from_numpy(a.view(np.uint16).copy()).view(torch.bfloat16).to(device)
+  return torch.from_numpy(a.copy()).to(device)

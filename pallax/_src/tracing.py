@@ -1,0 +1,165 @@
+"""Tracing a kernel body into a jaxpr over JAX Refs, with its grid's program ids bound."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from pallax._src import checks
+from pallax._src import core as pc
+from pallax._src import jax_internals as ji
+from pallax._src.grid_mapping import scratch_aval
+from pallax._src import kernel_errors
+
+
+# --- tracing the kernel --------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class KernelArgs:
+  """How flat Refs become the kernel's arguments: pytrees of positional Refs, scratch
+  passed positionally or (from a dict of scratch shapes) by keyword."""
+  positional: Any           # treedef of the tuple of positional arguments
+  keyword: Any = None       # treedef of the keyword arguments (or None)
+
+  @staticmethod
+  def flat(n: int) -> "KernelArgs":
+    return KernelArgs(jax.tree.structure(tuple(range(n))))
+
+  def call(self, kernel, refs):
+    n = self.positional.num_leaves
+    args = jax.tree.unflatten(self.positional, refs[:n])
+    kwargs = jax.tree.unflatten(self.keyword, refs[n:]) if self.keyword is not None else {}
+    return kernel(*args, **kwargs)
+
+  def names(self, kernel) -> tuple[str, ...]:
+    """A readable name per flat Ref: the kernel's parameter name (with an index when a
+    parameter holds several Refs)."""
+    try:
+      params = [p.name for p in inspect.signature(kernel).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+      params = []
+    args = jax.tree.unflatten(self.positional, list(range(self.positional.num_leaves)))
+    names = []
+    for k, a in enumerate(args):
+      base = params[k] if k < len(params) else f"ref{k}"
+      leaves = jax.tree.leaves(a)
+      names += [base] if len(leaves) == 1 else [f"{base}_{j}" for j in range(len(leaves))]
+    if self.keyword is not None:
+      kw = jax.tree.unflatten(self.keyword, list(range(self.keyword.num_leaves)))
+      for key, a in kw.items():
+        leaves = jax.tree.leaves(a)
+        names += [str(key)] if len(leaves) == 1 else [f"{key}_{j}" for j in range(len(leaves))]
+    return tuple(names)
+
+
+def _check_signature(kernel, name, kernel_args: KernelArgs, ref_names):
+  n_pos = len(jax.tree.unflatten(kernel_args.positional, [0] * kernel_args.positional.num_leaves))
+  kw_names = () if kernel_args.keyword is None else tuple(
+      jax.tree.unflatten(kernel_args.keyword, [0] * kernel_args.keyword.num_leaves))
+  if not kernel_errors.binds(kernel, n_pos, kw_names):
+    raise TypeError(
+        f"pallas_call {name}: the kernel {name}{kernel_errors.signature_text(kernel)} cannot take {n_pos} Ref arguments"
+        + (f" and keyword Refs {list(kw_names)}" if kw_names else "")
+        + f" (the Refs are {', '.join(ref_names)}); give the kernel one parameter per input, "
+        "output and scratch buffer")
+
+
+def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid_names=(),
+                 kernel_args: KernelArgs | None = None, allow_ref_consts: bool = False,
+                 extra_axes=()):
+  """Traces the kernel on Refs into a jaxpr whose invars are ``*grid_indices, *refs, *globals``.
+
+  Named grid axes and ``extra_axes`` ((name, size) pairs: a Mosaic GPU kernel's cluster and
+  thread axes) are in scope for ``lax.axis_index``/``lax.axis_size``.
+
+  Returns (closed jaxpr, global scratch avals). ``pl.get_global`` requests make a
+  second trace with those Refs appended.
+  """
+  kernel_args = kernel_args or KernelArgs.flat(len(ref_avals))
+  _check_signature(kernel, name, kernel_args, ref_names)
+  requested: list[Any] = []
+
+  def run(global_refs, *args):
+    ids, refs = args[:len(grid)], args[len(grid):]
+    next_global = iter(global_refs)
+
+    def get_global(what):
+      if global_refs:
+        return next(next_global)
+      requested.append(what)
+      return jax.new_ref(jnp.zeros(what.shape, what.dtype))
+
+    env = pc.GridEnv(name, tuple(ids), grid, tuple(grid_names), get_global)
+    named = [(n, s) for n, s in zip(grid_names, grid) if n is not None] + list(extra_axes)
+    with pc.grid_env(env), ji.extend_axis_env_nd(named):
+      out = kernel_args.call(kernel, list(refs))
+    if out is not None:   # even () or 0, as in JAX Pallas
+      where = kernel_errors.defined_at(kernel)
+      raise ValueError(f"the kernel {name}{f' (at {where})' if where else ''} returned "
+                       f"{_describe(out)}; kernels write their results into output Refs and "
+                       "return None")
+    return []
+
+  in_avals = [ji.ShapedArray((), jnp.int32)] * len(grid) + list(ref_avals)
+  try:
+    jaxpr, _, consts = ji.trace_to_jaxpr(lambda *a: run((), *a), in_avals, name=name)
+    globals_avals = [scratch_aval(w, name) for w in requested]
+    if requested:
+      n = len(in_avals)
+      jaxpr, _, consts = ji.trace_to_jaxpr(lambda *a: run(a[n:], *a[:n]), in_avals + globals_avals,
+                                           name=name)
+  except (ValueError, TypeError, IndexError, NotImplementedError, RuntimeError) as e:
+    names = dict(zip(kernel_args.names(kernel), ref_names)) if ref_names else {}
+    kernel_errors.reraise(e, f"pallas_call {name}", names)
+  for c in consts:
+    if isinstance(c, jax.core.Tracer) and not (allow_ref_consts and ji.is_ref_aval(jax.typeof(c))):
+      raise ValueError(
+          f"pallas_call {name}: the kernel closes over a traced value of type {jax.typeof(c)}; "
+          "pass it to pallas_call as an operand instead")
+  closed = ji.closed(jaxpr, consts)
+  checks.check_static_indices(closed, name, ref_names)
+  return closed, tuple(globals_avals)
+
+
+def _describe(x) -> str:
+  """What a kernel returned, short: '()', '0', 'float32[8]', 'a tuple'."""
+  leaves = jax.tree.leaves(x)
+  if not leaves:
+    return repr(x)
+  return f"a {type(x).__name__}" if len(leaves) > 1 else (
+      jax.typeof(leaves[0]).str_short() if hasattr(leaves[0], "dtype") else repr(leaves[0]))
+
+
+def _axis_index_staging(trace, source_info, *, axis_name):
+  """``lax.axis_index(name)`` of a named grid axis, while a kernel is traced, is that axis's
+  program id (what ``pl.program_id`` gives): the kernel jaxpr holds an ordinary program id,
+  which the interpreter vectorizes and the GPU backends lower, also after vmap prepends an axis.
+  Other names (Mosaic GPU threads, axes bound inside the kernel) stay ``axis_index``."""
+  env = pc.innermost_grid_env()
+  if env is not None and axis_name is not None and axis_name in env.names:
+    return trace.to_jaxpr_tracer(env.ids[env.names.index(axis_name)], source_info)
+  return trace.default_process_primitive(ji.axis_index_p, (), {"axis_name": axis_name},
+                                         source_info)
+
+
+ji.stage_axis_index_with(_axis_index_staging)
+
+
+def kernel_args(in_tree, out_tree, scratch_shapes) -> KernelArgs:
+  """Pallas passes Refs in the structure of the operands, then of out_shape (a tuple or
+  list of outputs is spread into positional arguments), then the scratch buffers."""
+  ins = jax.tree.unflatten(in_tree, list(range(in_tree.num_leaves)))
+  outs = jax.tree.unflatten(out_tree, list(range(out_tree.num_leaves)))
+  outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+  is_leaf = lambda s: hasattr(s, "get_ref_aval") or isinstance(s, jax.ShapeDtypeStruct)
+  if isinstance(scratch_shapes, dict):
+    scratch_pos, scratch_kw = (), scratch_shapes
+  else:
+    scratch_pos, scratch_kw = tuple(scratch_shapes or ()), None
+  pos = jax.tree.structure((*ins, *outs, *scratch_pos), is_leaf=is_leaf)
+  kw = None if scratch_kw is None else jax.tree.structure(scratch_kw, is_leaf=is_leaf)
+  return KernelArgs(pos, kw)
