@@ -49,7 +49,7 @@ Slice = ji.Slice
 
 # --- indexing helpers --------------------------------------------------------------
 
-def _split_ref(ref):
+def split_ref(ref):
   """(base ref, transforms so far) of a Ref or a ``ref.at[...]`` view."""
   if isinstance(ref, ji.TransformedRef):
     return ref.ref, tuple(ref.transforms)
@@ -101,14 +101,14 @@ if ji.broadcast_to_p not in ji.batching.fancy_primitive_batchers:   # JAX 0.11 h
   ji.batching.primitive_batchers[ji.broadcast_to_p] = _broadcast_to_batched
 
 
-def _view_shape(ref_aval, transforms):
+def view_shape(ref_aval, transforms):
   shape = ref_aval.shape
   for t in transforms:
     shape = t.get_indexer_shape() if isinstance(t, ji.NDIndexer) else t.transform_shape(shape)
   return tuple(shape)
 
 
-def _layout(indexer) -> tuple[list[int], list[int]]:
+def indexer_dims(indexer) -> tuple[list[int], list[int]]:
   """Result dimensions of an NDIndexer: those of its slices (in order) and of its integer
   indices (NumPy's rule: together where the integer indices are adjacent, else first)."""
   is_int = [not isinstance(i, ji.Slice) for i in indexer.indices]
@@ -124,7 +124,7 @@ def _layout(indexer) -> tuple[list[int], list[int]]:
 
 def _parent_coords(indexer, coords) -> list[jax.Array]:
   """Coordinates in the indexed array of the elements at ``coords`` of the result."""
-  slice_dims, int_dims = _layout(indexer)
+  slice_dims, int_dims = indexer_dims(indexer)
   shape = coords[0].shape if coords else ()
   out, k = [], 0
   for i in indexer.indices:
@@ -178,7 +178,7 @@ def _check_broadcasts(what: str, named, shape, verb: str):
 
 def _masked_load_abstract_eval(ref_aval, *args, tree, has_mask, has_other, cache=None, evict=None):
   transforms = ji.tree_util.tree_unflatten(tree, args[:tree.num_leaves])
-  shape = _view_shape(ref_aval, transforms)
+  shape = view_shape(ref_aval, transforms)
   names = (["mask"] if has_mask else []) + (["other"] if has_other else [])
   _check_broadcasts("load from", zip(names, args[tree.num_leaves:]), shape,
                     "give it the shape of the loaded block")
@@ -187,7 +187,7 @@ def _masked_load_abstract_eval(ref_aval, *args, tree, has_mask, has_other, cache
 
 def _masked_swap_abstract_eval(ref_aval, val_aval, *args, tree, has_mask, evict=None):
   transforms = ji.tree_util.tree_unflatten(tree, args[:tree.num_leaves])
-  shape = _view_shape(ref_aval, transforms)
+  shape = view_shape(ref_aval, transforms)
   if has_mask:
     _check_broadcasts("store into", [("mask", args[tree.num_leaves])], shape,
                       "give it the shape of the stored block")
@@ -256,9 +256,9 @@ ji.register_discharge_rule(masked_load_p)(_masked_load_discharge)
 ji.register_discharge_rule(masked_swap_p)(_masked_swap_discharge)
 
 
-def _flat_access(ref, idx):
-  base, views = _split_ref(ref)
-  shape = _view_shape(base.aval if hasattr(base, "aval") else jax.typeof(base), views)
+def flat_access(ref, idx):
+  base, views = split_ref(ref)
+  shape = view_shape(base.aval if hasattr(base, "aval") else jax.typeof(base), views)
   transforms = views + (_indexer(idx, shape),)
   flat, tree = ji.tree_util.tree_flatten(transforms)
   return base, flat, tree
@@ -287,7 +287,7 @@ def load(x_ref_or_view, idx=(), *, mask=None, other=None, cache_modifier=None,
                      f"{evict!r} in one load; pass one of them")
   if mask is None and other is None and cache is None and evict is None:
     return x_ref_or_view[idx]
-  base, flat, tree = _flat_access(x_ref_or_view, idx)
+  base, flat, tree = flat_access(x_ref_or_view, idx)
   extra = [m for m in (mask, other) if m is not None]
   extra = [jnp.asarray(e) for e in extra]
   return masked_load_p.bind(base, *flat, *extra, tree=tree, has_mask=mask is not None,
@@ -301,7 +301,7 @@ def swap(x_ref_or_view, idx, val, *, mask=None, eviction_policy=None) -> jax.Arr
     old = x_ref_or_view[idx]
     x_ref_or_view[idx] = val
     return old
-  base, flat, tree = _flat_access(x_ref_or_view, idx)
+  base, flat, tree = flat_access(x_ref_or_view, idx)
   val = jnp.asarray(val)
   extra = [] if mask is None else [jnp.asarray(mask)]
   return masked_swap_p.bind(base, val, *flat, *extra, tree=tree, has_mask=mask is not None,

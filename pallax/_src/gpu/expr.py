@@ -111,7 +111,7 @@ def add(a: Expr, b: Expr) -> Expr:
     return a
   if isinstance(a, Lit) and isinstance(b, Lit) and isinstance(a.value, int) and isinstance(b.value, int):
     return _fold(a, b, a.value + b.value)
-  return Op("+", (a, b), dtype=a.dtype, shape=_broadcast(a.shape, b.shape))
+  return Op("+", (a, b), dtype=a.dtype, shape=broadcast_shapes(a.shape, b.shape))
 
 
 def mul(a: Expr, k) -> Expr:
@@ -123,12 +123,12 @@ def mul(a: Expr, k) -> Expr:
     return Lit(0, dtype=a.dtype)
   if isinstance(a, Lit) and isinstance(k, Lit):
     return _fold(a, k, a.value * k.value)
-  return Op("*", (a, k), dtype=a.dtype, shape=_broadcast(a.shape, k.shape))
+  return Op("*", (a, k), dtype=a.dtype, shape=broadcast_shapes(a.shape, k.shape))
 
 
 def binary(op: str, a: Expr, b: Expr, dtype=None) -> Expr:
   return Op(op, (a, b), dtype=dtype if dtype is not None else a.dtype,
-            shape=_broadcast(a.shape, b.shape))
+            shape=broadcast_shapes(a.shape, b.shape))
 
 
 def call(fn: str, *args, dtype=None, shape=(), **kwargs) -> Call:
@@ -189,7 +189,7 @@ def _combine(op: str, a, b):
   return None
 
 
-def _broadcast(a: tuple, b: tuple) -> tuple:
+def broadcast_shapes(a: tuple, b: tuple) -> tuple:
   """The shape of ``a op b``. Lane masks are built at padded sizes (``arange(32) < 24``): where
   a logical and a padded shape meet, the logical one (the smaller) is the value's."""
   if not a or not b:

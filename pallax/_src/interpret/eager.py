@@ -78,7 +78,7 @@ def _np(x):
 
 def _parent_coords(indexer, coords):
   """Coordinates in the indexed array of the elements at ``coords`` of an NDIndexer's result."""
-  slice_dims, int_dims = prims._layout(indexer)
+  slice_dims, int_dims = prims.indexer_dims(indexer)
   shape = coords[0].shape if coords else ()
   out, k = [], 0
   for i in indexer.indices:

@@ -44,7 +44,7 @@ def flatten_refs(*refs):
     if r is None:
       trees.append(None)
       continue
-    base, transforms = prims._split_ref(r)
+    base, transforms = prims.split_ref(r)
     leaves, tree = ji.tree_util.tree_flatten(transforms)
     flat += [base, *leaves]
     trees.append(tree)

@@ -49,7 +49,7 @@ def _n_values(op):
 
 def _atomic_abstract_eval(ref, *args, tree, op, has_mask):
   leaves = args[_n_values(op):][:tree.num_leaves]
-  shape = prims._view_shape(ref, ji.tree_util.tree_unflatten(tree, leaves))
+  shape = prims.view_shape(ref, ji.tree_util.tree_unflatten(tree, leaves))
   return ji.ShapedArray(shape, ref.dtype), {ji.WriteEffect(0), ji.ReadEffect(0)}
 
 
@@ -89,7 +89,7 @@ ref_access.register(atomic_cas_p, 2, "atomic update of")  # (ref, cmp, val, *lea
 
 
 def _atomic(op, x_ref_or_view, idx, vals, mask=None):
-  base, flat, tree = prims._flat_access(x_ref_or_view, idx)
+  base, flat, tree = prims.flat_access(x_ref_or_view, idx)
   extra = [jnp.asarray(mask)] if mask is not None else []
   p = atomic_cas_p if op == "cas" else atomic_p
   return p.bind(base, *vals, *flat, *extra, tree=tree, op=op, has_mask=mask is not None)

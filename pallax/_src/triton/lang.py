@@ -60,7 +60,7 @@ def full(shape, value: ex.Expr, d) -> ex.Expr:
 
 
 def where(c: ex.Expr, a: ex.Expr, b: ex.Expr, d=None) -> ex.Expr:
-  shape = ex._broadcast(ex._broadcast(c.shape, a.shape), b.shape)
+  shape = ex.broadcast_shapes(ex.broadcast_shapes(c.shape, a.shape), b.shape)
   return call("tl.where", c, a, b, dtype=np.dtype(d) if d is not None else a.dtype, shape=shape)
 
 
