@@ -44,8 +44,8 @@ def checking(run_kernel, failures: list, refusals):
   names it."""
   def wrapped(params, args):
     out = run_kernel(params, args)
-    from pallax._src.interpret import eager
-    if not eager.is_mosaic_gpu(params):
+    from pallax._src import backends
+    if not backends.is_mosaic_gpu(params):
       return out
     why = lower(params)
     if why is not None:
@@ -110,8 +110,8 @@ def comparing(run_kernel, failures: list, choose):
   the GPU, and records in ``failures`` where its outputs differ from the interpreter's."""
   def wrapped(params, args):
     out = run_kernel(params, args)
-    from pallax._src.interpret import eager
-    if eager.is_mosaic_gpu(params) and lower(params) is None:
+    from pallax._src import backends
+    if backends.is_mosaic_gpu(params) and lower(params) is None:
       why = compare(params.name, out, run_on_gpu(params, args, choose))
       if why:
         failures.append(why)

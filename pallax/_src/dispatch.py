@@ -7,21 +7,20 @@ import functools
 import jax
 
 from pallax._src import backends
+from pallax._src.interpret import eager, interpreter
 from pallax._src import jax_internals as ji
 from pallax._src.call_primitive import Params, pallas_call_p
 
 
 def _lowering(ctx, *args, params: Params, platform: str):
   backend = backends.choose(params, platform)
-  from pallax._src.interpret import eager
-  if backend is None and eager.applies(params):
+  if backend is None and backends.needs_eager_interpreter(params):
     return ji.mlir.lower_fun(functools.partial(eager.run_traced, params=params),
                              multiple_results=True)(ctx, *args)
-  if backend is not None and eager.is_mosaic_gpu(params):
+  if backend is not None and backends.is_mosaic_gpu(params):
     return _mosaic_backend(params, platform).lowering(ctx, *args, params=params)
   if backend is not None:
     return backend.lowering(ctx, *args, params=params)
-  from pallax._src.interpret import interpreter
   fn = functools.partial(interpreter.run, params=params, raise_errors="callback")
   return ji.mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
 
@@ -33,13 +32,12 @@ for _platform in ("cpu", "cuda", "rocm", "tpu"):
 
 def _impl(*args, params: Params):
   """Eager calls: checked interpretation raises Python errors directly."""
-  from pallax._src.interpret import interpreter
   platform = jax.devices()[0].platform
-  from pallax._src.interpret import eager
   backend = backends.choose(params, platform)
-  if eager.applies(params) and backend is None and not any(isinstance(a, jax.core.Tracer) for a in args):
+  traced = any(isinstance(a, jax.core.Tracer) for a in args)
+  if backends.needs_eager_interpreter(params) and backend is None and not traced:
     return eager.run_now(*args, params=params)
-  if backend is not None or any(isinstance(a, jax.core.Tracer) for a in args):
+  if backend is not None or traced:
     return ji.dispatch.apply_primitive(pallas_call_p, *args, params=params)
   return interpreter.run_eager(*args, params=params)
 

@@ -13,6 +13,7 @@ import zlib
 
 import jax
 
+from pallax._src import backends
 from pallax._src import jax_internals as ji
 from pallax._src.gluon.codegen import generate
 from pallax._src.gluon.writer import GluonSource
@@ -145,7 +146,6 @@ def lower(fun, *args, **kwargs) -> list[Compiled]:
   Needs no GPU."""
   from pallax._src import jaxpr_util
   from pallax._src.call_primitive import pallas_call_p
-  from pallax._src.interpret import eager
   closed = jax.make_jaxpr(functools.partial(fun, **kwargs))(*args)
   return [compile_params(e.params["params"]) for e in jaxpr_util.equations(closed.jaxpr)
-          if e.primitive is pallas_call_p and eager.is_mosaic_gpu(e.params["params"])]
+          if e.primitive is pallas_call_p and backends.is_mosaic_gpu(e.params["params"])]

@@ -29,7 +29,6 @@ import numpy as np
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
-from pallax._src import plan as kplan
 from pallax._src import primitives as prims
 
 
@@ -513,29 +512,6 @@ def _block_view(bm, buf: Buffer, ids, kernel: str) -> View:
       raise NotImplementedError(f"{kernel}: the interpreter of Mosaic GPU kernels does not take "
                                 f"{d} block dimensions")
   return View(buf, (ji.NDIndexer(tuple(parts), buf.data.shape, (), validate=False),))
-
-
-def _kind(params) -> tuple[bool, bool]:
-  """(a Mosaic GPU kernel: threads, or a primitive only they have; a kernel asking for its
-  position by a name that is not a grid axis's, ``lax.axis_index`` of a thread or cluster axis,
-  which the vectorized interpreter cannot give: grid names became program ids when traced)."""
-  mosaic = getattr(params, "threads", None) is not None or jaxpr_util.uses(params.jaxpr, EAGER_ONLY)
-  return mosaic, mosaic or jaxpr_util.uses(params.jaxpr, {ji.axis_index_p})
-
-
-_kinds = kplan.PerParams()   # computed once per pallas_call: eager calls ask at every call
-
-
-def is_mosaic_gpu(params) -> bool:
-  return _kinds.get(params, _kind)[0]
-
-
-def applies(params) -> bool:
-  """Whether this interpreter runs ``params``' kernel (Mosaic GPU kernels, ``lax.axis_index``)."""
-  return _kinds.get(params, _kind)[1]
-
-
-EAGER_ONLY: set = set()    # primitives that only this interpreter runs (registered with rules)
 
 
 def run_now(*args, params):

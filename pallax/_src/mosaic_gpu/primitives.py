@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from pallax._src import backends
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
 
@@ -254,3 +255,9 @@ def load(src, idx=(), *, layout=None, optimized=True):
 def print_layout(fmt: str, x) -> None:
   """Prints the layout of ``x``: pallax picks layouts in the GPU backend (``debug=True`` shows them)."""
   del fmt, x
+
+
+# Kernels that use these are Mosaic GPU kernels: the eager interpreter or the Gluon backend runs them.
+backends.register_kernel_primitives("mosaic_gpu", (
+    copy_gmem_to_smem_p, copy_smem_to_gmem_p, barrier_arrive_p, barrier_wait_p, wgmma_p,
+    commit_smem_p, wgmma_wait_p, wait_smem_to_gmem_p, commit_smem_to_gmem_group_p))

@@ -460,11 +460,6 @@ def _wgmma_wait(th, eqn, invals):
   return []
 
 
-eager.EAGER_ONLY.update({mp.copy_gmem_to_smem_p, mp.copy_smem_to_gmem_p, mp.barrier_arrive_p,
-                         mp.barrier_wait_p, mp.wgmma_p, mp.commit_smem_p, mp.wgmma_wait_p,
-                         mp.wait_smem_to_gmem_p, mp.commit_smem_to_gmem_group_p})
-
-
 def _remember_threads(block, threads):
   block.state["threads"] = threads
 

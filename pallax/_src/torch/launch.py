@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import typing
 
+from pallax._src import backends
 from pallax._src.torch import rules as torch_rules
 
 
@@ -19,12 +20,11 @@ class Kernel:
 
   def __init__(self, eqn, device):
     torch = torch_rules.import_torch()
-    from pallax._src.interpret import eager
     params = eqn.params["params"]
     self.device = device
     self.index = device.index if device.index is not None else torch.cuda.current_device()
     major, minor = torch.cuda.get_device_capability(self.index)
-    prepare = _gluon if eager.is_mosaic_gpu(params) else _triton
+    prepare = _gluon if backends.is_mosaic_gpu(params) else _triton
     compiled, self.grid, self.consts, self.hidden, self.descriptors = \
         prepare(params, major * 10 + minor, device)
     self.outs = [(tuple(v.aval.shape), torch_rules.torch_dtype(v.aval.dtype)) for v in eqn.outvars]
