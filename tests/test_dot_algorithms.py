@@ -209,7 +209,7 @@ def test_interpreter_computes_the_passes(precision):
     want = _np_tf32(x).astype(np.float64) @ _np_tf32(y).astype(np.float64)
   else:
     tf32 = precision is P.TF32_TF32_F32_X3
-    passes = dot_algorithms._SPLIT_PASSES[precision] + ((0, 0),)
+    passes = dot_algorithms.SPLIT_PASSES[precision] + ((0, 0),)
     n = 1 + max(max(ij) for ij in passes)
     px, py = (_np_parts(v, n, _np_tf32 if tf32 else bf16) for v in (x, y))
     want = sum(px[i] @ py[j] for i, j in passes)

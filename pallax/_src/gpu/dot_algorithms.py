@@ -50,7 +50,7 @@ _F8 = (np.dtype("float8_e4m3fn"), np.dtype("float8_e5m2"))
 _X3 = ((1, 0), (0, 1))
 _X6 = ((2, 0), (0, 2), (1, 1)) + _X3
 _X9 = ((2, 1), (2, 2), (1, 2)) + _X6
-_SPLIT_PASSES = {Preset.BF16_BF16_F32_X3: _X3, Preset.BF16_BF16_F32_X6: _X6,
+SPLIT_PASSES = {Preset.BF16_BF16_F32_X3: _X3, Preset.BF16_BF16_F32_X6: _X6,
                  Preset.BF16_BF16_F32_X9: _X9, Preset.TF32_TF32_F32_X3: _X3}
 _TF32 = (Preset.TF32_TF32_F32, Preset.TF32_TF32_F32_X3)
 
@@ -98,14 +98,12 @@ def _expand(tf32_dots: bool, out, a, b, *, precision, preferred_element_type, **
     p = Preset.F32_F32_F32   # without jax_enable_x64 no float64 value exists: float32 products
   a, b = (_convert(x, p.supported_lhs_types[0]) for x in (a, b))
   acc_type = np.dtype(p.accumulation_type)
-  if p in _SPLIT_PASSES:
-    split = _tf32_parts if p in _TF32 else _bf16_parts
-    if p in _TF32 and tf32_dots:
-      res = dot(a, b, p)
-    else:
-      res = _split_passes(dot, split, a, b, _SPLIT_PASSES[p])
+  if p in _TF32 and tf32_dots:
+    res = dot(a, b, p)   # the backend's own tf32 and tf32x3 products
+  elif p in SPLIT_PASSES:
+    res = _split_passes(dot, _tf32_parts if p in _TF32 else _bf16_parts, a, b, SPLIT_PASSES[p])
   elif p is Preset.TF32_TF32_F32:
-    res = dot(a, b, p) if tf32_dots else dot(_round_tf32(a), _round_tf32(b), _HIGHEST)
+    res = dot(_round_tf32(a), _round_tf32(b), _HIGHEST)
   elif p is Preset.F32_F32_F32:
     res = dot(a, b, _HIGHEST)
   else:   # F16_*, BF16_BF16_F32, BF16_BF16_BF16, F64_F64_F64: exact products
