@@ -74,3 +74,43 @@ def fori_index(body, num_consts: int) -> bool:
       return (a is i_in and isinstance(b, ji.Literal) and b.val == 1) or \
              (b is i_in and isinstance(a, ji.Literal) and a.val == 1)
   return False
+
+
+def _literal(a):
+  # Typed NumPy scalars: rules tell literals (concrete) from traced values by them.
+  if hasattr(a.aval, "dtype") and np.ndim(a.val) == 0:
+    return np.array(a.val, a.aval.dtype)[()]
+  return a.val
+
+
+def retrace(jaxpr, rule: Callable, applies: Callable) -> ji.Jaxpr:
+  """``jaxpr`` traced again with each equation that ``rule(eqn, invals, params)`` answers (its
+  outputs; None keeps the equation) replaced by the equations the rule traced; sub-jaxprs are
+  retraced too. The same object where ``applies(eqn)`` is False for every equation, or no rule
+  answered. Rules run at the equation's source line."""
+  if not any(applies(e) for e in equations(jaxpr)):
+    return jaxpr
+  changed: list = []
+
+  def fn(*args):
+    env = dict(zip(jaxpr.all_invars, [*jaxpr.consts, *args]))
+    read = lambda a: _literal(a) if isinstance(a, ji.Literal) else env[a]
+    for eqn in jaxpr.eqns:
+      invals = [read(a) for a in eqn.invars]
+      params = map_sub_jaxprs(eqn.params, lambda j: retrace(j, rule, applies))
+      if any(a is not b for a, b in zip(sub_jaxprs(params), sub_jaxprs(eqn.params))):
+        changed.append(eqn)
+      with ji.source_info_util.user_context(eqn.source_info.traceback):
+        outs = rule(eqn, invals, params) if applies(eqn) else None
+      if outs is None:
+        outs = rebind(eqn, invals, params)
+      else:
+        changed.append(eqn)
+      env.update(zip(eqn.outvars, outs))
+    return [read(a) for a in jaxpr.outvars]
+
+  dbg = jaxpr.debug_info
+  names = dbg.arg_names
+  names = names if names is not None and len(names) == len(jaxpr.in_avals) else None
+  new, _, consts = ji.trace_to_jaxpr(fn, jaxpr.in_avals, name=dbg.func_name, arg_names=names)
+  return ji.closed(new, consts) if changed else jaxpr

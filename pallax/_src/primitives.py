@@ -246,9 +246,9 @@ def _masked_swap_discharge(ctx, x, val, *args, tree, has_mask, evict=None):
   # Masked-off lanes point past the end and are dropped, so they never clobber a kept lane.
   target = tuple(jnp.where(keep, c, d) for c, d in zip(coords, x.shape))
   new_x = x.at[target].set(val, mode="drop")
-  # The old value of a masked-off lane is undefined (a GPU does not read it): poison, as a
-  # masked load without ``other`` gives.
-  old = jnp.where(keep, old, poison(old.shape, old.dtype))
+  # A masked-off lane (or one outside the array) returns the value given for it, as in JAX
+  # Pallas: its Ref keeps the old one.
+  old = jnp.where(keep, old, val)
   return (new_x,) + (None,) * (1 + len(args)), old
 
 
@@ -295,7 +295,8 @@ def load(x_ref_or_view, idx=(), *, mask=None, other=None, cache_modifier=None,
 
 
 def swap(x_ref_or_view, idx, val, *, mask=None, eviction_policy=None) -> jax.Array:
-  """Writes ``val`` at ``idx`` (only where ``mask`` is True) and returns the old values."""
+  """Writes ``val`` at ``idx`` (only where ``mask`` is True) and returns the old values (``val``
+  where ``mask`` is False, as in JAX Pallas)."""
   evict = _check_hint("eviction_policy", eviction_policy, _EVICTION_POLICIES)
   if mask is None and evict is None:
     old = x_ref_or_view[idx]

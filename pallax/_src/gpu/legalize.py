@@ -71,60 +71,28 @@ RULES: dict[ji.Primitive, Rule] = {}
 
 def legalize(jaxpr: ji.Jaxpr, compute_capability: int) -> ji.Jaxpr:
   """``jaxpr`` rewritten to the contract above (the same object if nothing needed it)."""
-  if not any(_applies(e) for e in jaxpr_util.equations(jaxpr)):
-    return jaxpr
-  changed: list = []
-  fn = lambda *args: _eval(jaxpr, compute_capability, args, changed)
-  dbg = jaxpr.debug_info
-  names = dbg.arg_names
-  names = names if names is not None and len(names) == len(jaxpr.in_avals) else None
-  new, _, consts = ji.trace_to_jaxpr(fn, jaxpr.in_avals, name=dbg.func_name, arg_names=names)
-  return ji.closed(new, consts) if changed else jaxpr
+  return jaxpr_util.retrace(jaxpr, lambda eqn, invals, params: _rewrite(
+      eqn, invals, params, Ctx(compute_capability, tuple(v.aval for v in eqn.outvars))), _applies)
 
 
 def _applies(eqn) -> bool:
   return eqn.primitive in RULES or _fp8_arith(eqn)
 
 
-def _literal(a):
-  # Typed NumPy scalars: rules tell literals (concrete) from traced values by them.
-  if hasattr(a.aval, "dtype") and np.ndim(a.val) == 0:
-    return np.array(a.val, a.aval.dtype)[()]
-  return a.val
-
-
-def _eval(jaxpr, cc: int, args, changed: list):
-  env = dict(zip(jaxpr.all_invars, [*jaxpr.consts, *args]))
-  read = lambda a: _literal(a) if isinstance(a, ji.Literal) else env[a]
-  for eqn in jaxpr.eqns:
-    for v, x in zip(eqn.outvars, _equation(eqn, [read(a) for a in eqn.invars], cc, changed)):
-      env[v] = x
-  return [read(a) for a in jaxpr.outvars]
-
-
-def _equation(eqn, invals, cc: int, changed: list) -> list:
-  params = jaxpr_util.map_sub_jaxprs(eqn.params, lambda j: legalize(j, cc))
-  subs = zip(jaxpr_util.sub_jaxprs(params), jaxpr_util.sub_jaxprs(eqn.params))
-  if any(a is not b for a, b in subs):
-    changed.append(eqn)
-  out = _rewrite(eqn, invals, params, Ctx(cc, tuple(v.aval for v in eqn.outvars)))
-  if out is None:
-    return jaxpr_util.rebind(eqn, invals, params)
-  changed.append(eqn)
-  return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
 def _rewrite(eqn, invals, params, ctx):
-  """The equation's rule applied (None: keep the equation), at the user's source line."""
+  """The equation's rule applied (None: keep the equation), as a list of outputs."""
   rule = RULES.get(eqn.primitive)
   try:
-    with ji.source_info_util.user_context(eqn.source_info.traceback):
-      if _fp8_arith(eqn):
-        return _via_f32(ctx, eqn, rule, invals, params)
-      return None if rule is None else rule(ctx, *invals, **params)
+    if _fp8_arith(eqn):
+      out = _via_f32(ctx, eqn, rule, invals, params)
+    else:
+      out = None if rule is None else rule(ctx, *invals, **params)
   except NotImplementedError as e:
     frame = ji.user_frame(eqn.source_info)
     raise NotImplementedError(f"{e}, at {frame}" if frame else str(e)) from None
+  if out is None:
+    return None
+  return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 # --- helpers ---------------------------------------------------------------------------------

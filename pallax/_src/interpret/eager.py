@@ -374,8 +374,8 @@ def _set(th, eqn, invals):
   try:
     old = read(view, fill=0 if a.mask is not None else None, coords=coords)
     new = _np(a.values[0])
-    if a.mask is not None:
-      new = np.where(_np(a.mask), new, old)
+    if a.mask is not None:   # masked-off lanes keep the Ref's value and return the given one
+      new, old = np.where(_np(a.mask), new, old), np.where(_np(a.mask), old, new)
     write(view, new, accumulate=accumulate, coords=coords)
   except IndexError as e:
     fail(th, str(e), IndexError)

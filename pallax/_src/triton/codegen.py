@@ -1,11 +1,11 @@
 """Kernel jaxpr + GridMapping -> the source of one ``@triton.jit`` function.
 
-The pipeline: tile block products too large for one program (``gpu/tiling.py``), legalize lax's
-semantics (``gpu/legalize.py``), then write the statements with the rule table of this package
-(``rules``, ``shapes``, ``reductions``, ``memory``, ``movement``, ``control``, and the Triton
-module's own primitives in ``api``). Generated code is meant to be read: one statement a line,
-names from the kernel's parameters, and a comment with the user's source line above the code
-it produced.
+The pipeline: tile block products too large for one program (``gpu/tiling.py``), write out the
+dot algorithms (``gpu/dot_algorithms.py``), legalize lax's semantics (``gpu/legalize.py``), then
+write the statements with the rule table of this package (``rules``, ``shapes``, ``reductions``,
+``memory``, ``movement``, ``control``, and the Triton module's own primitives in ``api``).
+Generated code is meant to be read: one statement a line, names from the kernel's parameters,
+and a comment with the user's source line above the code it produced.
 
 Grid: the axes along which programs may run concurrently become Triton's launch grid (flattened
 into axis 0); axes along which a block the kernel reads back is revisited run as loops inside
@@ -20,7 +20,7 @@ import numpy as np
 
 from pallax._src.plan import plan_for
 from pallax._src.gpu import expr as ex
-from pallax._src.gpu import legalize, tiling
+from pallax._src.gpu import dot_algorithms, legalize, tiling
 from pallax._src.gpu.source import Unsupported, kernel_identifier
 from pallax._src.triton import control, movement, reductions, rules, shapes  # noqa: F401  (rules)
 from pallax._src.triton import lang as tl
@@ -107,10 +107,12 @@ MAX_VALUE_ELEMENTS = 128 * 512
 # --- the kernel -------------------------------------------------------------------------------
 
 def prepare(params, compute_capability: int):
-  """(params with large products tiled and lax semantics legalized, their plan)."""
+  """(params with large products tiled, dot algorithms written out and lax semantics legalized,
+  their plan)."""
   tiled = tiling.rewrite(params, bool(plan_for(params).launch.sequential))
   try:
-    jaxpr = legalize.legalize(tiled.jaxpr, compute_capability)
+    expanded = dot_algorithms.expand(tiled.jaxpr, tf32_dots=True)   # tl.dot has tf32, tf32x3
+    jaxpr = legalize.legalize(expanded, compute_capability)
     maps = tuple(bm.replace(index_map_jaxpr=legalize.legalize(bm.index_map_jaxpr, compute_capability))
                  for bm in tiled.grid_mapping.block_mappings)
   except NotImplementedError as e:

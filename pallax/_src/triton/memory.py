@@ -355,7 +355,8 @@ def _masked_load(ctx, *invals, cache=None, evict=None, **_):
 @rule(prims.masked_swap_p)
 def _masked_swap(ctx, *invals, evict=None, **_):
   v, acc = view(ctx, invals)
-  old = load(ctx.gen, v, acc.mask, hint="old") if ctx.is_used() else None
+  # Masked-off lanes of the old value are the new ones, as in JAX Pallas
+  old = load(ctx.gen, v, acc.mask, acc.values[0], hint="old") if ctx.is_used() else None
   store(ctx.gen, v, acc.values[0], acc.mask, evict=evict)
   return old if old is not None else acc.values[0]
 

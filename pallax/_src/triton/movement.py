@@ -1,5 +1,5 @@
-"""Data movement Triton cannot do on register tensors: slicing, reversing, concatenating and
-dynamically slicing or updating array values.
+"""Data movement Triton cannot do on register tensors: slicing, splitting, unstacking, reversing,
+concatenating and dynamically slicing or updating array values.
 
 Each rule writes the value to a scratch buffer in global memory private to the program (it stays
 in L1/L2), then reads back the view it needs, the way the kernel would through a Ref. A barrier
@@ -109,6 +109,14 @@ def _stack(ctx, *xs, axis):
   for k, x in enumerate(xs):
     memory.store(ctx.gen, _view(buf, {axis: (tl.i32(k), 1, 1)}, drop=(axis,)), x)
   return _read(ctx, buf, "stacked")
+
+
+@rule(lax.unstack_p)
+def _unstack(ctx, x, axis):
+  """``jnp.unstack``: each index along ``axis`` of one spilled buffer, that axis dropped."""
+  buf = memory.spill(ctx.gen, x)
+  return [_read(ctx, _view(buf, {axis: (tl.i32(k), 1, 1)}, drop=(axis,)), "part", v.aval.shape)
+          for k, v in enumerate(ctx.eqn.outvars)]
 
 
 def _element(gen, vec: ex.Expr, j: int) -> ex.Expr:

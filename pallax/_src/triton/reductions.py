@@ -91,15 +91,24 @@ for _p, _kind in _CUMULATIVE.items():
 
 # --- matrix products ------------------------------------------------------------------------
 
-_PRECISION = {None: "tf32", "DEFAULT": "tf32", "HIGH": "tf32x3", "HIGHEST": "ieee"}
+# tl.dot's input_precision for float32 operands: by lax.Precision (HIGH: tf32x3, where XLA uses
+# tf32), and by the two presets that gpu/dot_algorithms.py leaves to tl.dot.
+_PRECISION = {"DEFAULT": "tf32", "HIGH": "tf32x3", "HIGHEST": "ieee",
+              "TF32_TF32_F32": "tf32", "TF32_TF32_F32_X3": "tf32x3"}
 
 
 def _input_precision(precision, dtype) -> dict:
   """The ``input_precision=`` argument of tl.dot for float32 operands (none otherwise)."""
   if np.dtype(dtype) != np.float32:
     return {}
-  p = precision[0] if isinstance(precision, tuple) else precision
-  return {"input_precision": _PRECISION.get(getattr(p, "name", p), "tf32")}
+  if precision is None:
+    precision = lax.Precision.DEFAULT
+  if isinstance(precision, tuple):   # one per operand: the more precise one, as XLA
+    precision = max(precision, key=lambda p: p.value)
+  if precision.name not in _PRECISION:   # dot_algorithms.expand writes the others out
+    raise NotImplementedError(f"a float32 matrix product with the dot algorithm {precision.name}: "
+                              "the Triton backend has no such tl.dot")
+  return {"input_precision": _PRECISION[precision.name]}
 
 
 def _moved(shape, src, dst):
