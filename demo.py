@@ -1,8 +1,14 @@
-"""`make demo`: the seed notebook's kernels and a few more, each checked against plain JAX and timed.
+"""`make demo`: Pallas kernels run by pallax, each checked against plain JAX and timed beside it.
 
-Runs wherever JAX runs: on a CPU machine the kernels go through pallax's interpreter.
+1. Every kernel runs in pallax's interpreter on the CPU (how kernels run on a machine without a
+   GPU, with bounds checks on), against the same computation in plain `jax.numpy`.
+2. On a machine with an NVIDIA GPU, the same kernels run on the GPU, compiled through Triton.
+3. The Triton source pallax generates for one kernel (no GPU needed to generate it).
 """
+import dataclasses
+import functools
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -10,23 +16,10 @@ import numpy as np
 
 import pallax as pl
 
-
-def timed(f, *args, reps=5):
-  out = jax.block_until_ready(f(*args))
-  ts = []
-  for _ in range(reps):
-    t = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    ts.append(time.perf_counter() - t)
-  return out, float(np.median(ts)) * 1e3
+CALLS = 5   # timed calls per function, after one untimed call that traces and compiles
 
 
-def rel_err(a, b):
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-
-
-# --- the notebook's kernels ----------------------------------------------------------
+# --- the kernels of JAX's Pallas quickstart tutorial, unchanged but for `import pallax as pl` ---
 
 def add_vectors_kernel(x_ref, y_ref, o_ref):
   x, y = x_ref[...], y_ref[...]
@@ -43,6 +36,7 @@ def iota_kernel(o_ref):
   o_ref[i] = i
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def iota(size):
   return pl.pallas_call(iota_kernel, out_shape=jax.ShapeDtypeStruct((size,), jnp.int32),
                         grid=(size,))()
@@ -63,8 +57,9 @@ def matmul(x, y):
       out_specs=pl.BlockSpec((x.shape[0] // 2, y.shape[1] // 2), lambda i, j: (i, j)))(x, y)
 
 
-# --- a few more -------------------------------------------------------------------------
+# --- a few more ----------------------------------------------------------------------------------
 
+@jax.jit
 def blocked_matmul(x, y, bm=128, bn=128, bk=128):
   """K loop in the grid: the output block is revisited along axis 2 and accumulates."""
   def kernel(x_ref, y_ref, o_ref):
@@ -82,6 +77,7 @@ def blocked_matmul(x, y, bm=128, bn=128, bk=128):
       out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)))(x, y)
 
 
+@jax.jit
 def softmax(x, block_rows=8):
   def kernel(x_ref, o_ref):
     v = x_ref[...]
@@ -93,6 +89,7 @@ def softmax(x, block_rows=8):
                         grid=(pl.cdiv(r, block_rows),), in_specs=[spec], out_specs=spec)(x)
 
 
+@jax.jit
 def masked_scale(x, block=256):
   """Triton style: whole arrays, pl.ds offsets from program_id, a mask for the ragged end."""
   n = x.shape[0]
@@ -104,47 +101,122 @@ def masked_scale(x, block=256):
                         grid=(pl.cdiv(n, block),))(x)
 
 
-def main():
-  keys = jax.random.split(jax.random.key(42), 8)
-  rows = []
-  # f32 dots in kernels use TF32 on a GPU by default (as in Pallas): relative error ~1e-3.
-  on_gpu = jax.devices()[0].platform == "gpu"
-  mm_tol = 2e-3 if on_gpu else 1e-5
-  x8, y8 = jax.random.randint(keys[0], (8,), 0, 100), jax.random.randint(keys[1], (8,), 0, 100)
-  out, ms = timed(add_vectors, x8, y8)
-  rows.append(("add_vectors (notebook)", np.array_equal(out, x8 + y8), 0.0, ms))
-  out, ms = timed(iota, 8)
-  rows.append(("iota (notebook)", np.array_equal(out, np.arange(8)), 0.0, ms))
-  x = jax.random.normal(keys[2], (1024, 1024))
-  y = jax.random.normal(keys[3], (1024, 1024))
-  out, ms = timed(matmul, x, y)
-  ref = jnp.dot(x, y, precision="highest")
-  rows.append(("matmul 1024^2, 2x2 grid (notebook)", rel_err(out, ref) < mm_tol, rel_err(out, ref), ms))
-  xb = jax.random.normal(keys[4], (8, 1024, 1024))
-  out, ms = timed(jax.jit(jax.vmap(matmul)), xb, xb)
-  ref = jnp.einsum("bij,bjk->bik", xb, xb, precision="highest")
-  rows.append(("vmap(matmul) x8 (notebook)", rel_err(out, ref) < mm_tol, rel_err(out, ref), ms))
-  a = jax.random.normal(keys[5], (300, 512))  # M, N partial blocks; K must divide (NaN padding!)
-  b = jax.random.normal(keys[6], (512, 200))
-  out, ms = timed(jax.jit(blocked_matmul), a, b)
-  ref = jnp.dot(a, b, precision="highest")
-  rows.append(("matmul, K loop in the grid, partial blocks", rel_err(out, ref) < mm_tol,
-               rel_err(out, ref), ms))
-  s = jax.random.normal(keys[7], (1000, 384))
-  out, ms = timed(jax.jit(softmax), s)
-  ref = jax.nn.softmax(s, axis=1)
-  rows.append(("softmax 1000x384", rel_err(out, ref) < 1e-6, rel_err(out, ref), ms))
-  v = jax.random.normal(keys[0], (1000,))
-  out, ms = timed(jax.jit(masked_scale), v)
-  rows.append(("masked load/store, ragged end", np.allclose(out, v * 3), rel_err(out, v * 3), ms))
+# --- running and timing ------------------------------------------------------------------------
 
-  print(f"\n{'kernel':46} {'agrees':>7} {'rel. error':>11} {'time (ms)':>10}")
-  for name, ok, err, ms in rows:
-    print(f"{name:46} {'yes' if ok else 'NO':>7} {err:11.2e} {ms:10.3f}")
-  if not all(r[1] for r in rows):
-    raise SystemExit("some kernels disagree with their reference")
-  print(f"\nall {len(rows)} kernels agree with plain JAX (device: {jax.devices()[0].device_kind}; "
-        f"f32 matmuls within {mm_tol:g} relative error)")
+def _dot(a, b):
+  return jnp.matmul(a, b, precision="highest")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  name: str
+  inputs: str                  # the inputs' shapes and dtypes, and the grid
+  kernel: Callable
+  plain: Callable              # the same computation in plain jax.numpy
+  make_args: Callable          # key -> the arguments
+  matmul: bool = False         # float32 dots: TF32 on a GPU, as in Pallas
+
+
+def cases() -> list[Case]:
+  normal = jax.random.normal
+  pair = lambda shape: lambda key: tuple(normal(k, shape) for k in jax.random.split(key))
+  return [
+      Case("add_vectors [tutorial]", "2 x int32[8], no grid", add_vectors, lambda x, y: x + y,
+           lambda key: tuple(jax.random.randint(k, (8,), 0, 100) for k in jax.random.split(key))),
+      Case("iota [tutorial]", "out int32[8], grid (8,)", lambda: iota(8),
+           jax.jit(lambda: jnp.arange(8, dtype=jnp.int32)), lambda key: ()),
+      Case("matmul [tutorial]", "2 x f32[1024,1024], grid (2,2)", matmul, jax.jit(_dot),
+           pair((1024, 1024)), matmul=True),
+      Case("vmap(matmul) [tutorial]", "2 x f32[8,1024,1024]", jax.jit(jax.vmap(matmul)),
+           jax.jit(_dot), pair((8, 1024, 1024)), matmul=True),
+      Case("matmul, K loop in the grid", "f32[300,512] @ f32[512,200], grid (3,2,4)",
+           blocked_matmul, jax.jit(_dot),
+           lambda key: (normal(key, (300, 512)), normal(jax.random.fold_in(key, 1), (512, 200))),
+           matmul=True),   # M and N end in partial blocks
+      Case("softmax", "f32[1000,384], grid (125,)", softmax,
+           jax.jit(lambda x: jax.nn.softmax(x, axis=1)), lambda key: (normal(key, (1000, 384)),)),
+      Case("masked load/store, ragged end", "f32[1000], grid (4,)", masked_scale,
+           jax.jit(lambda x: x * 3.0), lambda key: (normal(key, (1000,)),)),
+  ]
+
+
+def warm_median_ms(f, *args) -> float:
+  """The median time of CALLS calls of ``f``, after one call that traces and compiles."""
+  jax.block_until_ready(f(*args))
+  times = []
+  for _ in range(CALLS):
+    t = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    times.append(time.perf_counter() - t)
+  return float(np.median(times)) * 1e3
+
+
+def rel_err(a, b) -> float:
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def run_all(device) -> bool:
+  """Runs every case on ``device``, prints a table; whether all agree with plain JAX."""
+  gpu = device.platform == "gpu"
+  mm_tol = 2e-3 if gpu else 1e-5   # f32 dots on a GPU use TF32 by default, as in Pallas
+  print(f"{'kernel':31} {'inputs':43} {'agrees':>6} {'rel. err':>9} {'pallax ms':>10} "
+        f"{'jnp ms':>8}")
+  ok = True
+  for i, case in enumerate(cases()):
+    args = jax.device_put(case.make_args(jax.random.key(i)), device)
+    with jax.default_device(device):
+      out, want = case.kernel(*args), case.plain(*args)
+      err = rel_err(out, want)
+      agrees = err < (mm_tol if case.matmul else 1e-6)
+      ms, plain_ms = warm_median_ms(case.kernel, *args), warm_median_ms(case.plain, *args)
+    ok &= agrees
+    print(f"{case.name:31} {case.inputs:43} {'yes' if agrees else 'NO':>6} {err:9.1e} "
+          f"{ms:10.3f} {plain_ms:8.3f}")
+  return ok
+
+
+def show_triton_source(lines: int = 24):
+  """The generated Triton source of the softmax kernel, as ``pallax.triton.lower`` returns it."""
+  try:
+    import pallax.triton as plgpu
+    art = plgpu.lower(softmax, jax.ShapeDtypeStruct((1000, 384), jnp.float32),
+                      compute_capability=90)[0]
+  except ImportError:
+    print("(the `triton` package is not installed here: pip install 'pallax[triton]' to see it)")
+    return
+  src = art.source.splitlines()
+  start = next(i for i, line in enumerate(src) if line.startswith(f"def {art.name}(")) - 1
+  print(f"{len(src)} lines in all; the kernel function, without the helpers defined above it:\n")
+  for line in src[start:start + lines]:
+    print("    " + (line if len(line) <= 120 else line[:117] + "..."))
+  if len(src) > start + lines:
+    print("    ...")
+
+
+def main():
+  print("pallax demo: Pallas kernels run by pallax, each checked against plain JAX and timed "
+        "beside it.")
+  print(f"\nTimes: the median of {CALLS} warm calls in milliseconds (the first call, which traces "
+        "and compiles, is\nnot counted). 'jnp ms' times the same computation written in plain "
+        "jax.numpy, jitted, on the same\ndevice. [tutorial]: a kernel of JAX's Pallas quickstart "
+        "tutorial, unchanged but for `import pallax as pl`.\nrel. err: |pallax - jnp| / |jnp| "
+        "over the whole output.")
+  print("\n1. In pallax's interpreter on the CPU (the reference semantics; bounds checks on)\n")
+  ok = run_all(jax.devices("cpu")[0])
+  gpus = [d for d in jax.devices() if d.platform == "gpu"]
+  if gpus:
+    print(f"\n2. On the GPU ({gpus[0].device_kind}), compiled through Triton\n")
+    ok &= run_all(gpus[0])
+  else:
+    print("\n2. On a GPU: no GPU here. On a machine with an NVIDIA GPU (and pallax's `triton` "
+          "extra), the same\n   kernels run there, compiled through Triton.")
+  print("\n3. The Triton source pallax generates for the softmax kernel "
+        "(pallax.triton.lower(softmax, x, compute_capability=90),\n   which needs no GPU)\n")
+  show_triton_source()
+  if not ok:
+    raise SystemExit("\nsome kernels disagree with plain JAX")
+  print("\nAll kernels agree with plain JAX.")
 
 
 if __name__ == "__main__":

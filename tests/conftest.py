@@ -11,13 +11,35 @@
 - Every Mosaic GPU (``plgpu``) kernel the interpreter runs is also compiled by the Gluon backend
   for sm_90a on a CPU, and on a GPU run there and compared with the interpreter's outputs
   (``gluon_check.py``).
+- Compiled kernels are cached in a temporary directory for the session (``PALLAX_CACHE_DIR``
+  unless set).
 """
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 import traceback
 
-import jax
-import pytest
+
+def _temporary_kernel_caches():
+  """Compiled kernels go to a temporary directory for this test session (removed at its end),
+  not to ``~/.cache/pallax`` and ``~/.triton``: a run of the suite compiles thousands of kernels.
+  A ``PALLAX_CACHE_DIR`` the user set is kept and used. Set here, at import, before any kernel is
+  compiled; pytest-xdist's workers inherit the directory from the process that made it, which
+  alone removes it."""
+  if "PALLAX_CACHE_DIR" in os.environ:
+    return
+  root = tempfile.mkdtemp(prefix="pallax-test-cache-")
+  os.environ["PALLAX_CACHE_DIR"] = root
+  os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(root, "triton-own"))
+  atexit.register(shutil.rmtree, root, ignore_errors=True)
+
+
+_temporary_kernel_caches()
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 

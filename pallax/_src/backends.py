@@ -14,9 +14,9 @@ nothing else changes.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
 
+from pallax._src import interpreter_note
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import plan as kplan
@@ -68,7 +68,7 @@ def choose(params, platform: str) -> Backend | None:
   for b in candidates:
     if platform in b.platforms and b.available():
       return b
-  _note_interpreter(platform)
+  interpreter_note.show(params, platform)
   return None
 
 
@@ -114,14 +114,3 @@ def for_kind(kind: str, platform: str) -> Backend | None:
     if b.kind == kind and platform in b.platforms and b.available():
       return b
   return None
-
-
-_note_shown: list = []   # a one-time note (a cache of one entry)
-
-
-def _note_interpreter(platform: str):
-  if _note_shown:
-    return
-  _note_shown.append(True)
-  print(f"pallax: no GPU backend applies on platform {platform!r}; running kernels in the "
-        "interpreter (pass interpret=True to choose it explicitly).", file=sys.stderr)
