@@ -301,9 +301,18 @@ def test_triton_matches_xla_on_the_gpu(precision):
   got = _matmul(precision)(x, y)
   _check(got, x, y, precision)
   exact = x.astype(np.float64) @ y.astype(np.float64)
+  bound = _bound(precision, x, y, exact)
+  xla_error = np.abs(np.asarray(want, np.float64) - exact)
+  if np.any(xla_error > bound):
+    # Seen on an H200 (jaxlib 0.11.2) for BF16_BF16_F32_X9: XLA's result is off by ~1e-3 of
+    # |A|.|B|, far outside what nine bf16 products promise. pallax was checked against float64
+    # above; comparing with XLA here would test XLA.
+    pytest.skip(f"XLA on this GPU misses {precision}'s own bound (worst error "
+                f"{float(np.max(xla_error / np.maximum(bound, 1e-30))):.0f}x it); pallax checked "
+                "against float64 instead")
   # Both within the preset's bound of the exact product: within twice it of each other.
   np.testing.assert_array_less(np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64)),
-                               2 * _bound(precision, x, y, exact) + np.finfo(np.float32).tiny)
+                               2 * bound + np.finfo(np.float32).tiny)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=str)
