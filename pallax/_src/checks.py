@@ -80,7 +80,7 @@ def _describe(kernel, eqn, name, d, size, shape):
           f"{tuple(shape)}) at {frame}: index {{index}} along dimension {d}, which has size {size}")
 
 
-def _sub_names(eqn, sub, names):
+def sub_names(eqn, sub, names):
   """Names of a sub-jaxpr's Ref invars: the equation's Ref operands, aligned at the end."""
   outer = [names.get(v, "a Ref") if isinstance(v, ji.Var) else "a Ref"
            for v in eqn.invars if ji.is_ref_aval(v.aval)]
@@ -127,7 +127,7 @@ def check_static_indices(jaxpr, kernel: str, names) -> None:
     if ref_access.is_access(eqn):
       _check_static_access(eqn, kernel, names)
     for sub in jaxpr_util.sub_jaxprs(eqn.params):
-      check_static_indices(sub, kernel, _sub_names(eqn, sub, names))
+      check_static_indices(sub, kernel, sub_names(eqn, sub, names))
 
 
 # --- dynamic checks (the interpreter) ---------------------------------------------------
@@ -200,7 +200,7 @@ def _eval_checked(jaxpr, names, kernel, consts, args, check_bounds: bool):
       if check_bounds:
         _check_access(eqn, invals, names, kernel)
     params = jaxpr_util.map_sub_jaxprs(
-        eqn.params, lambda s: instrument(s, _sub_names(eqn, s, names), kernel, check_bounds))
+        eqn.params, lambda s: instrument(s, sub_names(eqn, s, names), kernel, check_bounds))
     for v, x in zip(eqn.outvars, jaxpr_util.rebind(eqn, invals, params)):
       env[v] = x
   return [read(a) for a in jaxpr.outvars]

@@ -183,10 +183,14 @@ class InterpretParams:
   detect_races: report two concurrently running programs writing one element.
   check_bounds: check every Ref access against its block at run time.
   parallel: evaluate independent programs together (never changes a result).
+  check_uninitialized: report values computed from output or scratch elements that no program
+    wrote, and output elements that no program writes (doubles the interpreter's work). None:
+    on where ``pl.enable_debug_checks()`` is on.
   """
   detect_races: bool = False
   check_bounds: bool = True
   parallel: bool = True
+  check_uninitialized: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,6 +31,7 @@ from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import plan as kplan
 from pallax._src import primitives as prims
+from pallax._src.interpret import uninit
 
 
 from pallax._src.interpret.interpreter import KernelCheckError  # noqa: E402 (one error class)
@@ -46,6 +47,7 @@ class Buffer:
   data: np.ndarray
   kind: Any = None           # the scratch type it was allocated from
   state: dict = dataclasses.field(default_factory=dict)
+  init: np.ndarray | None = None   # with uninit checks: which elements were written (None: all)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -143,22 +145,58 @@ def read(view: View, fill=None, coords=None) -> np.ndarray:
   return out if ok.all() else np.where(ok, out, np.asarray(fill, data.dtype))
 
 
-def write(view: View, value, drop_out_of_bounds=False, accumulate=False, coords=None) -> None:
+def write(view: View, value, drop_out_of_bounds=False, accumulate=False, coords=None,
+          init=True) -> None:
+  """Writes ``value`` into ``view``; where the buffer tracks initialization, the elements become
+  ``init`` (True, or a copy's source mask from ``read_init``)."""
   coords = view_coords(view) if coords is None else coords
   data = view.buf.data
-  value = np.broadcast_to(np.asarray(value, data.dtype), coords[0].shape if coords else data.shape)
+  shape = coords[0].shape if coords else data.shape
+  value = np.broadcast_to(np.asarray(value, data.dtype), shape)
+  init = np.broadcast_to(init, shape)
   if not coords:
     data[...] = data + value if accumulate else value
+    if view.buf.init is not None:
+      view.buf.init[...] = init
     return
   ok = in_bounds(coords, data.shape)
   if not ok.all():
     if not drop_out_of_bounds:
       raise IndexError(_oob_message(view, coords, ok, "write to"))
-    coords, value = [c[ok] for c in coords], value[ok]
+    coords, value, init = [c[ok] for c in coords], value[ok], init[ok]
   if accumulate:
     np.add.at(data, tuple(coords), value)
   else:
     data[tuple(coords)] = value
+  if view.buf.init is not None:
+    view.buf.init[tuple(coords)] = init
+
+
+def read_init(view: View, coords=None) -> np.ndarray:
+  """Which elements of ``view`` were written (True where the buffer does not track it, and
+  out of bounds, where reads are filled)."""
+  if view.buf.init is None:
+    return np.ones(view.shape, bool)
+  coords = view_coords(view) if coords is None else coords
+  if not coords:
+    return view.buf.init.copy()
+  ok = in_bounds(coords, view.buf.data.shape)
+  got = view.buf.init[tuple(np.clip(c, 0, d - 1) for c, d in zip(coords, view.buf.data.shape))]
+  return got | ~ok
+
+
+def check_initialized(th, view: View, what: str, mask=None, coords=None) -> None:
+  """Fails if ``view`` (where ``mask``) holds an element nothing wrote."""
+  if view.buf.init is None:
+    return
+  missing = ~read_init(view, coords)
+  if mask is not None:
+    missing &= np.broadcast_to(_np(mask), missing.shape)
+  if missing.any():
+    at = tuple(int(i) for i in np.argwhere(missing)[0])
+    fail(th, f"{what} reads {view.buf.name} where nothing wrote it (element {at} of a view of "
+             f"shape {view.shape}; {int(missing.sum())} such elements): its value is undefined "
+             "(poison here, whatever the memory held on a GPU). Write or copy into it first")
 
 
 def _oob_message(view, coords, ok, verb):
@@ -174,6 +212,7 @@ class Block:
   """One block of the grid: its threads share collective allocations."""
   axes: dict                 # grid and cluster axis name -> index
   kernel: str
+  track: bool = False        # check for reads of data nothing wrote (uninit.enabled)
   shared: dict = dataclasses.field(default_factory=dict)
   state: dict = dataclasses.field(default_factory=dict)   # per-block bookkeeping of rules
 
@@ -351,6 +390,7 @@ def _checked(hooks, th, view, how):
 def _get(th, eqn, invals):
   a, view = access_view(eqn, invals)
   _checked(ON_READ, th, view, "load")
+  check_initialized(th, view, "a load", a.mask)
   fill = a.other if a.other is not None else (0 if a.mask is not None else None)
   try:
     x = read(view, fill=fill)
@@ -372,12 +412,15 @@ def _set(th, eqn, invals):
   if not ok.all() and a.mask is None:
     fail(th, _oob_message(view, coords, ok, "write to"), IndexError)
   _checked(ON_WRITE, th, view, "store")
+  if accumulate:
+    check_initialized(th, view, "an accumulating store (+=)", a.mask, coords)
   try:
     old = read(view, fill=0 if a.mask is not None else None, coords=coords)
-    new = _np(a.values[0])
+    new, init = _np(a.values[0]), True
     if a.mask is not None:
       new = np.where(_np(a.mask), new, old)
-    write(view, new, accumulate=accumulate, coords=coords)
+      init = _np(a.mask) | read_init(view, coords)
+    write(view, new, accumulate=accumulate, coords=coords, init=init)
   except IndexError as e:
     fail(th, str(e), IndexError)
   yield from ()
@@ -387,10 +430,13 @@ def _set(th, eqn, invals):
 # --- allocation ------------------------------------------------------------------------------
 
 def allocate(kind, aval, name: str) -> Buffer:
+  """A buffer for a scratch type; buffers that start poisoned track their initialization
+  (``init``; dropped by the caller when checks are off)."""
   for cls, fn in ALLOCATORS.items():
     if isinstance(kind, cls):
       return fn(kind, aval, name)
-  return Buffer(name, "scratch", np.array(prims.poison(aval.shape, aval.dtype)), kind)
+  return Buffer(name, "scratch", np.array(prims.poison(aval.shape, aval.dtype)), kind,
+                init=np.zeros(aval.shape, bool))
 
 
 @rule(prims.run_scoped_p)
@@ -405,8 +451,12 @@ def _run_scoped(th, eqn, invals):
   if collective and key in th.block.shared:
     bufs = th.block.shared[key]
   else:
-    bufs = [allocate(t, v.aval.inner_aval, f"scratch {_scratch_name(v, i)}")
+    names = _param_names(body)[p["num_consts"]:]
+    bufs = [allocate(t, v.aval.inner_aval, _scratch_name(v, i, names))
             for i, (t, v) in enumerate(zip(types, body.invars[p["num_consts"]:]))]
+    for b in bufs:
+      if b.init is not None and not th.block.track:
+        b.init = None
     if collective:
       th.block.shared[key] = bufs
   last = th.state.setdefault("scopes", {})   # run_scoped eqn -> the last entry's buffers
@@ -417,8 +467,18 @@ def _run_scoped(th, eqn, invals):
   return (yield from eval_jaxpr(th, body, [], [*invals, *[View(b) for b in bufs]]))
 
 
-def _scratch_name(var, i) -> str:
-  return f"#{i} ({var.aval.inner_aval.str_short()})"
+def _param_names(body) -> tuple:
+  names = getattr(getattr(body, "debug_info", None), "arg_names", None) or ()
+  return tuple(names) if len(names) == len(body.invars) else (None,) * len(body.invars)
+
+
+def _scratch_name(var, i, names) -> str:
+  """The kernel's parameter name of a scratch buffer (``pl.run_scoped``/``plgpu.kernel`` pass
+  it), or 'scratch #i (type)'."""
+  name = names[i] if i < len(names) else None
+  if name and name.isidentifier():
+    return name
+  return f"scratch #{i} ({var.aval.inner_aval.str_short()})"
 
 
 @rule(ji.run_state_p)
@@ -469,21 +529,24 @@ def _run_block(block: Block, bodies: list) -> None:
 ON_BLOCK_START: list = []   # hooks(block, threads), before a block runs
 
 
-def run_kernel(params, args) -> list[np.ndarray]:
-  """Runs the kernel of ``params`` on NumPy ``args``; returns the outputs."""
+def run_kernel(params, args, track: bool = False) -> list[np.ndarray]:
+  """Runs the kernel of ``params`` on NumPy ``args``; returns the outputs. With ``track``,
+  reading data nothing wrote is an error, and so are output elements nothing writes."""
   gm = params.grid_mapping
   info = getattr(params, "threads", None)
   names = tuple(gm.grid_names or ()) or tuple(f"axis{i}" for i in range(len(gm.grid)))
   ins = [Buffer(f"args[{i}]", "gmem", np.array(a)) for i, a in enumerate(args)]
-  outs = [Buffer(f"out[{i}]", "gmem", np.array(prims.poison(bm.array_aval.shape, bm.array_aval.dtype)))
+  outs = [Buffer(f"out[{i}]", "gmem", np.array(prims.poison(bm.array_aval.shape, bm.array_aval.dtype)),
+                 init=np.zeros(bm.array_aval.shape, bool) if track else None)
           for i, bm in enumerate(gm.block_mappings_output)]
   for i, o in params.input_output_aliases:
     outs[o].data[...] = ins[i].data
+    outs[o].init = None
   n_threads = info.num_threads if info else 1
   extra = dict(info.cluster) if info else {}
   for ids in itertools.product(*[range(g) for g in gm.grid]):
     axes = {**dict(zip(names, ids)), **{k: 0 for k in extra}}
-    block = Block(axes, params.name)
+    block = Block(axes, params.name, track)
     threads = [Thread(block, t, info.thread_name if info else None,
                       {**axes, **({info.thread_name: t} if info and info.thread_name else {})})
                for t in range(n_threads)]
@@ -493,7 +556,20 @@ def run_kernel(params, args) -> list[np.ndarray]:
     for hook in ON_BLOCK_START:
       hook(block, threads)
     _run_block(block, bodies)
+  for o in outs:
+    if o.init is not None and not o.init.all():
+      raise KernelCheckError(_unwritten_message(params.name, o))
   return [o.data for o in outs]
+
+
+def _unwritten_message(kernel: str, out: Buffer) -> str:
+  missing = np.argwhere(~out.init)
+  region = ", ".join(f"{lo}:{hi + 1}" for lo, hi in zip(missing.min(0), missing.max(0)))
+  return (f"{kernel}: nothing wrote {len(missing)} of the {out.init.size} elements of {out.name} "
+          f"(shape {out.data.shape}), within [{region}] (the smallest box holding them): they "
+          "would come back as poison (on a GPU, whatever the memory held). Check that the "
+          "copies to it (plgpu.copy_smem_to_gmem, stores) cover it, and that the grid covers "
+          "it: pl.cdiv(size, block) blocks, not size // block")
 
 
 def _block_view(bm, buf: Buffer, ids, kernel: str) -> View:
@@ -539,7 +615,7 @@ EAGER_ONLY: set = set()    # primitives that only this interpreter runs (registe
 
 
 def run_now(*args, params):
-  outs = run_kernel(params, [np.asarray(a) for a in args])
+  outs = run_kernel(params, [np.asarray(a) for a in args], uninit.enabled(params))
   return [jnp.asarray(o) for o in outs]
 
 
@@ -547,9 +623,10 @@ def run_traced(*args, params):
   """Inside a trace: the kernel runs on the host, through a callback."""
   shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in params.out_avals]
   cpu = jax.devices("cpu")[0]
+  track = uninit.enabled(params)
 
   def host(*xs):
     with jax.default_device(cpu):
-      return run_kernel(params, [np.asarray(x) for x in xs])
+      return run_kernel(params, [np.asarray(x) for x in xs], track)
 
   return jax.pure_callback(host, shapes, *args)
