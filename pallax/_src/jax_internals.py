@@ -163,3 +163,64 @@ def current_user_frame():
 
 
 
+
+
+# --- host callbacks whose errors reach the user ---------------------------------------------------
+# jax.debug.callback and jax.pure_callback log a failing callback's traceback before XLA wraps it;
+# pallax's checks raise on purpose, so they call back through this primitive instead (what
+# checkify's own run-time checks do), and errors.py gives the exception back its class.
+
+from jax._src import callback as _callback                      # noqa: E402
+from jax._src.lib import _jax as _jaxlib                         # noqa: E402
+
+JaxRuntimeError = _jaxlib.JaxRuntimeError
+
+host_callback_p = core.Primitive("pallax_host_callback")
+host_callback_p.multiple_results = True
+
+
+def _host_callback_abstract_eval(*avals, fn, result_avals):
+  del avals, fn
+  return list(result_avals), {debug_effect}
+
+
+def _host_callback_impl(*args, fn, result_avals):
+  del result_avals
+  import numpy as np
+  return list(fn(*[np.asarray(a) for a in args]))
+
+
+def _host_callback_lowering(ctx, *args, fn, result_avals):
+  del result_avals
+  outs, _, _ = _callback.emit_python_callback(
+      ctx, fn, None, list(args), list(ctx.avals_in), list(ctx.avals_out),
+      has_side_effect=True, returns_token=False)
+  return outs
+
+
+host_callback_p.def_effectful_abstract_eval(_host_callback_abstract_eval)
+host_callback_p.def_impl(_host_callback_impl)
+mlir.register_lowering(host_callback_p, _host_callback_lowering)
+
+
+def host_callback(fn, result_avals, *args):
+  """Calls ``fn`` on the host with NumPy arrays at run time; it returns arrays of
+  ``result_avals`` (a tuple). Never dropped; an exception it raises fails the computation."""
+  return host_callback_p.bind(*args, fn=fn, result_avals=tuple(result_avals))
+
+
+def on_runtime_error(replace) -> None:
+  """Installs ``replace(message) -> exception or None`` where jaxlib creates a JaxRuntimeError
+  (XLA reports a failed host callback as one, by its message): a non-None result is raised
+  instead; it must be an instance of a subclass of JaxRuntimeError. Installed once, by
+  errors.py; every other JaxRuntimeError is made as before."""
+  base_new = JaxRuntimeError.__new__
+
+  def new(cls, *args, **kwargs):
+    if cls is JaxRuntimeError and args and isinstance(args[0], str):
+      found = replace(args[0])
+      if found is not None:
+        return found
+    return base_new(cls, *args, **kwargs)
+
+  JaxRuntimeError.__new__ = new

@@ -34,7 +34,8 @@ from pallax._src import primitives as prims
 from pallax._src.interpret import uninit
 
 
-from pallax._src.interpret.interpreter import KernelCheckError  # noqa: E402 (one error class)
+from pallax._src import errors
+from pallax._src.errors import KernelCheckError
 
 
 # --- memory ----------------------------------------------------------------------------------
@@ -621,7 +622,6 @@ def run_now(*args, params):
 
 def run_traced(*args, params):
   """Inside a trace: the kernel runs on the host, through a callback."""
-  shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in params.out_avals]
   cpu = jax.devices("cpu")[0]
   track = uninit.enabled(params)
 
@@ -629,4 +629,4 @@ def run_traced(*args, params):
     with jax.default_device(cpu):
       return run_kernel(params, [np.asarray(x) for x in xs], track)
 
-  return jax.pure_callback(host, shapes, *args)
+  return ji.host_callback(errors.reporting(host), params.out_avals, *args)

@@ -29,6 +29,8 @@ from jax.experimental import checkify
 
 from pallax._src import checks
 from pallax._src import core as pc
+from pallax._src import errors
+from pallax._src.errors import KernelCheckError
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import plan as kplan
@@ -439,10 +441,6 @@ def _interpret(*args, params, prep: Prepared):
 
 # --- entry points ----------------------------------------------------------------------
 
-class KernelCheckError(RuntimeError):
-  """A check inside a kernel failed in the interpreter (pl.debug_check, races, semaphores)."""
-
-
 def _raise(err):
   exc = err.get_exception()
   if exc is None:
@@ -463,7 +461,13 @@ def run(*args, params, raise_errors: str = "callback"):
   if not prep.checked:
     return _interpret(*args, params=params, prep=prep)
   err, outs = _checked(params, prep)(*args)
-  jax.debug.callback(_raise, err)
+  leaves, tree = jax.tree.flatten(err)
+
+  def report(*values):
+    _raise(jax.tree.unflatten(tree, values))
+    return ()
+
+  ji.host_callback(errors.reporting(report), (), *leaves)
   return outs
 
 
