@@ -120,10 +120,19 @@ def _check_static_access(eqn, kernel: str, names) -> None:
 
 
 def check_static_indices(jaxpr, kernel: str, names) -> None:
-  """Raises IndexError for a Ref access whose indices are all constants and out of range."""
+  """Raises IndexError for a Ref access whose indices are all constants and out of range, and
+  ValueError for a primitive of JAX Pallas (a kernel that mixes it with pallax)."""
   names = dict(zip([v for v in jaxpr.invars if ji.is_ref_aval(v.aval)], names)) \
       if not isinstance(names, dict) else names
   for eqn in jaxpr.eqns:
+    if ji.is_jax_pallas_primitive(eqn.primitive):
+      frame = ji.user_frame(eqn.source_info) or "unknown location"
+      raise ValueError(
+          f"pallas_call {kernel}: the kernel uses {eqn.primitive.name} of jax.experimental.pallas "
+          f"at {frame}, inside a pallax kernel. JAX Pallas and pallax primitives do not mix in "
+          "one kernel: import pallax in its place (import pallax as pl instead of from "
+          "jax.experimental import pallas as pl; import pallax.triton as plgpu, import "
+          "pallax.mosaic_gpu as plgpu)")
     if ref_access.is_access(eqn):
       _check_static_access(eqn, kernel, names)
     for sub in jaxpr_util.sub_jaxprs(eqn.params):

@@ -3,6 +3,7 @@
 Everything pallax needs from JAX's internals is re-exported here under a
 stable name, so that a JAX upgrade touches one file.
 """
+import functools
 import os
 
 from jax._src import ad_checkpoint
@@ -135,12 +136,17 @@ _JAX_KERNELS = os.path.join("jax", "experimental", "pallas", "ops", "")
 _PALLAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
+_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
+
+
 def is_library_file(f: str) -> bool:
-  """Frames of JAX, jaxlib, pallax itself or generated code: not the user's source line."""
+  """Frames of JAX, jaxlib, pallax itself, Python's standard library (contextlib) or generated
+  code: not the user's source line."""
   if _JAX_KERNELS in f:   # JAX's shipped kernels are user code when pallax runs them
     return False
+  stdlib = f.startswith(_STDLIB_DIR) and f"{os.sep}site-packages{os.sep}" not in f
   return (f.startswith(_PALLAX_DIR) or f.startswith("<") or f"{os.sep}jax{os.sep}" in f
-          or f"{os.sep}jaxlib{os.sep}" in f)
+          or f"{os.sep}jaxlib{os.sep}" in f or stdlib)
 
 
 def user_frame(source_info):
@@ -224,3 +230,53 @@ def on_runtime_error(replace) -> None:
     return base_new(cls, *args, **kwargs)
 
   JaxRuntimeError.__new__ = new
+
+
+# --- JAX Pallas code mixed into pallax kernels (and the reverse) -----------------------------------
+# pallax never imports JAX Pallas; these recognize its frames and primitives by module name.
+
+_JAX_PALLAS_DIR = os.path.join("jax", "_src", "pallas") + os.sep
+
+
+def jax_pallas_call_in(frames) -> tuple[str, str] | None:
+  """For frames (innermost last, as ``traceback.extract_tb`` gives them): (the JAX Pallas
+  function called, the user's line that called it), for the outermost call from user code into
+  JAX Pallas; None if JAX Pallas is not among them."""
+  user = None
+  for f in frames:
+    if _JAX_PALLAS_DIR in f.filename:
+      if user is not None:
+        return f.name, user
+    elif not is_library_file(f.filename):
+      user = f"{f.filename}:{f.lineno} ({f.name})"
+  return None
+
+
+def jax_pallas_is_tracing(frames) -> str | None:
+  """The user's line that called a JAX Pallas pallas_call or kernel whose tracing is under way
+  in ``frames`` (outermost first), or None."""
+  user = None
+  for f in frames:
+    if _JAX_PALLAS_DIR in f.filename:
+      return user or "an unknown line"
+    if not is_library_file(f.filename):
+      user = f"{f.filename}:{f.lineno} ({f.name})"
+  return None
+
+
+@functools.cache
+def is_jax_pallas_primitive(prim) -> bool:
+  """Whether ``prim`` is one of JAX Pallas's primitives (its rules live in jax._src.pallas)."""
+  for fn in (getattr(prim, "abstract_eval", None), getattr(prim, "impl", None)):
+    cells = getattr(fn, "__closure__", None) or ()
+    for f in (fn, *[_cell(c) for c in cells]):
+      if (getattr(f, "__module__", None) or "").startswith("jax._src.pallas"):
+        return True
+  return False
+
+
+def _cell(c):
+  try:
+    return c.cell_contents
+  except ValueError:
+    return None
