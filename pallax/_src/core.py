@@ -307,12 +307,12 @@ def axis_position(env: GridEnv, axis, what: str) -> int:
   if not isinstance(axis, (int, np.integer)):
     if axis in env.names:
       return env.names.index(axis)
-    raise ValueError(f"pl.{what}({axis!r}) at {ji.current_user_frame()}: no such grid axis; "
+    raise ValueError(f"pl.{what}({axis!r}): no such grid axis; "
                      f"the axes are {env.names or tuple(range(len(env.sizes)))}")
   axis = int(axis)
   if not 0 <= axis < len(env.sizes):
     raise ValueError(
-        f"pl.{what}({axis}) at {ji.current_user_frame()}: the grid "
+        f"pl.{what}({axis}): the grid "
         f"{tuple(env.sizes)} has {len(env.sizes)} axes; use an axis in "
         f"[0, {len(env.sizes)}).")
   return axis

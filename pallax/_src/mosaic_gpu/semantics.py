@@ -78,7 +78,10 @@ def _threads(th):
 
 def _barrier(kind, aval, name):
   shape = tuple(aval.shape)
-  name = name.replace("scratch", "barrier") if name.startswith("scratch") else f"barrier {name}"
+  if name.startswith("scratch"):
+    name = name.replace("scratch", "barrier")
+  elif "barrier" not in name.lower():
+    name = f"barrier {name}"   # 'barrier bar', but 'x_barrier', not 'barrier x_barrier'
   buf = Buffer(name, "barrier", np.zeros(shape, np.int32), kind)
   buf.state.update(arrivals=np.zeros(shape, np.int64), completions=np.zeros(shape, np.int64),
                    waiters=[set() for _ in range(max(1, int(np.prod(shape))))])
