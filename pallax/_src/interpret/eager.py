@@ -6,11 +6,11 @@ another thread. Blocks run one after another, in row-major grid order (the last 
 When every thread of a block waits, that is a deadlock, reported with each thread's wait and
 source line.
 
-Memory is NumPy: each allocation is a ``Buffer`` written in place; Refs inside the evaluator are
-``View``s (a buffer and the chain of ``.at[...]``/``.transpose`` transforms). Pure equations are
-bound eagerly by JAX, so their semantics are lax's own. Control flow that touches Refs is walked
-here, equation by equation. Primitives with their own meaning (barriers, copies, wgmma) register
-a rule in ``RULES``: ``rule(thread, eqn, invals)`` is a generator returning the outputs.
+Memory is NumPy (memory.py): each allocation is a ``Buffer`` written in place; Refs inside the
+evaluator are ``View``s (a buffer and the chain of ``.at[...]``/``.transpose`` transforms). Pure
+equations are bound eagerly by JAX, so their semantics are lax's own. Control flow that touches
+Refs is walked here, equation by equation. Primitives with their own meaning (barriers, copies,
+wgmma) register a rule in ``RULES``: ``rule(thread, eqn, invals)`` is a generator returning the outputs.
 
 The entry points run a pallas_call's Params: ``run_now`` eagerly (errors raise here) and
 ``run_traced`` inside a trace (a host callback).
@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable, Hashable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -30,161 +29,16 @@ from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import plan as kplan
-from pallax._src import primitives as prims
-from pallax._src.interpret import uninit
-
-
 from pallax._src import errors
+from pallax._src import primitives as prims
 from pallax._src.errors import KernelCheckError
+from pallax._src.interpret import uninit
+from pallax._src.interpret.memory import (  # noqa: F401  (re-exported for the rules' modules)
+    Buffer, View, flat_indices, in_bounds, oob_message, read, read_init, shapes_of, view_coords,
+    write)
 
 
-# --- memory ----------------------------------------------------------------------------------
-
-@dataclasses.dataclass(eq=False)
-class Buffer:
-  """One allocation: its data, where it lives, and what checks need to remember about it."""
-  name: str
-  space: str                 # "gmem", "smem", "regs", "barrier", "semaphore"
-  data: np.ndarray
-  kind: Any = None           # the scratch type it was allocated from
-  state: dict = dataclasses.field(default_factory=dict)
-  init: np.ndarray | None = None   # with uninit checks: which elements were written (None: all)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class View:
-  """A Ref inside the evaluator: a buffer seen through transforms."""
-  buf: Buffer
-  transforms: tuple = ()
-
-  def at(self, more) -> "View":
-    return View(self.buf, self.transforms + tuple(more))
-
-  @property
-  def shape(self) -> tuple[int, ...]:
-    return shapes_of(self.buf.data.shape, self.buf.data.dtype, self.transforms)[-1]
-
-
-def shapes_of(shape, dtype, transforms) -> list[tuple[int, ...]]:
-  out = [tuple(shape)]
-  for t in transforms:
-    if isinstance(t, ji.NDIndexer):
-      out.append(tuple(t.get_indexer_shape()))
-    else:
-      out.append(tuple(t.transform_type(ji.ShapedArray(out[-1], dtype)).shape))
-  return out
-
-
-def _np(x):
-  return np.asarray(x)
-
-
-def _parent_coords(indexer, coords):
-  """Coordinates in the indexed array of the elements at ``coords`` of an NDIndexer's result."""
-  slice_dims, int_dims = prims._layout(indexer)
-  shape = coords[0].shape if coords else ()
-  out, k = [], 0
-  for i in indexer.indices:
-    if isinstance(i, ji.Slice):
-      out.append(int(_np(i.start)) + int(i.stride) * coords[slice_dims[k]])
-      k += 1
-    elif np.ndim(i) == 0:
-      out.append(np.broadcast_to(_np(i).astype(np.int64), shape))
-    else:
-      out.append(_np(i).astype(np.int64)[tuple(coords[d] for d in int_dims)])
-  return out
-
-
-def view_coords(view: View) -> list[np.ndarray]:
-  """Per base dimension, the base coordinate of every element of ``view`` (shape: the view's)."""
-  shapes = shapes_of(view.buf.data.shape, view.buf.data.dtype, view.transforms)
-  coords = list(np.indices(shapes[-1], dtype=np.int64)) if shapes[-1] else []
-  for t, inner in zip(reversed(view.transforms), reversed(shapes[:-1])):
-    if isinstance(t, ji.NDIndexer):
-      coords = _parent_coords(t, coords)
-    elif isinstance(t, ji.TransposeRef):
-      base = [None] * len(coords)
-      for k, p in enumerate(t.permutation):
-        base[p] = coords[k]
-      coords = base
-    elif isinstance(t, ji.ReshapeRef):
-      outer = shapes[shapes.index(inner) + 1]
-      flat = np.ravel_multi_index(coords, outer) if coords else np.zeros((), np.int64)
-      coords = list(np.unravel_index(flat, inner))
-    else:
-      raise NotImplementedError(f"the interpreter cannot follow the Ref transform {t}")
-  return coords
-
-
-def in_bounds(coords, shape) -> np.ndarray:
-  ok = np.ones(coords[0].shape if coords else (), bool)
-  for c, d in zip(coords, shape):
-    ok &= (c >= 0) & (c < d)
-  return ok
-
-
-def flat_indices(view: View) -> np.ndarray:
-  """The in-bounds elements of ``view``, as flat indices into its buffer."""
-  coords = view_coords(view)
-  if not coords:
-    return np.zeros(1, np.int64)
-  ok = in_bounds(coords, view.buf.data.shape)
-  return np.ravel_multi_index([c[ok] for c in coords], view.buf.data.shape)
-
-
-def read(view: View, fill=None, coords=None) -> np.ndarray:
-  """The elements of ``view``; out of bounds: an error, or ``fill`` where given. ``coords``:
-  ``view_coords(view)`` if the caller has them already."""
-  coords = view_coords(view) if coords is None else coords
-  data = view.buf.data
-  if not coords:
-    return data.copy()
-  ok = in_bounds(coords, data.shape)
-  if not ok.all() and fill is None:
-    raise IndexError(_oob_message(view, coords, ok, "read from"))
-  out = data[tuple(np.clip(c, 0, d - 1) for c, d in zip(coords, data.shape))]
-  return out if ok.all() else np.where(ok, out, np.asarray(fill, data.dtype))
-
-
-def write(view: View, value, drop_out_of_bounds=False, accumulate=False, coords=None,
-          init=True) -> None:
-  """Writes ``value`` into ``view``; where the buffer tracks initialization, the elements become
-  ``init`` (True, or a copy's source mask from ``read_init``)."""
-  coords = view_coords(view) if coords is None else coords
-  data = view.buf.data
-  shape = coords[0].shape if coords else data.shape
-  value = np.broadcast_to(np.asarray(value, data.dtype), shape)
-  init = np.broadcast_to(init, shape)
-  if not coords:
-    data[...] = data + value if accumulate else value
-    if view.buf.init is not None:
-      view.buf.init[...] = init
-    return
-  ok = in_bounds(coords, data.shape)
-  if not ok.all():
-    if not drop_out_of_bounds:
-      raise IndexError(_oob_message(view, coords, ok, "write to"))
-    coords, value, init = [c[ok] for c in coords], value[ok], init[ok]
-  if accumulate:
-    np.add.at(data, tuple(coords), value)
-  else:
-    data[tuple(coords)] = value
-  if view.buf.init is not None:
-    view.buf.init[tuple(coords)] = init
-
-
-def read_init(view: View, coords=None) -> np.ndarray:
-  """Which elements of ``view`` were written (True where the buffer does not track it, and
-  out of bounds, where reads are filled)."""
-  if view.buf.init is None:
-    return np.ones(view.shape, bool)
-  coords = view_coords(view) if coords is None else coords
-  if not coords:
-    return view.buf.init.copy()
-  ok = in_bounds(coords, view.buf.data.shape)
-  got = view.buf.init[tuple(np.clip(c, 0, d - 1) for c, d in zip(coords, view.buf.data.shape))]
-  return got | ~ok
-
+# --- uninitialized data (buffers keep init masks, memory.py) -----------------------------------
 
 def check_initialized(th, view: View, what: str, mask=None, coords=None) -> None:
   """Fails if ``view`` (where ``mask``) holds an element nothing wrote."""
@@ -192,18 +46,12 @@ def check_initialized(th, view: View, what: str, mask=None, coords=None) -> None
     return
   missing = ~read_init(view, coords)
   if mask is not None:
-    missing &= np.broadcast_to(_np(mask), missing.shape)
+    missing &= np.broadcast_to(np.asarray(mask), missing.shape)
   if missing.any():
     at = tuple(int(i) for i in np.argwhere(missing)[0])
     fail(th, f"{what} reads {view.buf.name} where nothing wrote it (element {at} of a view of "
              f"shape {view.shape}; {int(missing.sum())} such elements): its value is undefined "
              "(poison here, whatever the memory held on a GPU). Write or copy into it first")
-
-
-def _oob_message(view, coords, ok, verb):
-  bad = tuple(int(c[~ok].ravel()[0]) for c in coords)
-  return (f"out-of-bounds {verb} {view.buf.name} (shape {view.buf.data.shape}): element {bad} "
-          f"of a view of shape {view.shape}")
 
 
 # --- threads and blocks ----------------------------------------------------------------------
@@ -347,7 +195,7 @@ def _cond(th, eqn, invals):
   if _pure(eqn, invals):
     return _bind(eqn, invals)
   branches = eqn.params["branches"]
-  index = int(np.clip(int(_np(invals[0])), 0, len(branches) - 1))
+  index = int(np.clip(int(np.asarray(invals[0])), 0, len(branches) - 1))
   return (yield from call(th, branches[index], invals[1:]))
 
 
@@ -399,7 +247,7 @@ def _get(th, eqn, invals):
     fail(th, str(e), IndexError)
   if a.mask is not None:
     other = prims.poison(x.shape, x.dtype) if a.other is None else a.other
-    x = np.where(_np(a.mask), x, np.asarray(other, x.dtype))
+    x = np.where(np.asarray(a.mask), x, np.asarray(other, x.dtype))
   yield from ()
   return [jnp.asarray(x)]
 
@@ -411,16 +259,16 @@ def _set(th, eqn, invals):
   coords = view_coords(view)
   ok = in_bounds(coords, view.buf.data.shape) if coords else np.ones((), bool)
   if not ok.all() and a.mask is None:
-    fail(th, _oob_message(view, coords, ok, "write to"), IndexError)
+    fail(th, oob_message(view, coords, ok, "write to"), IndexError)
   _checked(ON_WRITE, th, view, "store")
   if accumulate:
     check_initialized(th, view, "an accumulating store (+=)", a.mask, coords)
   try:
     old = read(view, fill=0 if a.mask is not None else None, coords=coords)
-    new, init = _np(a.values[0]), True
+    new, init = np.asarray(a.values[0]), True
     if a.mask is not None:
-      new = np.where(_np(a.mask), new, old)
-      init = _np(a.mask) | read_init(view, coords)
+      new = np.where(np.asarray(a.mask), new, old)
+      init = np.asarray(a.mask) | read_init(view, coords)
     write(view, new, accumulate=accumulate, coords=coords, init=init)
   except IndexError as e:
     fail(th, str(e), IndexError)
@@ -492,7 +340,7 @@ def _run_state(th, eqn, invals):
       refs.append(x)
       continue
     aval = v.aval.inner_aval
-    data = np.array(_np(x)) if init else np.array(prims.poison(aval.shape, aval.dtype))
+    data = np.array(np.asarray(x)) if init else np.array(prims.poison(aval.shape, aval.dtype))
     refs.append(View(Buffer(f"run_state Ref #{i}", "regs", data)))
   yield from eval_jaxpr(th, body, list(getattr(body, "consts", ()) or ()), refs)
   owned = [not r.transforms and r.buf.name.startswith("run_state") for r in refs]
@@ -575,7 +423,7 @@ def _unwritten_message(kernel: str, out: Buffer) -> str:
 
 def _block_view(bm, buf: Buffer, ids, kernel: str) -> View:
   """The block of ``buf`` that the program at grid position ``ids`` sees (a view)."""
-  idx = [int(_np(i)) for i in ji.eval_jaxpr(bm.index_map_jaxpr, bm.index_map_jaxpr.consts,
+  idx = [int(np.asarray(i)) for i in ji.eval_jaxpr(bm.index_map_jaxpr, bm.index_map_jaxpr.consts,
                                              *[jnp.int32(i) for i in ids])]
   if all(isinstance(d, pc.Blocked) and d.block_size == n and i == 0
          for d, n, i in zip(bm.block_shape, buf.data.shape, idx)):
