@@ -48,8 +48,17 @@ def reporting(fn):
         _PENDING[n] = e
         while len(_PENDING) > _PENDING_SIZE:
           _PENDING.popitem(last=False)
-      raise RuntimeError(f"{e} [pallax error #{n}]") from None
+      raise _carrier(e, f"{e} [pallax error #{n}]") from None
   return call
+
+
+def _carrier(e: Exception, message: str) -> Exception:
+  """What the callback raises for XLA to report: ``e``'s class with the numbered message (a
+  RuntimeError where that class takes other arguments)."""
+  try:
+    return type(e)(message)
+  except Exception:  # noqa: BLE001
+    return RuntimeError(message)
 
 
 @functools.cache
