@@ -387,13 +387,12 @@ def _write_blocks(call: Call, state: State, res, starts, lanes: int, inits) -> S
   """The programs' blocks written back (outputs, and the index operands and inputs they write),
   and their scratch and globals kept; with uninit checks, the init masks too."""
   gm, written = call.gm, call.prep.plan.written
+  nidx, nin = gm.num_index_operands, gm.num_inputs
   if inits:
-    nin = gm.num_inputs
     state = state._replace(
         init_outs=[_write_lanes(o, bm, m, starts[nin + k], lanes) for k, (o, bm, m)
                    in enumerate(zip(state.init_outs, gm.block_mappings_output, inits[0]))],
         init_scratch=list(inits[1]))
-  nidx, nin = gm.num_index_operands, gm.num_inputs
   blocks = res[gm.slice_block_ops]
   outs = [_write_lanes(o, bm, blocks[nin + k], starts[nin + k], lanes)
           if nidx + nin + k in written else o
