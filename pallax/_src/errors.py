@@ -8,6 +8,12 @@ message (``jax_internals.on_runtime_error``) it makes an instance of a class tha
 both the original class and JaxRuntimeError instead: ``except pl.KernelCheckError``,
 ``except IndexError`` and ``except jax.errors.JaxRuntimeError`` all catch it, and its message
 is pallax's.
+
+This needs jaxlib to make the error, which it does on JAX's Python dispatch path. After a first
+successful call, ``jax.jit`` runs a function without effects through its C++ fast path, which
+reports the failure as a ValueError (still with the message, and the original class name in
+it); a pallas_call that the interpreter runs therefore declares an effect
+(``interpreter.effects``).
 """
 from __future__ import annotations
 
