@@ -90,6 +90,25 @@ def _lower(params) -> str | None:
 
 
 @pytest.fixture(autouse=True)
+def _uninitialized_checks(monkeypatch):
+  """PALLAX_TEST_UNINIT=1: every kernel the interpreter runs checks for uninitialized data (as
+  under pl.enable_debug_checks(), without turning pl.debug_check on), unless the test's
+  InterpretParams switch it off. tests/test_uninitialized.py runs the suite's kernels so."""
+  if os.environ.get("PALLAX_TEST_UNINIT", "0") == "1":
+    from pallax._src.interpret import uninit
+    monkeypatch.setattr(uninit, "enabled", lambda params: getattr(
+        params.interpret, "check_uninitialized", None) is not False)
+  if os.environ.get("PALLAX_TEST_EFFECTS", "0") == "1":
+    # The abstract eval pallas_call.py is to register (interpreter.effects): tries the suite
+    # with it before it is added.
+    from pallax._src import pallas_call as pcall
+    from pallax._src.interpret import interpreter
+    monkeypatch.setattr(pcall.pallas_call_p, "abstract_eval", lambda *avals, params: (
+        list(params.out_avals), interpreter.effects(params)))
+  yield
+
+
+@pytest.fixture(autouse=True)
 def _backends(request, monkeypatch):
   from pallax._src import backends
   from pallax._src.interpret import interpreter

@@ -42,8 +42,8 @@ def checking(run_kernel, failures: list, refusals):
   """``eager.run_kernel`` that also lowers each Mosaic GPU kernel it ran (after the interpreter
   accepted it) and records in ``failures`` what did not lower, unless ``refusals`` (substrings)
   names it."""
-  def wrapped(params, args):
-    out = run_kernel(params, args)
+  def wrapped(params, args, *rest):
+    out = run_kernel(params, args, *rest)
     from pallax._src import backends
     if not backends.is_mosaic_gpu(params):
       return out
@@ -108,8 +108,8 @@ def compare(name: str, want: list, got: list) -> str | None:
 def comparing(run_kernel, failures: list, choose):
   """``eager.run_kernel`` that also runs each Mosaic GPU kernel that the Gluon backend lowers on
   the GPU, and records in ``failures`` where its outputs differ from the interpreter's."""
-  def wrapped(params, args):
-    out = run_kernel(params, args)
+  def wrapped(params, args, *rest):
+    out = run_kernel(params, args, *rest)
     from pallax._src import backends
     if backends.is_mosaic_gpu(params) and lower(params) is None:
       why = compare(params.name, out, run_on_gpu(params, args, choose))

@@ -80,7 +80,7 @@ def _describe(kernel, eqn, name, d, size, shape):
           f"{tuple(shape)}) at {frame}: index {{index}} along dimension {d}, which has size {size}")
 
 
-def _sub_names(eqn, sub, names):
+def sub_names(eqn, sub, names):
   """Names of a sub-jaxpr's Ref invars: the equation's Ref operands, aligned at the end."""
   outer = [names.get(v, "a Ref") if isinstance(v, ji.Var) else "a Ref"
            for v in eqn.invars if ji.is_ref_aval(v.aval)]
@@ -120,14 +120,23 @@ def _check_static_access(eqn, kernel: str, names) -> None:
 
 
 def check_static_indices(jaxpr, kernel: str, names) -> None:
-  """Raises IndexError for a Ref access whose indices are all constants and out of range."""
+  """Raises IndexError for a Ref access whose indices are all constants and out of range, and
+  ValueError for a primitive of JAX Pallas (a kernel that mixes it with pallax)."""
   names = dict(zip([v for v in jaxpr.invars if ji.is_ref_aval(v.aval)], names)) \
       if not isinstance(names, dict) else names
   for eqn in jaxpr.eqns:
+    if ji.is_jax_pallas_primitive(eqn.primitive):
+      frame = ji.user_frame(eqn.source_info) or "unknown location"
+      raise ValueError(
+          f"pallas_call {kernel}: the kernel uses {eqn.primitive.name} of jax.experimental.pallas "
+          f"at {frame}, inside a pallax kernel. JAX Pallas and pallax primitives do not mix in "
+          "one kernel: import pallax in its place (import pallax as pl instead of from "
+          "jax.experimental import pallas as pl; import pallax.triton as plgpu, import "
+          "pallax.mosaic_gpu as plgpu)")
     if ref_access.is_access(eqn):
       _check_static_access(eqn, kernel, names)
     for sub in jaxpr_util.sub_jaxprs(eqn.params):
-      check_static_indices(sub, kernel, _sub_names(eqn, sub, names))
+      check_static_indices(sub, kernel, sub_names(eqn, sub, names))
 
 
 # --- dynamic checks (the interpreter) ---------------------------------------------------
@@ -200,7 +209,7 @@ def _eval_checked(jaxpr, names, kernel, consts, args, check_bounds: bool):
       if check_bounds:
         _check_access(eqn, invals, names, kernel)
     params = jaxpr_util.map_sub_jaxprs(
-        eqn.params, lambda s: instrument(s, _sub_names(eqn, s, names), kernel, check_bounds))
+        eqn.params, lambda s: instrument(s, sub_names(eqn, s, names), kernel, check_bounds))
     for v, x in zip(eqn.outvars, jaxpr_util.rebind(eqn, invals, params)):
       env[v] = x
   return [read(a) for a in jaxpr.outvars]

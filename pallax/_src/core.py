@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import enum
 import threading
+import traceback
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -183,10 +184,14 @@ class InterpretParams:
   detect_races: report two concurrently running programs writing one element.
   check_bounds: check every Ref access against its block at run time.
   parallel: evaluate independent programs together (never changes a result).
+  check_uninitialized: report values computed from output or scratch elements that no program
+    wrote, and output elements that no program writes (doubles the interpreter's work). None:
+    on where ``pl.enable_debug_checks()`` is on.
   """
   detect_races: bool = False
   check_bounds: bool = True
   parallel: bool = True
+  check_uninitialized: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,10 +253,31 @@ _grid_envs = threading.local()
 
 @contextlib.contextmanager
 def grid_env(env: GridEnv):
+  """In scope while a kernel body is traced. A JAX Pallas function called in the body (its
+  ``program_id`` asserts that JAX Pallas's own grid is in scope) is reported as the mix it is."""
   stack = _grid_envs.__dict__.setdefault("stack", [])
   stack.append(env)
   try:
     yield
+  except jax.errors.TracerBoolConversionError as e:
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not ji.is_library_file(f.filename)]
+    at = f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].name})" if frames else ""
+    raise TypeError(
+        f"a Python if, while, and, or or bool() on a traced value{at}: values computed from "
+        "pl.program_id, Refs or operands are known only when the kernel runs. Use "
+        "@pl.when(condition) for a block that runs conditionally, jax.lax.cond or "
+        "jax.lax.fori_loop for control flow, jnp.where for values") from None
+  except Exception as e:
+    found = ji.jax_pallas_call_in(traceback.extract_tb(e.__traceback__))
+    if found is None:
+      raise
+    raise ValueError(
+        f"the kernel calls {found[0]} of jax.experimental.pallas "
+        f"at {found[1]}, inside a pallax "
+        f"kernel ({type(e).__name__} from JAX Pallas: {str(e) or 'no message'}). JAX Pallas and "
+        "pallax primitives do not mix in one kernel: import pallax in its place (import pallax "
+        "as pl instead of from jax.experimental import pallas as pl; import pallax.triton as "
+        "plgpu, import pallax.mosaic_gpu as plgpu)") from None
   finally:
     stack.pop()
 
@@ -265,6 +291,13 @@ def innermost_grid_env() -> GridEnv | None:
 def current_grid_env(what: str) -> GridEnv:
   stack = getattr(_grid_envs, "stack", [])
   if not stack:
+    caller = ji.jax_pallas_is_tracing(traceback.extract_stack())
+    if caller is not None:
+      raise ValueError(
+          f"pallax's pl.{what} is called inside a kernel that jax.experimental.pallas traces "
+          f"(its pallas_call is at {caller}). JAX Pallas and pallax primitives do not mix in "
+          "one kernel: run the kernel with pallax (import pallax as pl where pallas_call is "
+          "called), or use jax.experimental.pallas's own functions in it")
     raise RuntimeError(f"pl.{what} can only be called inside a kernel body "
                        "(a function run by pl.pallas_call or pl.kernel).")
   return stack[-1]
@@ -274,12 +307,12 @@ def axis_position(env: GridEnv, axis, what: str) -> int:
   if not isinstance(axis, (int, np.integer)):
     if axis in env.names:
       return env.names.index(axis)
-    raise ValueError(f"{env.kernel_name}: pl.{what}({axis!r}): no such grid axis; "
+    raise ValueError(f"pl.{what}({axis!r}): no such grid axis; "
                      f"the axes are {env.names or tuple(range(len(env.sizes)))}")
   axis = int(axis)
   if not 0 <= axis < len(env.sizes):
     raise ValueError(
-        f"{env.kernel_name}: pl.{what}({axis}) at {ji.current_user_frame()}: the grid "
+        f"pl.{what}({axis}): the grid "
         f"{tuple(env.sizes)} has {len(env.sizes)} axes; use an axis in "
         f"[0, {len(env.sizes)}).")
   return axis

@@ -3,6 +3,7 @@
 Everything pallax needs from JAX's internals is re-exported here under a
 stable name, so that a JAX upgrade touches one file.
 """
+import functools
 import os
 
 from jax._src import ad_checkpoint
@@ -135,12 +136,17 @@ _JAX_KERNELS = os.path.join("jax", "experimental", "pallas", "ops", "")
 _PALLAX_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
+_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
+
+
 def is_library_file(f: str) -> bool:
-  """Frames of JAX, jaxlib, pallax itself or generated code: not the user's source line."""
+  """Frames of JAX, jaxlib, pallax itself, Python's standard library (contextlib) or generated
+  code: not the user's source line."""
   if _JAX_KERNELS in f:   # JAX's shipped kernels are user code when pallax runs them
     return False
+  stdlib = f.startswith(_STDLIB_DIR) and f"{os.sep}site-packages{os.sep}" not in f
   return (f.startswith(_PALLAX_DIR) or f.startswith("<") or f"{os.sep}jax{os.sep}" in f
-          or f"{os.sep}jaxlib{os.sep}" in f)
+          or f"{os.sep}jaxlib{os.sep}" in f or stdlib)
 
 
 def user_location(source_info) -> tuple[str, int, str] | None:
@@ -172,3 +178,114 @@ def stage_axis_index_with(rule):
   JAX's default staging for every other name, so programs outside kernels see no change."""
   pe.custom_staging_rules[axis_index_p] = rule
 
+
+
+# --- host callbacks whose errors reach the user ---------------------------------------------------
+# jax.debug.callback and jax.pure_callback log a failing callback's traceback before XLA wraps it;
+# pallax's checks raise on purpose, so they call back through this primitive instead (what
+# checkify's own run-time checks do), and errors.py gives the exception back its class.
+
+from jax._src import callback as _callback                      # noqa: E402
+from jax._src.lib import _jax as _jaxlib                         # noqa: E402
+
+JaxRuntimeError = _jaxlib.JaxRuntimeError
+
+host_callback_p = core.Primitive("pallax_host_callback")
+host_callback_p.multiple_results = True
+
+
+def _host_callback_abstract_eval(*avals, fn, result_avals):
+  del avals, fn
+  return list(result_avals), {debug_effect}
+
+
+def _host_callback_impl(*args, fn, result_avals):
+  del result_avals
+  import numpy as np
+  return list(fn(*[np.asarray(a) for a in args]))
+
+
+def _host_callback_lowering(ctx, *args, fn, result_avals):
+  del result_avals
+  outs, _, _ = _callback.emit_python_callback(
+      ctx, fn, None, list(args), list(ctx.avals_in), list(ctx.avals_out),
+      has_side_effect=True, returns_token=False)
+  return outs
+
+
+host_callback_p.def_effectful_abstract_eval(_host_callback_abstract_eval)
+host_callback_p.def_impl(_host_callback_impl)
+mlir.register_lowering(host_callback_p, _host_callback_lowering)
+
+
+def host_callback(fn, result_avals, *args):
+  """Calls ``fn`` on the host with NumPy arrays at run time; it returns arrays of
+  ``result_avals`` (a tuple). Never dropped; an exception it raises fails the computation."""
+  return host_callback_p.bind(*args, fn=fn, result_avals=tuple(result_avals))
+
+
+def on_runtime_error(replace) -> None:
+  """Installs ``replace(message) -> exception or None`` where jaxlib creates a JaxRuntimeError
+  (XLA reports a failed host callback as one, by its message): a non-None result is raised
+  instead; it must be an instance of a subclass of JaxRuntimeError. Installed once, by
+  errors.py; every other JaxRuntimeError is made as before."""
+  base_new = JaxRuntimeError.__new__
+
+  def new(cls, *args, **kwargs):
+    if cls is JaxRuntimeError and args and isinstance(args[0], str):
+      found = replace(args[0])
+      if found is not None:
+        return found
+    return base_new(cls, *args, **kwargs)
+
+  JaxRuntimeError.__new__ = new
+
+
+# --- JAX Pallas code mixed into pallax kernels (and the reverse) -----------------------------------
+# pallax never imports JAX Pallas; these recognize its frames and primitives by module name.
+
+_JAX_PALLAS_DIR = os.path.join("jax", "_src", "pallas") + os.sep
+
+
+def jax_pallas_call_in(frames) -> tuple[str, str] | None:
+  """For frames (innermost last, as ``traceback.extract_tb`` gives them): (the JAX Pallas
+  function called, the user's line that called it), for the outermost call from user code into
+  JAX Pallas; None if JAX Pallas is not among them."""
+  user = None
+  for f in frames:
+    if _JAX_PALLAS_DIR in f.filename:
+      if user is not None:
+        return f.name, user
+    elif not is_library_file(f.filename):
+      user = f"{f.filename}:{f.lineno} ({f.name})"
+  return None
+
+
+def jax_pallas_is_tracing(frames) -> str | None:
+  """The user's line that called a JAX Pallas pallas_call or kernel whose tracing is under way
+  in ``frames`` (outermost first), or None."""
+  user = None
+  for f in frames:
+    if _JAX_PALLAS_DIR in f.filename:
+      return user or "an unknown line"
+    if not is_library_file(f.filename):
+      user = f"{f.filename}:{f.lineno} ({f.name})"
+  return None
+
+
+@functools.cache
+def is_jax_pallas_primitive(prim) -> bool:
+  """Whether ``prim`` is one of JAX Pallas's primitives (its rules live in jax._src.pallas)."""
+  for fn in (getattr(prim, "abstract_eval", None), getattr(prim, "impl", None)):
+    cells = getattr(fn, "__closure__", None) or ()
+    for f in (fn, *[_cell(c) for c in cells]):
+      if (getattr(f, "__module__", None) or "").startswith("jax._src.pallas"):
+        return True
+  return False
+
+
+def _cell(c):
+  try:
+    return c.cell_contents
+  except ValueError:
+    return None

@@ -1,6 +1,7 @@
 """The functions kernels call: program ids, Ref access with masks, dot, control flow, scratch."""
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -446,6 +447,26 @@ def _ref_aval_of(t):
   raise TypeError(f"run_scoped takes scratch types such as pl.ANY((8,), jnp.float32), got {t!r}")
 
 
+def _scoped_names(f, types, kw_types, n: int):
+  """The parameter names of ``f`` that receive the scratch Refs (for error messages): a
+  positional type's parameter, a keyword type's key; '' where a type is a pytree of several."""
+  is_leaf = lambda t: hasattr(t, "get_ref_aval")
+  try:
+    params = [p.name for p in inspect.signature(f).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  except (TypeError, ValueError):
+    params = []
+  names = []
+  for k, t in enumerate(types):
+    leaves = len(jax.tree.leaves(t, is_leaf=is_leaf))
+    one = params[k] if k < len(params) and leaves == 1 else ""
+    names += [one] * leaves
+  for key in sorted(kw_types):
+    leaves = len(jax.tree.leaves(kw_types[key], is_leaf=is_leaf))
+    names += [key if leaves == 1 else ""] * leaves
+  return names if len(names) == n else None
+
+
 def run_scoped(f: Callable[..., Any], *types, collective_axes=(), **kw_types):
   """Calls ``f`` with freshly allocated scratch Refs of the given types; returns its result.
   With ``collective_axes`` (a Mosaic GPU thread axis), the threads of a block share them."""
@@ -462,7 +483,8 @@ def run_scoped(f: Callable[..., Any], *types, collective_axes=(), **kw_types):
     out_tree_box.append(tree)
     return flat_out
 
-  jaxpr, _, consts = ji.trace_to_jaxpr(flat_f, avals, name=getattr(f, "__name__", "run_scoped"))
+  jaxpr, _, consts = ji.trace_to_jaxpr(flat_f, avals, name=getattr(f, "__name__", "run_scoped"),
+                                       arg_names=_scoped_names(f, types, kw_types, len(avals)))
   zeroed = tuple(getattr(t, "memory_space", None) is pc.MemorySpace.SEMAPHORE for t in flat_types)
   outs = run_scoped_p.bind(*consts, jaxpr=jaxpr, num_consts=len(consts), zeroed=zeroed,
                            scratch_types=tuple(flat_types), collective_axes=tuple(collective_axes))

@@ -29,11 +29,14 @@ from jax.experimental import checkify
 
 from pallax._src import checks
 from pallax._src import core as pc
+from pallax._src import errors
+from pallax._src.errors import KernelCheckError
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import plan as kplan
 from pallax._src import primitives as prims
 from pallax._src.gpu import dot_algorithms
+from pallax._src.interpret import uninit
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -46,6 +49,8 @@ class Prepared:
   checked: bool                 # whether the kernel can fail a check
   detect_races: bool
   map_lanes: bool               # lanes run one after another (lax.map), not batched (vmap)
+  uninit: bool                  # track written elements (uninit.py): programs run twice
+  reads: str                    # where the kernel reads outputs and scratch (for uninit's errors)
 
 
 def _prepare(params) -> Prepared:
@@ -62,15 +67,21 @@ def _prepare(params) -> Prepared:
     raise NotImplementedError(f"pallas_call {params.name}: {e}") from None
   checked_jaxpr = checks.instrument(
       jaxpr, dict(zip(jaxpr.invars[rank:], names)), params.name, ip.check_bounds)
-  checked = ip.check_bounds or ip.detect_races or not plan.tables_known or \
+  if ip.check_bounds:
+    uninit.check_coverage(params, plan)
+  track = uninit.enabled(params)
+  checked = ip.check_bounds or ip.detect_races or track or not plan.tables_known or \
       jaxpr_util.uses(checked_jaxpr, (ji.check_p,))
   if params.debug:
     print(f"pallax interpreter schedule for {params.name}: parallel axes {parallel}, sequential "
           f"axes {sequential} ({plan.schedule.reason})")
   # JAX cannot check a while loop whose trip count differs between batched lanes.
   map_lanes = checked and jaxpr_util.uses(checked_jaxpr, (ji.while_p,))
+  first = gm.num_index_operands + gm.num_inputs
+  tracked = dict(list(zip(jaxpr.invars[rank:], names))[first:first + gm.num_outputs + len(plan.scratch)])
+  reads = uninit.read_lines(jaxpr, tracked) if track else ""
   return Prepared(plan, ji.discharge_state(checked_jaxpr), parallel, sequential, checked,
-                  ip.detect_races, map_lanes)
+                  ip.detect_races, map_lanes, track, reads)
 
 
 _prepared = kplan.PerParams()
@@ -185,6 +196,8 @@ class State(NamedTuple):
   scratch: list    # scratch buffers, one slice per lane evaluated together
   glob: list       # pl.get_global buffers
   writers: list    # per race-checked output: the program that last wrote each element, or -1
+  init_outs: list  # with uninit checks: per output, its initialized elements (padded shape)
+  init_scratch: list  # ... and per scratch buffer (one slice per lane, as ``scratch``)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -234,31 +247,37 @@ def _begin(args, params, prep: Prepared) -> tuple[Call, State]:
   race_out = tuple(k for k in range(gm.num_outputs)
                    if prep.detect_races and nidx + nin + k not in plan.read)
   writers = [jnp.full(outs[k].shape, -1, jnp.int32) for k in race_out]
+  init_outs = [jnp.full(o.shape, k in aliased) for k, o in enumerate(outs)] if prep.uninit else []
+  init_scratch = [jnp.full(s.shape, h.zeroed) for s, h in zip(scratch, plan.scratch)] \
+      if prep.uninit else []
   call = Call(params, prep, index_vals, ins, carried_pos, race_out)
-  return call, State(outs, carried, scratch, glob, writers)
+  return call, State(outs, carried, scratch, glob, writers, init_outs, init_scratch)
 
 
 def _step(call: Call, t, state: State) -> State:
   """Step ``t`` of the loop over the sequential axes: all parallel lanes at those coordinates."""
   prep, grid = call.prep, call.gm.grid
   seq_coords = _unravel(t, [grid[a] for a in prep.sequential]) if prep.sequential else []
-  state = state._replace(scratch=_reset_scratch(call, seq_coords, state.scratch))
-  res, starts, written, ids = _run_programs(call, seq_coords, state)
+  state = state._replace(scratch=_reset_scratch(call, seq_coords, state.scratch),
+                         init_scratch=_reset_scratch(call, seq_coords, state.init_scratch, True))
+  res, starts, written, ids, inits = _run_programs(call, seq_coords, state)
   lanes = math.prod(grid[a] for a in prep.parallel) if prep.parallel else 0
-  state = _write_blocks(call, state, res, starts, lanes)
+  state = _write_blocks(call, state, res, starts, lanes, inits)
   return _check_races(call, state, written, starts, ids)
 
 
-def _reset_scratch(call: Call, seq_coords, scratch):
+def _reset_scratch(call: Call, seq_coords, scratch, masks: bool = False):
   """Scratch starts poisoned (zeroed for semaphores) in each new semantic lane, that is at its
-  first program along the sequential axes, when such lanes run in this loop."""
+  first program along the sequential axes, when such lanes run in this loop. With ``masks``:
+  the scratch's init masks, which start False (True for semaphores)."""
   seq, lanes_par = call.prep.sequential, call.prep.plan.schedule.parallel
   if not scratch or not any(a in lanes_par for a in seq):
     return scratch
   lane_start = functools.reduce(jnp.logical_and, [seq_coords[seq.index(a)] == 0 for a in seq
                                                   if a not in lanes_par], jnp.bool_(True))
-  return [jnp.where(lane_start, (jnp.zeros if h.zeroed else prims.poison)(s.shape, s.dtype), s)
-          for s, h in zip(scratch, call.prep.plan.scratch)]
+  fresh = (lambda h, s: jnp.full(s.shape, h.zeroed)) if masks else \
+      (lambda h, s: (jnp.zeros if h.zeroed else prims.poison)(s.shape, s.dtype))
+  return [jnp.where(lane_start, fresh(h, s), s) for s, h in zip(scratch, call.prep.plan.scratch)]
 
 
 def _run_programs(call: Call, seq_coords, state: State):
@@ -267,17 +286,19 @@ def _run_programs(call: Call, seq_coords, state: State):
   final Ref values, the block starts, the race-checked elements written, and the grid ids."""
   par, grid = call.prep.parallel, call.gm.grid
   index_vals, ins = call.operands(state.carried)
-  lane = functools.partial(_program_at, call, seq_coords, index_vals, ins, state.outs, state.glob)
+  lane = functools.partial(_program_at, call, seq_coords, index_vals, ins, state.outs, state.glob,
+                           state.init_outs)
+  per_lane = [*state.scratch, *state.init_scratch]
   if not par:
-    return lane(*state.scratch)
+    return lane(*per_lane)
   if call.prep.map_lanes:
-    return _map_lanes(lane, [grid[a] for a in par], state.scratch)
+    return _map_lanes(lane, [grid[a] for a in par], per_lane)
   fn = lane
   for level in reversed(range(len(par))):
-    axes = [None] * len(par) + [0] * len(state.scratch)
+    axes = [None] * len(par) + [0] * len(per_lane)
     axes[level] = 0
     fn = jax.vmap(fn, in_axes=tuple(axes))
-  return fn(*[jnp.arange(grid[a], dtype=jnp.int32) for a in par], *state.scratch)
+  return fn(*[jnp.arange(grid[a], dtype=jnp.int32) for a in par], *per_lane)
 
 
 def _map_lanes(lane, sizes, scratch):
@@ -290,12 +311,16 @@ def _map_lanes(lane, sizes, scratch):
   return jax.tree.map(lambda x: x.reshape(tuple(sizes) + x.shape[1:]), res)
 
 
-def _program_at(call: Call, seq_coords, index_vals, ins, outs, glob, *par_ids_and_scratch):
+def _program_at(call: Call, seq_coords, index_vals, ins, outs, glob, init_outs,
+                *par_ids_and_scratch):
   """One program: reads its blocks and runs the kernel (twice when checking races: a second
-  run on changed output blocks shows which elements it writes)."""
+  run on changed output blocks shows which elements it writes; twice when checking for
+  uninitialized data, see uninit.py). Returns the Refs' final values, the block starts, the
+  race-checked elements written, the grid ids, and the init masks of outputs and scratch."""
   gm, prep = call.gm, call.prep
   npar = len(prep.parallel)
   par_ids, scratch = par_ids_and_scratch[:npar], par_ids_and_scratch[npar:]
+  scratch, init_scratch = scratch[:len(prep.plan.scratch)], scratch[len(prep.plan.scratch):]
   ids = [None] * len(gm.grid)
   for a, v in zip(prep.parallel, par_ids):
     ids[a] = v
@@ -308,7 +333,14 @@ def _program_at(call: Call, seq_coords, index_vals, ins, outs, glob, *par_ids_an
   in_blocks = [_read_block(x, bm, s) for x, bm, s in zip(ins, gm.block_mappings, starts)]
   out_blocks = [_read_block(x, bm, s)
                 for x, bm, s in zip(outs, gm.block_mappings_output, starts[nin:])]
-  res = _run_kernel(prep, ids, index_vals, in_blocks, out_blocks, scratch, glob)
+  inits = ()
+  if prep.uninit:
+    init_blocks = [_read_block(x, bm, s)
+                   for x, bm, s in zip(init_outs, gm.block_mappings_output, starts[nin:])]
+    out_blocks, scratch, res, inits = _run_twice(call, ids, index_vals, in_blocks, out_blocks,
+                                                 init_blocks, scratch, init_scratch, glob)
+  else:
+    res = _run_kernel(prep, ids, index_vals, in_blocks, out_blocks, scratch, glob)
   written = []
   if call.race_out:
     alt = list(out_blocks)
@@ -317,7 +349,30 @@ def _program_at(call: Call, seq_coords, index_vals, ins, outs, glob, *par_ids_an
     res2 = _run_kernel(prep, ids, index_vals, in_blocks, alt, scratch, glob)
     out0 = gm.slice_block_ops.start + nin   # out[0] among the kernel's Refs
     written = [~_differs(res[out0 + k], res2[out0 + k]) for k in call.race_out]
-  return res, starts, written, ids
+  return res, starts, written, ids, inits
+
+
+def _run_twice(call: Call, ids, index_vals, in_blocks, out_blocks, init_blocks, scratch,
+               init_scratch, glob):
+  """Runs the program with uninitialized output and scratch elements set to a second fill and
+  compares with the run on the poison (``uninit.check_program``). Returns the blocks run on
+  (uninitialized elements poisoned), that run's results, and the init masks after it."""
+  gm, prep = call.gm, call.prep
+  outs_a = [uninit.filled(b, m, False) for b, m in zip(out_blocks, init_blocks)]
+  outs_b = [uninit.filled(b, m, True) for b, m in zip(out_blocks, init_blocks)]
+  scr_a = [uninit.filled(b, m, False) for b, m in zip(scratch, init_scratch)]
+  scr_b = [uninit.filled(b, m, True) for b, m in zip(scratch, init_scratch)]
+  res_a = _run_kernel(prep, ids, index_vals, in_blocks, outs_a, scr_a, glob)
+  res_b = _run_kernel(prep, ids, index_vals, in_blocks, outs_b, scr_b, glob)
+  names = [f"args[{i}]" for i in range(gm.num_index_operands)] + \
+      [b.origin for b in prep.plan.blocks] + [h.origin for h in prep.plan.scratch + prep.plan.globals]
+  masks = [None] * (gm.num_index_operands + gm.num_inputs) + list(init_blocks) + \
+      list(init_scratch) + [None] * len(prep.plan.globals)
+  refs = [(n, a, b, m) for p, (n, a, b, m) in enumerate(zip(names, res_a, res_b, masks))
+          if m is not None or p in prep.plan.written or p >= gm.slice_scratch_ops.stop]
+  after = uninit.check_program(call.params.name, ids, refs, prep.reads)
+  after = [m for m in after if m is not None]
+  return outs_a, scr_a, res_a, (after[:gm.num_outputs], after[gm.num_outputs:])
 
 
 def _run_kernel(prep: Prepared, ids, *refs):
@@ -333,11 +388,16 @@ def _run_kernel(prep: Prepared, ids, *refs):
   return res
 
 
-def _write_blocks(call: Call, state: State, res, starts, lanes: int) -> State:
+def _write_blocks(call: Call, state: State, res, starts, lanes: int, inits) -> State:
   """The programs' blocks written back (outputs, and the index operands and inputs they write),
-  and their scratch and globals kept."""
+  and their scratch and globals kept; with uninit checks, the init masks too."""
   gm, written = call.gm, call.prep.plan.written
   nidx, nin = gm.num_index_operands, gm.num_inputs
+  if inits:
+    state = state._replace(
+        init_outs=[_write_lanes(o, bm, m, starts[nin + k], lanes) for k, (o, bm, m)
+                   in enumerate(zip(state.init_outs, gm.block_mappings_output, inits[0]))],
+        init_scratch=list(inits[1]))
   blocks = res[gm.slice_block_ops]
   outs = [_write_lanes(o, bm, blocks[nin + k], starts[nin + k], lanes)
           if nidx + nin + k in written else o
@@ -375,13 +435,26 @@ def _interpret(*args, params, prep: Prepared):
   n_steps = math.prod(call.gm.grid[a] for a in prep.sequential)
   step = functools.partial(_step, call)
   state = step(jnp.int32(0), state) if n_steps == 1 else lax.fori_loop(0, n_steps, step, state)
-  return [_unpad(o, v) for o, v in zip(state.outs, prep.plan.blocks[call.gm.num_inputs:])]
+  views = prep.plan.blocks[call.gm.num_inputs:]
+  aliased = {o for _, o in params.input_output_aliases}
+  for k, (m, v) in enumerate(zip(state.init_outs, views)):
+    if k not in aliased:
+      uninit.check_all_written(params.name, v.origin, _unpad(m, v))
+  return [_unpad(o, v) for o, v in zip(state.outs, views)]
 
 
 # --- entry points ----------------------------------------------------------------------
 
-class KernelCheckError(RuntimeError):
-  """A check inside a kernel failed in the interpreter (pl.debug_check, races, semaphores)."""
+def effects(params) -> set:
+  """The effects of a pallas_call equation (for its abstract eval): where the interpreter runs
+  the kernel, a host callback that may raise (a failed check). An effect keeps ``jax.jit`` from
+  calling the compiled function through its C++ fast path, which reports a failed callback as a
+  ValueError that no hook can give its class back (errors.py); calls go through Python instead
+  (some microseconds a call). Cheap: it traces nothing (abstract evaluation cannot)."""
+  from pallax._src import backends
+  if backends.choose(params, jax.default_backend()) is not None:
+    return set()
+  return {ji.debug_effect}
 
 
 def _raise(err):
@@ -404,7 +477,13 @@ def run(*args, params, raise_errors: str = "callback"):
   if not prep.checked:
     return _interpret(*args, params=params, prep=prep)
   err, outs = _checked(params, prep)(*args)
-  jax.debug.callback(_raise, err)
+  leaves, tree = jax.tree.flatten(err)
+
+  def report(*values):
+    _raise(jax.tree.unflatten(tree, values))
+    return ()
+
+  ji.host_callback(errors.reporting(report), (), *leaves)
   return outs
 
 

@@ -78,7 +78,11 @@ def _threads(th):
 
 def _barrier(kind, aval, name):
   shape = tuple(aval.shape)
-  buf = Buffer(name.replace("scratch", "barrier"), "barrier", np.zeros(shape, np.int32), kind)
+  if name.startswith("scratch"):
+    name = name.replace("scratch", "barrier")
+  elif "barrier" not in name.lower():
+    name = f"barrier {name}"   # 'barrier bar', but 'x_barrier', not 'barrier x_barrier'
+  buf = Buffer(name, "barrier", np.zeros(shape, np.int32), kind)
   buf.state.update(arrivals=np.zeros(shape, np.int64), completions=np.zeros(shape, np.int64),
                    waiters=[set() for _ in range(max(1, int(np.prod(shape))))])
   return buf
@@ -89,7 +93,7 @@ def _memory(kind, aval, name):
            mc.MemorySpace.REGS: "regs"}[kind.memory_space]
   from pallax._src import primitives as prims
   return Buffer(f"{space.upper()} {name}", space, np.array(prims.poison(aval.shape, aval.dtype)), kind,
-                {"loads": []})
+                {"loads": []}, init=np.zeros(aval.shape, bool))
 
 
 def _accumulator(kind, aval, name):
@@ -156,7 +160,7 @@ def arrive(th, view: View, what: str) -> int:
     for waiter in st["waiters"][i]:
       seen = _ts(waiter).observed.get((view.buf, i), 0)
       if flat_done[i] - seen >= 2:
-        fail(th, f"{what} completes barrier {_where(view.buf, i)} (num_arrivals={n}) a second time "
+        fail(th, f"{what} completes {_where(view.buf, i)} (num_arrivals={n}) a second time "
                  f"before {waiter.describe()} waited for its previous completion: on the GPU that "
                  "wait would see the wrong phase. Wait on every completion, or give the barrier "
                  "as many arrivals per phase as its users make")
@@ -186,7 +190,7 @@ def _barrier_wait(th, eqn, invals):
   if done[i] <= seen:
     n = view.buf.kind.num_arrivals
     yield eager.Wait(lambda: done[i] > seen,
-                     f"barrier {_where(view.buf, i)} (phase {seen}, "
+                     f"{_where(view.buf, i)} (phase {seen}, "
                      f"{view.buf.state['arrivals'].reshape(-1)[i]}/{n} arrivals)")
   _ts(th).observed[key] = seen + 1
   return []
@@ -341,7 +345,7 @@ def _copy_gmem_to_smem(th, eqn, invals):
       fail(th, f"{what} into {dst.buf.name} while the copy_gmem_to_smem into it issued at "
                f"{_at(line)} may not have landed (no thread waited on its barrier): on the GPU "
                "either could land last")
-  eager.write(dst, eager.read(src, fill=0))
+  eager.write(dst, eager.read(src, fill=0), init=eager.read_init(src))
   bar_view = bar[0].at(bar[1])
   phase = arrive(th, bar_view, what)
   key = (bar_view.buf, _barrier_index(th, bar_view, what))
@@ -362,10 +366,11 @@ def _copy_smem_to_gmem(th, eqn, invals):
   mask = _mask(src)
   _check_committed(th, src, mask, what)
   _check_loaded(th, src, mask, what)
-  data = eager.read(src)
+  data, init = eager.read(src), eager.read_init(src)
   if eqn.params["reduction_op"] is not None:
     data = _reduce(th, eqn.params["reduction_op"], eager.read(dst, fill=0), data)
-  eager.write(dst, data, drop_out_of_bounds=True)
+    init = init & eager.read_init(dst)
+  eager.write(dst, data, drop_out_of_bounds=True, init=init)
   ts = _ts(th)
   ts.uncommitted.append(Store(src.buf, mask, dst.buf, _mask(dst), th.line))
   if eqn.params["commit_group"]:
@@ -423,6 +428,7 @@ def _wgmma(th, eqn, invals):
     m = _mask(v)
     _check_committed(th, v, m, "wgmma")
     _check_loaded(th, v, m, "wgmma")
+    eager.check_initialized(th, v, "wgmma")
   a_val = eager.read(operands[1]) if a is not None else np.asarray(rest[0])
   (m, _), (_, n) = a_val.shape, b.shape
   if m % 64 or n % 8 or n > 256:
