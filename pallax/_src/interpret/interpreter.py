@@ -67,9 +67,9 @@ def _prepare(params) -> Prepared:
     raise NotImplementedError(f"pallas_call {params.name}: {e}") from None
   checked_jaxpr = checks.instrument(
       jaxpr, dict(zip(jaxpr.invars[rank:], names)), params.name, ip.check_bounds)
-  if ip.check_bounds:
-    uninit.check_coverage(params, plan)
   track = uninit.enabled(params)
+  if ip.check_bounds:
+    uninit.check_coverage(params, plan, strict=track)
   checked = ip.check_bounds or ip.detect_races or track or not plan.tables_known or \
       jaxpr_util.uses(checked_jaxpr, (ji.check_p,))
   if params.debug:
