@@ -62,9 +62,9 @@ def _prepare(params) -> Prepared:
       [b.origin for b in plan.blocks] + [h.origin for h in plan.scratch + plan.globals]
   checked_jaxpr = checks.instrument(
       jaxpr, dict(zip(jaxpr.invars[rank:], names)), params.name, ip.check_bounds)
-  if ip.check_bounds:
-    uninit.check_coverage(params, plan)
   track = uninit.enabled(params)
+  if track:
+    uninit.check_coverage(params, plan)
   checked = ip.check_bounds or ip.detect_races or track or not plan.tables_known or \
       jaxpr_util.uses(checked_jaxpr, (ji.check_p,))
   if params.debug:

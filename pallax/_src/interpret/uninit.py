@@ -1,12 +1,13 @@
 """Uninitialized data in the interpreter of ``pallas_call`` kernels.
 
-Output and scratch buffers start poisoned (``primitives.poison``). Two checks make that visible:
+Output and scratch buffers start poisoned (``primitives.poison``). Where checks are on
+(``pl.enable_debug_checks()`` or ``pl.InterpretParams(check_uninitialized=True)``), two checks
+make that visible:
 
-- Static, always on with bounds checks (free): an output (not aliased to an input) with blocks
-  that no program's block index reaches. Its elements can only come back as poison (on a GPU:
-  whatever the memory held); the usual cause is a grid that does not cover the array.
-- Dynamic, where checks are on (``pl.enable_debug_checks()`` or
-  ``pl.InterpretParams(check_uninitialized=True)``): each program runs twice, its unwritten
+- Static (free): an output (not aliased to an input) with blocks that no program's block index
+  reaches. Its elements can only come back as poison (on a GPU: whatever the memory held); the
+  usual cause is a grid that does not cover the array.
+- Dynamic: each program runs twice, its unwritten
   output and scratch elements filled with two different values (the poison, then another value,
   see ``second_fill``). An element a program stores that differs between the two runs was
   computed from an element no program wrote: an error, naming the program, the Ref and the
@@ -16,7 +17,10 @@ Output and scratch buffers start poisoned (``primitives.poison``). Two checks ma
 
 Reading an uninitialized element is allowed when the value does not matter (a masked load, a
 ``jnp.where`` that drops it, the padded part of an edge block): only values that reach memory
-count. The dynamic check doubles the interpreter's work, which is why it is not on by default.
+count. Off by default: the dynamic check doubles the interpreter's work, and kernels that leave
+part of an output unwritten for their caller to drop run in JAX Pallas and on pallax's GPU
+backends (JAX's and pallax's own tests have such kernels), so an error by default would break
+the promise that changing the import changes nothing.
 """
 from __future__ import annotations
 
