@@ -1,7 +1,6 @@
 """A failed check's Python error class comes from its kind (data), never from its message's words."""
 import inspect
 import os
-import re
 
 import jax
 import jax.numpy as jnp
@@ -41,9 +40,9 @@ def test_debug_check_whose_message_reads_like_an_index_error_raises_kernel_check
     with pytest.raises(pl.KernelCheckError) as info:
       _wordy_call()(x)
     assert str(info.value) == WORDS
-    with pytest.raises(pl.KernelCheckError) as info:   # its class kept under jit
+    with pytest.raises(pl.KernelCheckError) as info:   # under jax.jit: the same class and message
       jax.block_until_ready(jax.jit(_wordy_call())(x))
-  assert WORDS in str(info.value)
+    assert str(info.value).splitlines()[0] == WORDS
 
 
 def oob_kernel(x_ref, o_ref):
@@ -63,9 +62,9 @@ def test_out_of_bounds_read_raises_index_error_with_the_same_message():
   with pytest.raises(IndexError) as info:
     _oob_call()(x)
   assert str(info.value) == want
-  with pytest.raises(IndexError) as info:   # its class kept under jit
+  with pytest.raises(IndexError) as info:              # under jax.jit: the same class and message
     jax.block_until_ready(jax.jit(_oob_call())(x))
-  assert want in str(info.value)
+  assert str(info.value).splitlines()[0] == want
 
 
 def gather_kernel(p_ref, x_ref, o_ref):
@@ -83,9 +82,9 @@ def test_index_map_out_of_range_at_run_time_raises_index_error():
   with pytest.raises(IndexError) as info:
     call(p, x)
   assert str(info.value) == want
-  with pytest.raises(IndexError) as info:   # its class kept under jit
+  with pytest.raises(IndexError) as info:              # under jax.jit: the same class and message
     jax.block_until_ready(jax.jit(call)(p, x))
-  assert want in str(info.value)
+  assert str(info.value).splitlines()[0] == want
 
 
 def test_race_raises_kernel_check_error():

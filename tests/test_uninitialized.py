@@ -1,8 +1,8 @@
 """Uninitialized data in the interpreter (issue 30, point 1).
 
-- A grid that does not cover an output: a ValueError by default (a free, static check).
-- Where checks are on (pl.enable_debug_checks() or InterpretParams(check_uninitialized=True)):
-  a value computed from output or scratch elements no program wrote, and output elements no
+Where checks are on (pl.enable_debug_checks() or InterpretParams(check_uninitialized=True)):
+- A grid that does not cover an output: a ValueError (a free, static check).
+- A value computed from output or scratch elements no program wrote, and output elements no
   program writes, are KernelCheckErrors, in pallas_call kernels and in Mosaic GPU kernels, for
   float, integer and bool outputs, eagerly and under jax.jit.
 - No false alarm: accumulators initialized under pl.when, padded edge blocks, masked loads,
@@ -56,7 +56,7 @@ def this_line(fn, needle) -> str:
   return f"{inspect.getsourcefile(fn)}:{start + k}"
 
 
-# --- the grid does not cover an output (static: a short grid always, any gap with checks on) -----
+# --- the grid does not cover an output (static) ----------------------------------------------------
 
 def _add(x_ref, y_ref, o_ref):
   o_ref[...] = x_ref[...] + y_ref[...]
@@ -75,7 +75,7 @@ def _add_call(n, block, grid):
 ])
 def test_grid_short_of_the_output_is_an_error(n, block, grid, missing, region):
   x, y = rand((n,)), rand((n,), salt="y")
-  with pytest.raises(ValueError) as e:
+  with pl.enable_debug_checks(), pytest.raises(ValueError) as e:
     _add_call(n, block, grid)(x, y)
   assert first_line(e) == (
       f"pallas_call _add: no program writes {missing} of the {n} elements of out[0] (shape "
@@ -90,7 +90,7 @@ def test_grid_short_along_the_second_dimension():
   f = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2),
                      out_shape=S((6, 10), jnp.float32), grid=(2, 2),
                      in_specs=[pl.BlockSpec((3, 4), lambda i, j: (i, j))],
-                     out_specs=pl.BlockSpec((3, 4), lambda i, j: (i, j)), interpret=True)
+                     out_specs=pl.BlockSpec((3, 4), lambda i, j: (i, j)), interpret=CHECKED)
   with pytest.raises(ValueError, match=re.escape("no program writes 12 of the 60 elements of "
                                                  "out[0] (shape (6, 10), blocks (3, 4)), within "
                                                  "[0:6, 8:10]") + ".*pl.cdiv\\(10, 4\\) = 3"):
@@ -110,6 +110,15 @@ def test_a_whole_block_left_alone_is_an_error_only_with_checks_on():
   with pl.enable_debug_checks(), pytest.raises(
       ValueError, match=re.escape("no program writes 8 of the 16 elements of out[0]")):
     f(x)
+
+
+def test_grid_short_of_the_output_by_default_gives_poison():
+  """Off by default (see uninit.py): the elements no program writes come back as NaN."""
+  n, block = 3000, 1024
+  x, y = rand((n,)), rand((n,), salt="y")
+  out = np.asarray(_add_call(n, block, (n // block,))(x, y))
+  np.testing.assert_allclose(out[:2048], (x + y)[:2048], rtol=0, atol=0)
+  assert np.isnan(out[2048:]).all()
 
 
 @pytest.mark.parametrize("n,block", [(3000, 1024), (1000, 300), (1, 1), (5, 8)])
