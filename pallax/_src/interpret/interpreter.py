@@ -35,6 +35,7 @@ from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import plan as kplan
 from pallax._src import primitives as prims
+from pallax._src.gpu import dot_algorithms
 from pallax._src.interpret import uninit
 
 
@@ -60,6 +61,10 @@ def _prepare(params) -> Prepared:
   sequential = tuple(a for a in range(rank) if a not in parallel)
   names = [f"args[{i}]" for i in range(gm.num_index_operands)] + \
       [b.origin for b in plan.blocks] + [h.origin for h in plan.scratch + plan.globals]
+  try:   # what a GPU computes for each dot algorithm (XLA on a CPU ignores or refuses them)
+    jaxpr = dot_algorithms.expand(jaxpr, tf32_dots=False)
+  except NotImplementedError as e:
+    raise NotImplementedError(f"pallas_call {params.name}: {e}") from None
   checked_jaxpr = checks.instrument(
       jaxpr, dict(zip(jaxpr.invars[rank:], names)), params.name, ip.check_bounds)
   track = uninit.enabled(params)
