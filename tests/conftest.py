@@ -98,13 +98,6 @@ def _uninitialized_checks(monkeypatch):
     from pallax._src.interpret import uninit
     monkeypatch.setattr(uninit, "enabled", lambda params: getattr(
         params.interpret, "check_uninitialized", None) is not False)
-  if os.environ.get("PALLAX_TEST_EFFECTS", "0") == "1":
-    # The abstract eval pallas_call.py is to register (interpreter.effects): tries the suite
-    # with it before it is added.
-    from pallax._src import pallas_call as pcall
-    from pallax._src.interpret import interpreter
-    monkeypatch.setattr(pcall.pallas_call_p, "abstract_eval", lambda *avals, params: (
-        list(params.out_avals), interpreter.effects(params)))
   yield
 
 

@@ -52,18 +52,6 @@ def matches(pattern_parts, text):
 
 # --- point 2: checks failing inside jax.jit ------------------------------------------------------
 
-@pytest.fixture
-def effects_hook(monkeypatch):
-  """The abstract eval that pallas_call.py is to register (the lead adds it; see
-  interpreter.effects): a pallas_call the interpreter runs has an effect, so jax.jit calls it
-  through Python every time, never through its C++ fast path (after a first successful call),
-  where a failed check would come back as a ValueError without its class."""
-  from pallax._src import pallas_call as pcall
-  from pallax._src.interpret import interpreter
-  monkeypatch.setattr(pcall.pallas_call_p, "abstract_eval", lambda *avals, params: (
-      list(params.out_avals), interpreter.effects(params)))
-
-
 def _gather(x_ref, i_ref, o_ref):
   o_ref[...] = x_ref[pl.ds(i_ref[0], 4)]          # <- dynamic start
 
@@ -73,7 +61,7 @@ def _gather_call():
 
 
 @pytest.mark.parametrize("calls", [1, 2])   # the second call runs the compiled executable again
-def test_out_of_bounds_index_under_jit_is_an_index_error(calls, caplog, effects_hook):
+def test_out_of_bounds_index_under_jit_is_an_index_error(calls, caplog):
   f = jax.jit(_gather_call())
   x = rand((8,))
   np.testing.assert_allclose(f(x, np.array([3], np.int32)), x[3:7], rtol=0, atol=0)
@@ -90,7 +78,7 @@ def test_out_of_bounds_index_under_jit_is_an_index_error(calls, caplog, effects_
   assert "CpuCallback" not in text
 
 
-def test_debug_check_under_jit_is_a_kernel_check_error(effects_hook):
+def test_debug_check_under_jit_is_a_kernel_check_error():
   def k(x_ref, o_ref):
     pl.debug_check(jnp.all(x_ref[...] > 0), "x must be positive")
     o_ref[...] = jnp.sqrt(x_ref[...])
@@ -108,8 +96,8 @@ def test_debug_check_under_jit_is_a_kernel_check_error(effects_hook):
 
 
 def test_first_failing_call_under_jit_needs_no_hook():
-  """Until a call succeeds, jax.jit runs the function through Python: the class is kept even
-  without the effect pallas_call.py is to declare."""
+  """Until a call succeeds, jax.jit runs the function through Python: the class is kept on the
+  first call whatever the fast path does later."""
   f = jax.jit(_gather_call())
   with pytest.raises(IndexError) as e:
     jax.block_until_ready(f(rand((8,)), np.array([-1], np.int32)))
@@ -117,7 +105,7 @@ def test_first_failing_call_under_jit_needs_no_hook():
   assert first_line(e).startswith("pallas_call _gather: out-of-bounds read from args[0]")
 
 
-def test_mosaic_gpu_check_under_jit_is_a_kernel_check_error(effects_hook):
+def test_mosaic_gpu_check_under_jit_is_a_kernel_check_error():
   x = rand((64, 32))
 
   def k(x_gmem, o_gmem, x_smem, x_barrier):
@@ -134,7 +122,7 @@ def test_mosaic_gpu_check_under_jit_is_a_kernel_check_error(effects_hook):
                   "); call plgpu.barrier_wait first"], first_line(e)), first_line(e)
 
 
-def test_mosaic_gpu_index_error_under_jit(effects_hook):
+def test_mosaic_gpu_index_error_under_jit():
   x = rand((16,))
 
   def k(x_gmem, o_gmem):
@@ -242,6 +230,27 @@ def test_python_if_on_program_id_suggests_when():
       "only when the kernel runs. Use @pl.when(condition) for a block that runs conditionally, "
       "jax.lax.cond or jax.lax.fori_loop for control flow, jnp.where for values"],
       first_line(e)), first_line(e)
+
+
+def test_empty_grid_suggests_cdiv():
+  def k(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+  n, block = 1000, 1024
+  with pytest.raises(ValueError) as e:
+    pl.pallas_call(k, out_shape=S((n,), jnp.float32), grid=(n // block,),
+                   in_specs=[pl.BlockSpec((block,), lambda i: (i,))],
+                   out_specs=pl.BlockSpec((block,), lambda i: (i,)), interpret=True)(rand((n,)))
+  assert first_line(e) == (
+      "pallas_call k: grid=(0,) runs no program, so no output is written. A size of 0 usually "
+      "comes from `n // block` with n < block: `pl.cdiv(n, block)` rounds up and covers the last, "
+      "partial block (Pallas masks its out-of-bounds part)"), first_line(e)
+
+
+def test_negative_grid_is_refused():
+  with pytest.raises(ValueError, match=r"grid sizes must be positive, got grid=\(2, -1\)"):
+    pl.pallas_call(lambda o_ref: None, out_shape=S((8,), jnp.float32), grid=(2, -1),
+                   interpret=True)()
 
 
 def test_kernel_check_error_prints_as_pallax_kernel_check_error():

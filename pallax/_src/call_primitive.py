@@ -9,7 +9,10 @@ import dataclasses
 import functools
 from typing import Any
 
+import jax
 
+
+from pallax._src import backends
 from pallax._src import jax_internals as ji
 from pallax._src.grid_mapping import GridMapping
 
@@ -42,9 +45,20 @@ class Params:
     return tuple(bm.array_aval for bm in self.grid_mapping.block_mappings_output)
 
 
+def _effects(params: Params) -> set:
+  """Where the interpreter runs the kernel, a host callback that may raise (a failed check) is an
+  effect. It keeps ``jax.jit`` from calling the compiled function through its C++ fast path, which
+  reports a failed callback as a ValueError that no hook can give its class back (errors.py);
+  calls go through Python instead (some microseconds a call). A kernel a GPU backend runs has no
+  effect. Cheap: choosing a backend traces nothing."""
+  if backends.choose(params, jax.default_backend()) is not None:
+    return set()
+  return {ji.debug_effect}
+
+
 def _abstract_eval(*avals, params: Params):
-  return list(params.out_avals)
+  return list(params.out_avals), _effects(params)
 
 
-pallas_call_p.def_abstract_eval(_abstract_eval)
+pallas_call_p.def_effectful_abstract_eval(_abstract_eval)
 pallas_call_p.def_impl(functools.partial(ji.dispatch.apply_primitive, pallas_call_p))

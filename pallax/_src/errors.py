@@ -13,7 +13,7 @@ This needs jaxlib to make the error, which it does on JAX's Python dispatch path
 successful call, ``jax.jit`` runs a function without effects through its C++ fast path, which
 reports the failure as a ValueError (still with the message, and the original class name in
 it); a pallas_call that the interpreter runs therefore declares an effect
-(``interpreter.effects``).
+(``call_primitive._effects``).
 """
 from __future__ import annotations
 

@@ -204,8 +204,13 @@ def _as_tuple_grid(grid, name) -> tuple[int, ...]:
     if not isinstance(g, (int, np.integer)):
       raise TypeError(f"pallas_call {name}: grid sizes must be static Python ints, got {grid!r}; "
                       "dynamic grids are not supported")
-  if any(g <= 0 for g in grid):
+  if any(g < 0 for g in grid):
     raise ValueError(f"pallas_call {name}: grid sizes must be positive, got grid={tuple(grid)}")
+  if any(g == 0 for g in grid):
+    raise ValueError(
+        f"pallas_call {name}: grid={tuple(grid)} runs no program, so no output is written. A size "
+        "of 0 usually comes from `n // block` with n < block: `pl.cdiv(n, block)` rounds up and "
+        "covers the last, partial block (Pallas masks its out-of-bounds part)")
   return tuple(int(g) for g in grid)
 
 

@@ -445,18 +445,6 @@ def _interpret(*args, params, prep: Prepared):
 
 # --- entry points ----------------------------------------------------------------------
 
-def effects(params) -> set:
-  """The effects of a pallas_call equation (for its abstract eval): where the interpreter runs
-  the kernel, a host callback that may raise (a failed check). An effect keeps ``jax.jit`` from
-  calling the compiled function through its C++ fast path, which reports a failed callback as a
-  ValueError that no hook can give its class back (errors.py); calls go through Python instead
-  (some microseconds a call). Cheap: it traces nothing (abstract evaluation cannot)."""
-  from pallax._src import backends
-  if backends.choose(params, jax.default_backend()) is not None:
-    return set()
-  return {ji.debug_effect}
-
-
 def _raise(err):
   exc = err.get_exception()
   if exc is None:
