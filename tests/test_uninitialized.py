@@ -206,6 +206,38 @@ def test_reading_uninitialized_scratch():
       in first_line(e)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.bool_], ids=lambda d: np.dtype(d).name)
+def test_reading_uninitialized_run_scoped_scratch(dtype):
+  def k(x_ref, o_ref):
+    def body(tmp_ref):
+      o_ref[...] = x_ref[...] != tmp_ref[...] if dtype == np.bool_ else x_ref[...] + tmp_ref[...]
+    pl.run_scoped(body, pl.MemoryRef((8,), dtype))
+
+  f = pl.pallas_call(k, out_shape=S((3, 8), dtype), grid=(3,),
+                     in_specs=[pl.BlockSpec((None, 8), lambda i: (i, 0))],
+                     out_specs=pl.BlockSpec((None, 8), lambda i: (i, 0)), interpret=CHECKED)
+  with pytest.raises(pl.KernelCheckError) as e:
+    f(rand((3, 8), dtype))
+  assert re.match(r"pallas_call k: program \(\d\) stores into out\[0\] a value computed from "
+                  "output or scratch elements that no program wrote", first_line(e))
+  assert f"the kernel reads scoped scratch tmp_ref at {this_line(k, '!= tmp_ref')} " in first_line(e)
+
+
+def test_run_scoped_scratch_written_first_passes():
+  x = rand((3, 8))
+
+  def k(x_ref, o_ref):
+    def body(tmp_ref):
+      tmp_ref[...] = x_ref[...] * 2.0
+      o_ref[...] = tmp_ref[...] + 1.0
+    pl.run_scoped(body, pl.MemoryRef((8,), jnp.float32))
+
+  f = pl.pallas_call(k, out_shape=S((3, 8), jnp.float32), grid=(3,),
+                     in_specs=[pl.BlockSpec((None, 8), lambda i: (i, 0))],
+                     out_specs=pl.BlockSpec((None, 8), lambda i: (i, 0)), interpret=CHECKED)
+  np.testing.assert_allclose(f(x), x * 2.0 + 1.0, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_output_elements_no_program_writes(dtype):
   x = rand((16,), dtype)

@@ -88,9 +88,16 @@ def sub_names(eqn, sub, names):
   if eqn.primitive is prims.run_scoped_p:
     k = eqn.params["num_consts"]
     return {**{v: names.get(o, "a Ref") for v, o in zip(sub.invars[:k], eqn.invars) if ji.is_ref_aval(v.aval)},
-            **{v: f"scoped scratch {i}" for i, v in enumerate(sub.invars[k:])}}
+            **{v: _scoped_name(sub, k, i) for i, v in enumerate(sub.invars[k:])}}
   m = min(len(outer), len(inner))
   return {v: n for v, n in zip(inner[len(inner) - m:], outer[len(outer) - m:])}
+
+
+def _scoped_name(sub, num_consts: int, i: int) -> str:
+  """The ``i``-th pl.run_scoped buffer, by the parameter that receives it where known."""
+  names = sub.debug_info.arg_names if sub.debug_info is not None else None
+  name = names[num_consts + i] if names and len(names) == len(sub.invars) else ""
+  return f"scoped scratch {name or i}"
 
 
 def has_access(jaxpr) -> bool:

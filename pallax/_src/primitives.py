@@ -159,6 +159,21 @@ def poison(shape, dtype):
   return jnp.full(shape, v, dtype)
 
 
+def other_poison(shape, dtype):
+  """A fill that differs from the poison in every element and in what arithmetic makes of it:
+  -1.5 for floats (the poison is NaN; -1.5 is exact in every float format, and adding to it or
+  comparing with it changes the result, where the largest float would absorb additions), the
+  largest integer (the poison is the smallest), False for bools."""
+  dtype = jnp.dtype(dtype)
+  if jnp.issubdtype(dtype, jnp.inexact):
+    v = -1.5
+  elif dtype == jnp.bool_:
+    v = False
+  else:
+    v = jnp.iinfo(dtype).max
+  return jnp.full(shape, v, dtype)
+
+
 # --- masked load / swap --------------------------------------------------------------
 
 masked_load_p = ji.Primitive("masked_load")
@@ -425,8 +440,11 @@ def _run_scoped_abstract_eval(*args, jaxpr, num_consts, zeroed=(), **_):
 run_scoped_p.def_effectful_abstract_eval(_run_scoped_abstract_eval)
 
 
-def _run_scoped_discharge(ctx, *args, jaxpr, num_consts, zeroed=(), **_):
-  scratch = [(jnp.zeros if z else poison)(v.aval.shape, v.aval.dtype)
+def _run_scoped_discharge(ctx, *args, jaxpr, num_consts, zeroed=(), second_fill=False, **_):
+  # second_fill: the interpreter's uninitialized-data check runs a program twice, the second
+  # time with its scratch filled with other values (interpret/uninit.py)
+  fill = other_poison if second_fill else poison
+  scratch = [(jnp.zeros if z else fill)(v.aval.shape, v.aval.dtype)
              for v, z in zip(jaxpr.invars[num_consts:], zeroed or [False] * len(jaxpr.invars))]
   pure = ji.discharge_state(jaxpr)
   res = ji.eval_jaxpr(pure, pure.consts, *args, *scratch)

@@ -44,6 +44,7 @@ class Prepared:
   """What the interpreter derives from a pallas_call besides the plan."""
   plan: kplan.KernelPlan
   pure: ji.Jaxpr                # the discharged (and bounds-checked) kernel
+  pure_second: ji.Jaxpr | None  # the same, its pl.run_scoped scratch on uninit's second fill
   parallel: tuple[int, ...]     # the axes evaluated together
   sequential: tuple[int, ...]   # the axes looped over, in row-major order
   checked: bool                 # whether the kernel can fail a check
@@ -80,7 +81,8 @@ def _prepare(params) -> Prepared:
   first = gm.num_index_operands + gm.num_inputs
   tracked = dict(list(zip(jaxpr.invars[rank:], names))[first:first + gm.num_outputs + len(plan.scratch)])
   reads = uninit.read_lines(jaxpr, tracked) if track else ""
-  return Prepared(plan, ji.discharge_state(checked_jaxpr), parallel, sequential, checked,
+  second = ji.discharge_state(uninit.scratch_second_fill(checked_jaxpr)) if track else None
+  return Prepared(plan, ji.discharge_state(checked_jaxpr), second, parallel, sequential, checked,
                   ip.detect_races, map_lanes, track, reads)
 
 
@@ -363,7 +365,7 @@ def _run_twice(call: Call, ids, index_vals, in_blocks, out_blocks, init_blocks, 
   scr_a = [uninit.filled(b, m, False) for b, m in zip(scratch, init_scratch)]
   scr_b = [uninit.filled(b, m, True) for b, m in zip(scratch, init_scratch)]
   res_a = _run_kernel(prep, ids, index_vals, in_blocks, outs_a, scr_a, glob)
-  res_b = _run_kernel(prep, ids, index_vals, in_blocks, outs_b, scr_b, glob)
+  res_b = _run_kernel(prep, ids, index_vals, in_blocks, outs_b, scr_b, glob, second=True)
   names = [f"args[{i}]" for i in range(gm.num_index_operands)] + \
       [b.origin for b in prep.plan.blocks] + [h.origin for h in prep.plan.scratch + prep.plan.globals]
   masks = [None] * (gm.num_index_operands + gm.num_inputs) + list(init_blocks) + \
@@ -375,12 +377,13 @@ def _run_twice(call: Call, ids, index_vals, in_blocks, out_blocks, init_blocks, 
   return outs_a, scr_a, res_a, (after[:gm.num_outputs], after[gm.num_outputs:])
 
 
-def _run_kernel(prep: Prepared, ids, *refs):
+def _run_kernel(prep: Prepared, ids, *refs, second: bool = False):
   """The discharged kernel on one program's Ref values; returns their final values. Checks are
   made into values per program, before programs are batched: JAX cannot check a batched while
-  loop (a loop whose trip count differs between programs)."""
+  loop (a loop whose trip count differs between programs). ``second``: uninit's second run."""
   args = (*ids, *[x for group in refs for x in group])
-  run = lambda *a: ji.eval_jaxpr(prep.pure, prep.pure.consts, *a)
+  pure = prep.pure_second if second else prep.pure
+  run = lambda *a: ji.eval_jaxpr(pure, pure.consts, *a)
   if not prep.checked:
     return run(*args)
   err, res = checkify.checkify(run, errors=checkify.user_checks)(*args)

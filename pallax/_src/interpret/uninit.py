@@ -47,19 +47,15 @@ def enabled(params) -> bool:
   return pc.debug_checks_enabled() if switch is None else bool(switch)
 
 
-def second_fill(shape, dtype):
-  """A fill that differs from the poison in every element and in what arithmetic makes of it:
-  -1.5 for floats (the poison is NaN; -1.5 is exact in every float format, and adding to it or
-  comparing with it changes the result, where the largest float would absorb additions), the
-  largest integer (the poison is the smallest), False for bools."""
-  dtype = jnp.dtype(dtype)
-  if jnp.issubdtype(dtype, jnp.inexact):
-    v = -1.5
-  elif dtype == jnp.bool_:
-    v = False
-  else:
-    v = jnp.iinfo(dtype).max
-  return jnp.full(shape, v, dtype)
+second_fill = prims.other_poison
+
+
+def scratch_second_fill(jaxpr):
+  """``jaxpr`` with every ``pl.run_scoped`` allocation filled with the second fill, for the
+  program's second run (scoped scratch is allocated inside the kernel, not passed to it)."""
+  return jaxpr_util.retrace(
+      jaxpr, lambda eqn, invals, params: jaxpr_util.rebind(eqn, invals, {**params, "second_fill": True}),
+      lambda eqn: eqn.primitive is prims.run_scoped_p)
 
 
 def filled(x, init, second: bool):
@@ -138,7 +134,10 @@ def _collect_reads(jaxpr, names, found):
         if line not in found.setdefault(name, []):
           found[name].append(line)
     for sub in jaxpr_util.sub_jaxprs(eqn.params):
-      _collect_reads(sub, checks.sub_names(eqn, sub, names), found)
+      inner = checks.sub_names(eqn, sub, names)
+      scoped = sub.invars[eqn.params["num_consts"]:] if eqn.primitive is prims.run_scoped_p else ()
+      tracked = set(names.values())
+      _collect_reads(sub, {v: n for v, n in inner.items() if n in tracked or v in scoped}, found)
 
 
 # --- at the end ----------------------------------------------------------------------------------
