@@ -1,12 +1,11 @@
 """JAX's own Pallas GPU ops (jax/experimental/pallas/ops/gpu), run on pallax by switching their
 two import lines: the compatibility check for kernels written for JAX's Triton path."""
-import os
-import sys
 import types
-import warnings
 
 import jax
 import jax.numpy as jnp
+
+import helpers
 
 IMPORTS = {
     "from jax.experimental import pallas as pl": "import pallax as pl",
@@ -15,21 +14,7 @@ IMPORTS = {
 
 
 def load(name: str) -> types.ModuleType:
-  import jax.experimental.pallas.ops.gpu as gpu_ops   # tests may read JAX's Pallas
-  path = os.path.join(os.path.dirname(gpu_ops.__file__), name + ".py")
-  src = open(path).read()
-  for old, new in IMPORTS.items():
-    assert old in src, (name, old)
-    src = src.replace(old, new)
-  mod = types.ModuleType(f"pallax_port_{name}")
-  mod.__file__ = path
-  sys.modules[mod.__name__] = mod
-  with warnings.catch_warnings():
-    # JAX deprecated these modules (pointing to tokamax); running them is the point here.
-    warnings.filterwarnings("ignore", message=r"jax\.experimental\.pallas\.ops\.gpu\.\w+ is deprecated",
-                            category=DeprecationWarning)
-    exec(compile(src, path, "exec"), mod.__dict__)
-  return mod
+  return helpers.load_jax_ops_module(name, IMPORTS, "pallax_port_")
 
 
 def _ln_ref(x, w, b, eps=1e-5):

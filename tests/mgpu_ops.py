@@ -2,9 +2,9 @@
 lines switched (and an unused import of JAX's test utilities, which need absl, dropped). Shimmed,
 because a CPU machine lacks them: the CUDA version JAX's attention checks
 and the SM count JAX's matmul reads from the device."""
-import os
-import sys
 import types
+
+import helpers
 
 IMPORTS = {
     "import jax.experimental.pallas as pl": "import pallax as pl",
@@ -25,18 +25,8 @@ class _CudaVersions:
 
 
 def load(name: str, num_sms: int = 2) -> types.ModuleType:
-  import jax.experimental.pallas.ops.gpu as gpu_ops   # tests may read JAX's Pallas
-  path = os.path.join(os.path.dirname(gpu_ops.__file__), name + ".py")
-  src = open(path).read()
-  for old, new in IMPORTS.items():
-    if old in src:
-      src = src.replace(old, new)
-  assert "jax.experimental.pallas" not in src.replace("jax.experimental.pallas.ops", ""), name
-  mod = types.ModuleType(f"pallax_mgpu_{name}")
-  mod.__file__ = path
-  mod._CUDA_VERSIONS = _CudaVersions()
-  sys.modules[mod.__name__] = mod
-  exec(compile(src, path, "exec"), mod.__dict__)
+  mod = helpers.load_jax_ops_module(name, IMPORTS, "pallax_mgpu_", strict=False,
+                                    _CUDA_VERSIONS=_CudaVersions())
   if hasattr(mod, "get_num_sms"):
     mod.get_num_sms = lambda: num_sms
   return mod

@@ -3,7 +3,6 @@ the iota trap, accumulation patterns, and parallel == sequential evaluation."""
 import inspect
 import os
 import re
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -11,23 +10,13 @@ import numpy as np
 import pytest
 
 import pallax as pl
+from helpers import rand
 
 pytestmark = pytest.mark.interpreter
 
 S = jax.ShapeDtypeStruct
 SEQUENTIAL = pl.InterpretParams(parallel=False)
 PARALLEL = pl.InterpretParams(parallel=True)
-
-
-def rand(shape, dtype=np.float32, salt=""):
-  """Fresh inputs from jax.random, keyed by the test id (one compiled draw size)."""
-  name = os.environ.get("PYTEST_CURRENT_TEST", "test").split(" ")[0]
-  key = jax.random.key(zlib.crc32((name + salt + str(shape)).encode()))
-  n = int(np.prod(shape))
-  v = np.asarray(jax.random.normal(key, (4096,), jnp.float32))[:n].reshape(shape)
-  if np.issubdtype(np.dtype(dtype), np.integer):
-    v = np.where(v >= 0, np.floor(v * 50) + 1, np.ceil(v * 50) - 1)   # never zero
-  return v.astype(dtype)
 
 
 def line_of(fn, needle):

@@ -7,6 +7,7 @@ the first line of its message.
 - Message details: no repeated kernel name, no 'barrier barrier', scratch buffers named by the
   kernel's parameters, 'pallax.KernelCheckError' in tracebacks, a Python if on a traced value.
 """
+import functools
 import inspect
 import logging
 import re
@@ -21,14 +22,12 @@ from jax import lax
 
 import pallax as pl
 import pallax.mosaic_gpu as plgpu
+import helpers
 
 pytestmark = pytest.mark.interpreter
 
 S = jax.ShapeDtypeStruct
-
-
-def rand(shape, seed=0):
-  return np.asarray(jax.random.normal(jax.random.key(seed), shape, jnp.float32) + 3.0)
+rand = functools.partial(helpers.rand, offset=3.0)   # around 3: positive
 
 
 def at(fn, needle) -> str:

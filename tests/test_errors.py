@@ -3,9 +3,7 @@
 Each error test also runs the corrected call, checked against a NumPy reference,
 so that the error is known to come from the one thing that is wrong.
 """
-import os
 import re
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -13,18 +11,9 @@ import numpy as np
 import pytest
 
 import pallax as pl
+from helpers import rand
 
 S = jax.ShapeDtypeStruct
-
-
-def rand(shape, dtype=np.float32, salt=""):
-  name = os.environ.get("PYTEST_CURRENT_TEST", "test").split(" ")[0]
-  key = jax.random.key(zlib.crc32((name + salt + str(shape)).encode()))
-  v = np.asarray(jax.random.normal(key, (1024,), jnp.float32))[:int(np.prod(shape))]
-  v = v.reshape(shape)
-  if np.issubdtype(np.dtype(dtype), np.integer):
-    v = np.where(v >= 0, np.floor(v * 50) + 1, np.ceil(v * 50) - 1)   # never zero
-  return v.astype(dtype)
 
 
 def names(*parts):
@@ -334,10 +323,14 @@ def test_program_id_axis_with_no_grid():
     pl.pallas_call(nogrid_kernel, out_shape=S((8,), jnp.int32))()
 
 
-@pytest.mark.parametrize("grid", [(0,), (2, -1), (3, 0, 2)], ids=["zero", "negative", "zero-inner"])
-def test_grid_sizes_not_positive(grid):
+@pytest.mark.parametrize("grid,words", [
+    ((0,), ("grid=(0,) runs no program", "pl.cdiv(n, block)")),
+    ((2, -1), ("grid", "positive")),
+    ((3, 0, 2), ("grid=(3, 0, 2) runs no program", "pl.cdiv(n, block)"))],
+    ids=["zero", "negative", "zero-inner"])
+def test_grid_sizes_not_positive(grid, words):
   x = rand((8,))
-  with pytest.raises(ValueError, match=names("copy_kernel", "grid", "positive")):
+  with pytest.raises(ValueError, match=names("copy_kernel", *words)):
     pl.pallas_call(copy_kernel, out_shape=S((8,), jnp.float32), grid=grid)(x)
 
 

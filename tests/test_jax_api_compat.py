@@ -19,6 +19,7 @@ import pytest
 from jax.experimental import pallas as jpl
 
 import pallax
+from helpers import rand
 
 HERE = re.escape(__file__) + r":\d+"
 BOTH = [pytest.param(jpl, id="jax"), pytest.param(pallax, id="pallax")]
@@ -27,15 +28,6 @@ BOTH = [pytest.param(jpl, id="jax"), pytest.param(pallax, id="pallax")]
 def key(salt=""):
   test = os.environ.get("PYTEST_CURRENT_TEST", "test").split(" ")[0]
   return jax.random.key(zlib.crc32((test + salt).encode()))
-
-
-def rand(shape, dtype=jnp.float32, salt=""):
-  """Fresh random values: normal floats, or integers over the dtype's range without 0."""
-  if jnp.issubdtype(dtype, jnp.floating):
-    return jax.random.normal(key(salt), shape, dtype)
-  info = jnp.iinfo(dtype)
-  v = jax.random.randint(key(salt), shape, max(info.min, -1000), min(info.max, 1000), jnp.int32)
-  return jnp.where(v == 0, 1, v).astype(dtype)
 
 
 def copy_kernel(x_ref, o_ref):

@@ -8,10 +8,11 @@
 3. Every interpreter check: a kernel that breaks the rule, the error it raises and that the
    message names the kernel's source line in this file.
 
-Inputs are random (jax.random, fixed keys); copies are compared exactly (rtol=0, atol=0), float32
+Inputs are random (helpers.rand_seeded, fixed seeds); copies are compared exactly (rtol=0, atol=0), float32
 products of bfloat16/float32 inputs with rtol=1e-5, atol=1e-5 (the interpreter accumulates in
 float32 like the reference; only the summation order may differ).
 """
+import functools
 import inspect
 import re
 
@@ -24,6 +25,7 @@ from jax import lax
 import pallax as pl
 import pallax.mosaic_gpu as plgpu
 from pallax._src.interpret.eager import KernelCheckError
+import helpers
 
 pytestmark = pytest.mark.interpreter
 
@@ -31,11 +33,8 @@ S = jax.ShapeDtypeStruct
 EXACT = dict(rtol=0, atol=0)
 F32_DOT = dict(rtol=1e-5, atol=1e-5)
 
-
-def rand(seed, shape, dtype=jnp.float32):
-  """Random normal values (never zeros), as a NumPy array of ``dtype``."""
-  x = jax.random.normal(jax.random.key(seed), shape, jnp.float32) + 3.0
-  return np.asarray(x.astype(dtype))
+# random normal values shifted to around 3 (never zero), as NumPy arrays
+rand = functools.partial(helpers.rand_seeded, offset=3.0)
 
 
 def line_of(fn, needle):

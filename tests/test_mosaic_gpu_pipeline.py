@@ -30,18 +30,13 @@ import mgpu_ops
 import pallax as pl
 import pallax.mosaic_gpu as plgpu
 from pallax._src.interpret.eager import KernelCheckError
+from helpers import rand_seeded as rand
 
 pytestmark = pytest.mark.interpreter
 
 S = jax.ShapeDtypeStruct
 UNIT_ROUNDOFF = {jnp.dtype(jnp.float32): 2.0**-24, jnp.dtype(jnp.bfloat16): 2.0**-8,
                  jnp.dtype(jnp.float16): 2.0**-11}
-
-
-def rand(seed, shape, dtype=jnp.float32):
-  """Random normal values shifted away from zero, as a JAX array of ``dtype``."""
-  x = jax.random.normal(jax.random.key(seed), shape, jnp.float32)
-  return (x + jnp.where(x < 0, -0.25, 0.25)).astype(dtype)
 
 
 def f64(x):

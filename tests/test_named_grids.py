@@ -11,9 +11,7 @@ machine the default mode runs them on Triton.
 """
 from __future__ import annotations
 
-import os
 import re
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +23,7 @@ from jax.experimental.pallas import tpu as jpltpu
 
 import pallax
 import pallax.triton as pltriton
+from helpers import rand
 
 # pallax's two modes: the default backend (the interpreter here, Triton on a GPU), and the
 # interpreter running every program in order.
@@ -34,12 +33,6 @@ PALLAX_MODES = [pytest.param(False, id="pallax-default"),
 JAX_AXIS_INTERPRET = jpltpu.InterpretParams()
 SHAPE, BLOCK = (13, 22), (5, 8)          # a 3 x 3 grid of blocks, the last row and column partial
 GRID = (("i", 3), ("j", 3))
-
-
-def rand(shape, salt=""):
-  """Fresh normal values (a key per test): never all zeros."""
-  test = os.environ.get("PYTEST_CURRENT_TEST", "test").split(" ")[0]
-  return jax.random.normal(jax.random.key(zlib.crc32((test + salt).encode())), shape, jnp.float32)
 
 
 def assert_same(out, ref):
@@ -229,7 +222,7 @@ def test_nested_vmap_under_jit(interpret):
 
 
 def test_jvp_of_a_named_grid_kernel():
-  x, t = rand(SHAPE, "x"), rand(SHAPE, "t")
+  x, t = rand(SHAPE, salt="x"), rand(SHAPE, salt="t")
   out, tangent = jax.jvp(blocked(pallax, axis_kernel, False), (x,), (t,))
   i, _ = positions()
   assert_same(out, reference(x))

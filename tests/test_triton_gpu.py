@@ -78,7 +78,7 @@ def test_failing_debug_check_stops_the_program_with_its_message():
   import subprocess
   import sys
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  script = os.path.join(root, "benchmarks", "gpu_failing_check.py")
+  script = os.path.join(root, "tests", "gpu_scripts", "failing_check.py")
   env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
   r = subprocess.run([sys.executable, script], capture_output=True, text=True, env=env, timeout=300)
   out = r.stdout + r.stderr

@@ -13,7 +13,6 @@ The suite's other kernels (JAX's GPU ops, the Mosaic GPU kernels) run with the c
 PALLAX_TEST_UNINIT=1 (conftest.py), e.g.
   PALLAX_TEST_UNINIT=1 pytest tests/test_jax_gpu_ops.py tests/test_mosaic_gpu*.py
 """
-import os
 import re
 import zlib
 
@@ -24,6 +23,7 @@ import pytest
 
 import pallax as pl
 import pallax.mosaic_gpu as plgpu
+from helpers import rand
 
 import kernel_corpus as kc
 
@@ -31,18 +31,6 @@ pytestmark = pytest.mark.interpreter
 
 S = jax.ShapeDtypeStruct
 CHECKED = pl.InterpretParams(check_uninitialized=True)
-
-
-def rand(shape, dtype=np.float32, salt=""):
-  """Fresh random values keyed by the test id, never zero (for bools: a random mix)."""
-  name = os.environ.get("PYTEST_CURRENT_TEST", "test").split(" ")[0]
-  key = jax.random.key(zlib.crc32((name + salt + str(shape)).encode()))
-  v = np.asarray(jax.random.normal(key, shape, jnp.float32))
-  if np.dtype(dtype) == np.bool_:
-    return v > 0
-  if np.issubdtype(np.dtype(dtype), np.integer):
-    v = np.where(v >= 0, np.floor(v * 50) + 1, np.ceil(v * 50) - 1)
-  return v.astype(dtype)
 
 
 def first_line(e) -> str:

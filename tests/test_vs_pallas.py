@@ -23,6 +23,7 @@ from jax.experimental import pallas as jpl
 from jax.experimental.pallas import triton as jplgpu
 
 import pallax
+from helpers import rand_seeded as rand
 
 # (name, module, interpret=) for the pallax runs; JAX Pallas always runs with interpret=True.
 PALLAX_MODES = [
@@ -61,13 +62,6 @@ def assert_same(a, b, rtol=0.0, atol=0.0):
                                equal_nan=True)
   else:
     np.testing.assert_array_equal(a, b)
-
-
-def rand(seed, shape, dtype=np.float32):
-  rng = np.random.default_rng(seed)
-  if np.issubdtype(dtype, np.integer):
-    return jnp.asarray(rng.integers(-1000, 1000, size=shape).astype(dtype))
-  return jnp.asarray(rng.standard_normal(size=shape).astype(np.float32)).astype(dtype)
 
 
 # --- 1. elementwise with partial edge blocks ------------------------------------------------

@@ -2,10 +2,10 @@
 launched differently) against JAX Pallas's kernel: GPU time per kernel from one profiler trace,
 interleaved. A research probe: it patches pallax internals.
 
-    PYTHONPATH=$PWD python3 benchmarks/probe_softmax_variants.py
+    PYTHONPATH=$PWD python3 benchmarks/probes/probe_softmax_variants.py
 """
 import dataclasses, glob, gzip, json, os, sys, time
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 import jax, jax.numpy as jnp
 import triton_vs_pallas as tvp

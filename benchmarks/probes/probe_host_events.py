@@ -1,9 +1,9 @@
 """Host-side trace events per call, pallax vs JAX Pallas softmax on a tiny input (host-bound).
 
-    PYTHONPATH=$PWD python3 benchmarks/probe_host_events.py
+    PYTHONPATH=$PWD python3 benchmarks/probes/probe_host_events.py
 """
 import glob, gzip, json, os, sys, time
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 import jax, jax.numpy as jnp
 import triton_vs_pallas as tvp

@@ -4,7 +4,7 @@ past the dV/dP wgmmas): what the barriers around Gluon 3.6's ``mbarrier.arrive``
 pallax already reads delta before releasing dO (``gluon/order.py``). A research
 probe for issue 11; the variant is not something pallax does.
 
-On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/probe_attention_bwd_order.py``.
+On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/probes/probe_attention_bwd_order.py``.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 

@@ -1,5 +1,5 @@
 """Where a training step through ``as_torch_kernel`` spends its wall time, on the GPU machine:
-``PYTHONPATH=$PWD python3 benchmarks/probe_torch_backward.py``.
+``PYTHONPATH=$PWD python3 benchmarks/probes/probe_torch_backward.py``.
 
 For JAX's layer_norm (4x1024x4096 f32) called from torch: back-to-back wall time per call of the
 plain forward program, the differentiable forward, the backward program alone, and the whole
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 

@@ -3,7 +3,7 @@
 this power-bound shape moves with the order. With ``--once`` it runs each kernel twice and
 stops, for Nsight Compute. A research probe for issue 11.
 
-On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/probe_matmul_order.py [--once]``.
+On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/probes/probe_matmul_order.py [--once]``.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 

@@ -4,7 +4,7 @@ interleaved (100 calls, then one wait), then the same calls under a light profil
 Python tracer) for the host time of XLA's thunk and of the launch inside it. A research probe
 for issue 13.
 
-    PYTHONPATH=$PWD python3 benchmarks/probe_launch_factors.py
+    PYTHONPATH=$PWD python3 benchmarks/probes/probe_launch_factors.py
 """
 import glob
 import gzip
@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 

@@ -3,7 +3,7 @@ Nsight Compute to compare the dq / dkv kernels side by side.
 
 On the GPU machine:
 ``ncu --clock-control none -k regex:"kernel_d|anonymous" --section WarpStateStats ...
-python3 benchmarks/probe_attention_bwd_ncu.py``.
+python3 benchmarks/probes/probe_attention_bwd_ncu.py``.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import attention_mgpu as attn_bench  # noqa: E402
 

@@ -1,7 +1,7 @@
 """The optimized HLO that XLA runs for one of JAX's GPU ops on pallax and on JAX Pallas, side by
 side: where a call's host time could go besides the kernel (extra ops, copies, buffers).
 
-On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/probe_hlo_diff.py [OUT_DIR]``.
+On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/probes/probe_hlo_diff.py [OUT_DIR]``.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 
 import jax
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import jax_gpu_ops  # noqa: E402  (loads an op with pallax's imports)

@@ -3,10 +3,10 @@ an XLA-internal custom call) instead of jaxlib's ``triton_kernel_call_ffi``, and
 clock per call (which includes launch overheads) with JAX Pallas. Simple kernels only (no
 scratch outputs, no aliasing). A research probe: it patches pallax internals.
 
-    PYTHONPATH=$PWD python3 benchmarks/probe_xla_ptx_launch.py
+    PYTHONPATH=$PWD python3 benchmarks/probes/probe_xla_ptx_launch.py
 """
 import os, sys, time
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax, jax.numpy as jnp
 import triton_vs_pallas as tvp
 import pallax, pallax.triton as plt_

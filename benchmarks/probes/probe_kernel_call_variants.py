@@ -5,7 +5,7 @@ operands), and with a 1-byte constant as the spare operand; against JAX Pallas a
 one process, interleaved. Also prints the size of each side's thunk annotation in a profiler
 trace. A research probe for issue 13: it patches pallax's launch module.
 
-    PYTHONPATH=$PWD python3 benchmarks/probe_kernel_call_variants.py [--gpu-time]
+    PYTHONPATH=$PWD python3 benchmarks/probes/probe_kernel_call_variants.py [--gpu-time]
 
 With ``--gpu-time``: the kernel time of the PTX and cubin forms of layer_norm and rms_norm at
 4x1024x4096 instead.
@@ -19,7 +19,7 @@ import re
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))

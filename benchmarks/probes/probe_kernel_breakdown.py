@@ -1,7 +1,7 @@
 """Where the GPU time of JAX's attention_mgpu forward + backward goes, kernel by kernel, on pallax
 (Gluon) and on JAX's Mosaic GPU: the device operations of a profiler trace, grouped by name.
 
-On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/probe_kernel_breakdown.py``.
+On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/probes/probe_kernel_breakdown.py``.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import tempfile
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import attention_mgpu as attn_bench  # noqa: E402
 

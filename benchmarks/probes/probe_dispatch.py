@@ -4,13 +4,13 @@ queued without waiting; the kernels take ~1.5 µs, less than the dispatch), back
 (10 calls, then a wait), and what the compiled executable holds (parameters, results, temp
 bytes). Writes each side's optimized HLO to ``$OUT``. A research probe for issue 13.
 
-    PYTHONPATH=$PWD python3 benchmarks/probe_dispatch.py
+    PYTHONPATH=$PWD python3 benchmarks/probes/probe_dispatch.py
 """
 import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))

@@ -2,10 +2,10 @@
 legacy custom call (no FFI stages) instead costs on the host, against JAX Pallas. A research
 probe: it patches jax.ffi.ffi_lowering.
 
-    PYTHONPATH=$PWD python3 benchmarks/probe_launch_paths.py
+    PYTHONPATH=$PWD python3 benchmarks/probes/probe_launch_paths.py
 """
 import os, sys, time
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 import jax, jax.numpy as jnp
 from jax._src.interpreters import mlir

@@ -6,10 +6,10 @@ opaque as pallax builds it and with a lean one (no TTIR, which jaxlib never read
 without debug lines), on a tiny input (host-bound) and on the benchmark's input. A research probe:
 it patches pallax internals.
 
-    PYTHONPATH=$PWD python3 benchmarks/probe_launch_overhead.py
+    PYTHONPATH=$PWD python3 benchmarks/probes/probe_launch_overhead.py
 """
 import dataclasses, os, sys, time, zlib
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax, jax.numpy as jnp
 import triton_vs_pallas as tvp
 import pallax, pallax.triton as plt_

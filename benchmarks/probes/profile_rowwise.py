@@ -2,7 +2,7 @@
 calls each in a fixed order, for a profiler to compare their kernels:
 
     ncu --clock-control none --metrics gpu__time_duration.sum,launch__registers_per_thread \
-        -k regex:kernel python3 benchmarks/profile_rowwise.py
+        -k regex:kernel python3 benchmarks/probes/profile_rowwise.py
 """
 import os
 import sys
@@ -10,7 +10,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton_vs_pallas as tvp  # noqa: E402
 
 

@@ -3,7 +3,7 @@ trivial kernel and some of ``jax_ops.py``'s cases: the host-side trace events pe
 thunks, the launch) and the device operations per call (count, names, busy time).
 Writes each side's optimized HLO to ``$OUT`` (thunks, command buffers, copies). A research probe.
 
-    PYTHONPATH=$PWD python3 benchmarks/probe_launch_breakdown.py [label substrings, ...]
+    PYTHONPATH=$PWD python3 benchmarks/probes/probe_launch_breakdown.py [label substrings, ...]
 """
 import glob
 import gzip
@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
