@@ -13,7 +13,7 @@ same inputs (``benchmarks/probe_math_xla.py``, on an H200):
   XLA's are (its ``sqrt`` is not the correctly rounded ``sqrt.rn``).
 Where XLA computes a function its own way (``tanh``, ``erf``, ``pow``, the inverse trigonometric
 and hyperbolic functions but ``atanh``, ``cbrt``), libdevice's, as JAX Pallas's Triton lowering
-does: a few ulps from XLA (``NOT_XLA_EXACT``).
+does: a few ulps from XLA (``tests/test_math_gpu.py`` measures how far).
 
 Approximate (``approx_math=True`` in ``pallax.triton.CompilerParams`` or ``plgpu.CompilerParams``):
 float32 ``exp``, ``exp2``, ``log``, ``log2``, ``sin``, ``cos``, ``tanh`` and ``logistic`` become the
@@ -65,19 +65,12 @@ APPROX_F32 = {
     lax.sin_p: Fn(ptx="sin.approx.f32"), lax.cos_p: Fn(ptx="cos.approx.f32"),
     lax.tanh_p: Fn(ptx="tanh.approx.f32"),
 }
-PRIMITIVES = tuple(EXACT) + (lax.logistic_p,)
 
-# float32 functions whose exact-mode results are not XLA's bits on an H200 (measured: at most
-# this many ulps apart on random inputs of their domains; docs/triton.md).
-NOT_XLA_EXACT = {lax.tanh_p: 5, lax.erf_p: 5, lax.erfc_p: 64, lax.pow_p: 4, lax.cbrt_p: 1,
-                 lax.asin_p: 3, lax.acos_p: 2, lax.atan_p: 2, lax.atan2_p: 2, lax.asinh_p: 2,
-                 lax.acosh_p: 2}
-
-
-def choose(prim, dtype, approx: bool) -> Fn:
-  """The function computing ``prim`` on ``dtype`` operands (float32 or float64)."""
+def choose(prim, dtype, approx: bool, compute_capability: int = 90) -> Fn:
+  """The function computing ``prim`` on ``dtype`` operands (float32 or float64) for a GPU of
+  ``compute_capability`` (``tanh.approx`` needs 7.5)."""
   if np.dtype(dtype) == np.float32:
-    if approx and prim in APPROX_F32:
+    if approx and prim in APPROX_F32 and (prim is not lax.tanh_p or compute_capability >= 75):
       return APPROX_F32[prim]
     if prim in EXACT_F32:
       return EXACT_F32[prim]

@@ -97,7 +97,7 @@ _ROUNDING = {lax.floor_p: "tl.floor", lax.ceil_p: "tl.ceil"}
 
 def _math_rule(p):
   def lower(ctx, *xs, **_):
-    fn = math_functions.choose(p, xs[0].dtype, ctx.gen.approx_math)
+    fn = math_functions.choose(p, xs[0].dtype, ctx.gen.approx_math, ctx.gen.compute_capability)
     ctx.gen.math_calls.append((p.name, fn))
     return math_functions.render(fn, list(xs), ctx.out, "libdevice", "tl")
   return lower
