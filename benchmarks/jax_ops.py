@@ -230,7 +230,8 @@ def main():
   dev = jax.devices()[0]
   lines = ["# JAX's Pallas GPU ops: pallax against JAX Pallas", "",
            f"Device: {dev.device_kind}; {datetime.date.today()}; jax {jax.__version__}. "
-           f"Command: `PYTHONPATH=$PWD python3 benchmarks/jax_ops.py{' --small' if opts.small else ''}`.",
+           f"Command: `PYTHONPATH=$PWD python3 benchmarks/jax_ops.py{' --small' if opts.small else ''}"
+           f" --rounds {opts.rounds}`.",
            "", "## Launch cost: back-to-back wall time per call (100 calls, then one wait)", ""]
   lines += launch_cost(opts.rounds)
   lines += ["", "## The ops", "",

@@ -353,7 +353,7 @@ def main():
   # the table
   lines = ["# pallax (Triton) vs JAX Pallas (Triton) vs XLA", "",
            f"device: {dev.device_kind}; date: {datetime.date.today()}; jax {jax.__version__}; "
-           "time per call = median over 15 interleaved rounds of (10 back-to-back calls) / 10, "
+           f"time per call = median over {opts.rounds} interleaved rounds of (10 back-to-back calls) / 10, "
            "wall clock to block_until_ready; p10-p90 of the rounds in the log. Device time per call: "
            "GPU operations' summed durations from a profiler trace (7 interleaved rounds of 10 calls), "
            "which leaves out host dispatch. pallax: its default math (XLA's functions); pallax "
