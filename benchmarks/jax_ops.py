@@ -8,8 +8,11 @@ and the largest elementwise difference between the two sides); then the back-to-
 per call (``n`` calls, then one wait) and the GPU time per call (profiler trace) of both. pallax
 runs twice: through XLA's own kernel launch (the default) and through jaxlib's Triton call
 (``PALLAX_TRITON_LAUNCH=ffi``, the launch path before issue 13), so the launch cost shows before
-and after in the same process. First, the trivial kernel's launch cost against JAX Pallas and
-plain XLA, alone and as three kernels with XLA ops between them in one ``jit``.
+and after in the same process; and once more with ``approx_math=True`` in every kernel's
+``CompilerParams`` (the GPU's fast math approximations; the default is XLA's functions), which
+the ops' sources cannot ask for: their ``plgpu.CompilerParams`` is switched for this run. First,
+the trivial kernel's launch cost against JAX Pallas and plain XLA, alone and as three kernels with
+XLA ops between them in one ``jit``.
 """
 from __future__ import annotations
 
@@ -167,6 +170,19 @@ def _paged_reference(m, args):
   return lambda *_: m.paged_attention_reference(q, per_sequence(k_pages), per_sequence(v_pages), lengths)
 
 
+def _approx(module):
+  """``module`` (an op loaded with pallax's imports) with its kernels compiled with
+  ``approx_math=True``: its ``plgpu`` global becomes ``pallax.triton`` with that default."""
+  import functools
+  import types
+
+  import pallax.triton as plt_
+  ns = types.SimpleNamespace(**{k: getattr(plt_, k) for k in dir(plt_) if not k.startswith("_")})
+  ns.CompilerParams = functools.partial(plt_.CompilerParams, approx_math=True)
+  module.plgpu = ns
+  return module
+
+
 def _flat(tree) -> np.ndarray:
   return np.concatenate([np.asarray(x, np.float32).ravel() for x in jax.tree.leaves(tree)])
 
@@ -178,6 +194,8 @@ def run_op(label, op, make, args, ref, rounds) -> str:
   want = _flat(ref(jm)(*args))
   fns, outs = {}, {}
   for name, make_fn in (("pallax", lambda: _jit_with_launch(make(pm), "xla", args)),
+                        ("pallax_approx",
+                         lambda: _jit_with_launch(make(_approx(jax_gpu_ops.load(op))), "xla", args)),
                         ("pallax_ffi", lambda: _jit_with_launch(make(pm), "ffi", args)),
                         ("jax_pallas", lambda: jax.jit(make(jm)))):
     try:
@@ -192,9 +210,12 @@ def run_op(label, op, make, args, ref, rounds) -> str:
   wall = {k: v[0] * 1e6 for k, v in tvp.time_calls(fns, args, n=10, rounds=rounds).items()}
   gpu = {k: v * 1e6 for k, v in tvp.device_times(fns, args, n=10, rounds=max(3, rounds // 2)).items()}
   g = lambda d, k: d.get(k, float("nan"))  # noqa: E731
-  return (f"| {label} | {g(err, 'pallax'):.1e} / {g(err, 'jax_pallas'):.1e} | {diff:.1e} | "
-          f"{g(gpu, 'pallax'):.1f} | {g(gpu, 'jax_pallas'):.1f} | "
-          f"{g(gpu, 'jax_pallas') / g(gpu, 'pallax'):.3f}x | {g(wall, 'pallax'):.1f} | "
+  return (f"| {label} | {g(err, 'pallax'):.1e} / {g(err, 'pallax_approx'):.1e} / "
+          f"{g(err, 'jax_pallas'):.1e} | {diff:.1e} | {g(gpu, 'pallax'):.1f} | "
+          f"{g(gpu, 'pallax_approx'):.1f} | {g(gpu, 'jax_pallas'):.1f} | "
+          f"{g(gpu, 'jax_pallas') / g(gpu, 'pallax'):.3f}x | "
+          f"{g(gpu, 'jax_pallas') / g(gpu, 'pallax_approx'):.3f}x | "
+          f"{g(gpu, 'pallax') / g(gpu, 'pallax_approx'):.3f}x | {g(wall, 'pallax'):.1f} | "
           f"{g(wall, 'pallax_ffi'):.1f} | {g(wall, 'jax_pallas'):.1f} | "
           f"{g(wall, 'jax_pallas') / g(wall, 'pallax'):.3f}x |")
 
@@ -209,17 +230,21 @@ def main():
   dev = jax.devices()[0]
   lines = ["# JAX's Pallas GPU ops: pallax against JAX Pallas", "",
            f"Device: {dev.device_kind}; {datetime.date.today()}; jax {jax.__version__}. "
-           f"Command: `PYTHONPATH=$PWD python3 benchmarks/jax_ops.py{' --small' if opts.small else ''}`.",
+           f"Command: `PYTHONPATH=$PWD python3 benchmarks/jax_ops.py{' --small' if opts.small else ''}"
+           f" --rounds {opts.rounds}`.",
            "", "## Launch cost: back-to-back wall time per call (100 calls, then one wait)", ""]
   lines += launch_cost(opts.rounds)
   lines += ["", "## The ops", "",
-            "Errors: relative to the op's own reference (pallax / JAX Pallas); max |diff|: largest "
-            "elementwise difference between the two sides. GPU: kernel time per call from a "
-            "profiler trace. Wall: back-to-back, 10 calls then one wait. Speed = JAX Pallas time / "
-            "pallax time (>1: pallax faster).", "",
-            "| op | rel. error | max \\|diff\\| | pallax GPU µs | JAX Pallas GPU µs | GPU speed | "
-            "pallax wall µs | pallax (FFI launch) wall µs | JAX Pallas wall µs | wall speed |",
-            "|" + " --- |" * 10]
+            "Errors: relative to the op's own reference (pallax / pallax approx / JAX Pallas); max "
+            "|diff|: largest elementwise difference between pallax (default math) and JAX Pallas. "
+            "GPU: kernel time per call from a profiler trace. Wall: back-to-back, 10 calls then "
+            "one wait. Speed = JAX Pallas time / pallax time (>1: pallax faster). pallax: its "
+            "default math (XLA's functions); approx: approx_math=True (the GPU's fast "
+            "approximations); approx speed-up: pallax GPU time / approx GPU time.", "",
+            "| op | rel. error | max \\|diff\\| | pallax GPU µs | pallax approx GPU µs | JAX Pallas "
+            "GPU µs | GPU speed | approx GPU speed | approx speed-up | pallax wall µs | "
+            "pallax (FFI launch) wall µs | JAX Pallas wall µs | wall speed |",
+            "|" + " --- |" * 13]
   only = [s for s in opts.only.split(",") if s]
   for case in cases(opts.small, jax.random.key(int(time.time()))):
     if only and not any(s in case[0] for s in only):

@@ -5,6 +5,9 @@ Run on the GPU machine:
 is the earlier package (for example ``git archive <commit> pallax | tar -x -C DIR``). The earlier
 package is copied under the name ``pallax_previous`` so that both import side by side; JAX Pallas
 runs too, as a control for drift. The kernels and timing are those of ``triton_vs_pallas.py``.
+The new version runs in both math modes: its default (XLA's functions, ``new``) and
+``approx_math=True`` (``new approx``, the GPU's fast approximations; the previous version's
+only mode was close to it before 57b5c80). Run it for every change to generated code.
 """
 from __future__ import annotations
 
@@ -69,11 +72,14 @@ def main():
   ap.add_argument("--small", action="store_true")
   ap.add_argument("--out", default="")
   opts = ap.parse_args()
+  import functools
+
   import pallax
   import pallax.triton
   prev = import_previous(opts.previous)
   from jax.experimental.pallas import triton as jplt
   impls = {"new": (pallax, pallax.triton.CompilerParams),
+           "new_approx": (pallax, functools.partial(pallax.triton.CompilerParams, approx_math=True)),
            "previous": (prev, prev.triton.CompilerParams),
            "jax_pallas": (tvp.jax_pallas(), jplt.CompilerParams)}
   key = iter(jax.random.split(jax.random.key(7), 64))
@@ -81,9 +87,10 @@ def main():
            f"device: {jax.devices()[0].device_kind}; date: {datetime.date.today()}; wall: median of "
            f"{opts.rounds} interleaved rounds of 10 back-to-back calls; device: summed GPU time per "
            "call from a profiler trace (7 interleaved rounds). Ratios > 1: the new version is faster.",
-           "", "| kernel | new / previous / JAX Pallas wall ms | previous / new wall | "
-           "new / previous / JAX Pallas device ms | previous / new device | same result |",
-           "| --- | --- | --- | --- | --- | --- |"]
+           "", "| kernel | new / new approx / previous / JAX Pallas wall ms | previous / new wall | "
+           "new / new approx / previous / JAX Pallas device ms | previous / new device | "
+           "previous / new approx device | same result (new, new approx: rel. diff from previous) |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
   for name, make, args in _cases(opts.small, key):
     fns, outs = {}, {}
     for k, (P, T) in impls.items():
@@ -93,13 +100,14 @@ def main():
         fns[k] = f
       except Exception as e:  # noqa: BLE001  (JAX Pallas fails on the notebook's blocks)
         print(f"{name}: {k} failed: {str(e).splitlines()[0][:120]}", flush=True)
-    same = tvp.rel_err(outs["new"], outs["previous"])
+    same = [tvp.rel_err(outs[k], outs["previous"]) for k in ("new", "new_approx")]
     wall = tvp.time_calls(fns, args, rounds=opts.rounds)
     dev = tvp.device_times(fns, args)
     w = [wall[k][0] * 1e3 if k in wall else float("nan") for k in impls]
     d = [dev[k] * 1e3 if k in dev else float("nan") for k in impls]
-    row = (f"| {name} | {w[0]:.3f} / {w[1]:.3f} / {w[2]:.3f} | {w[1] / w[0]:.3f}x | "
-           f"{d[0]:.3f} / {d[1]:.3f} / {d[2]:.3f} | {d[1] / d[0]:.3f}x | rel. diff {same:.1e} |")
+    row = (f"| {name} | {w[0]:.3f} / {w[1]:.3f} / {w[2]:.3f} / {w[3]:.3f} | {w[2] / w[0]:.3f}x | "
+           f"{d[0]:.3f} / {d[1]:.3f} / {d[2]:.3f} / {d[3]:.3f} | {d[2] / d[0]:.3f}x | "
+           f"{d[2] / d[1]:.3f}x | {same[0]:.1e}, {same[1]:.1e} |")
     print(row, flush=True)
     lines.append(row)
   tvp.write_table(lines, opts.out)

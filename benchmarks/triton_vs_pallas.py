@@ -2,7 +2,9 @@
 
 Run on the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/triton_vs_pallas.py``.
 Each kernel is written once as a function of the Pallas module ``P`` and its Triton
-compiler-params class ``TP``; XLA (cuBLAS/cuDNN) is the ceiling. Time per call: the median
+compiler-params class ``TP``; XLA (cuBLAS/cuDNN) is the ceiling. Kernels with float math run on
+pallax twice: with its default math (XLA's functions, ``pallax``) and with
+``approx_math=True`` (the GPU's fast approximations, ``pallax_approx``). Time per call: the median
 over repeats of (wall time of ``n`` back-to-back calls) / n, after a warm-up, and the GPU's own
 time per call from a profiler trace; inputs are fresh random data; every result is checked
 against a float32 reference first.
@@ -267,11 +269,14 @@ def main():
   ap.add_argument("--small", action="store_true", help="small sizes (a quick check)")
   opts = ap.parse_args()
 
+  import functools
+
   import pallax
   import pallax.triton as plt_
   from jax.experimental.pallas import triton as jplt
 
   JP = jax_pallas()
+  approx = functools.partial(plt_.CompilerParams, approx_math=True)
 
   small = opts.small
   key = iter(jax.random.split(jax.random.key(int(time.time())), 64))
@@ -317,6 +322,7 @@ def main():
     fl = 4 * heads * seq * seq * d * (0.5 if causal else 1.0)
     bench(f"flash attention b1 s{seq} h{heads} d{d}{' causal' if causal else ''}", fl, 4 * heads * seq * d * 2,
           {"pallax": lambda a, b, c, cz=causal: flash_attention(pallax, plt_.CompilerParams, a, b, c, cz),
+           "pallax_approx": lambda a, b, c, cz=causal: flash_attention(pallax, approx, a, b, c, cz),
            "jax_pallas": lambda a, b, c, cz=causal: flash_attention(JP, jplt.CompilerParams, a, b, c, cz),
            "xla": lambda a, b, c, cz=causal: xla_attention(a, b, c, cz)}, (q, k, v), ref, 2e-2)
   # row-wise
@@ -326,10 +332,12 @@ def main():
   b = jax.random.normal(next(key), (1, c), jnp.float32)
   bench(f"layer norm f32 {r}x{c}", 8 * r * c, 2 * r * c * 4,
         {"pallax": lambda a, ww, bb: layer_norm(pallax, plt_.CompilerParams, a, ww, bb),
+         "pallax_approx": lambda a, ww, bb: layer_norm(pallax, approx, a, ww, bb),
          "jax_pallas": lambda a, ww, bb: layer_norm(JP, jplt.CompilerParams, a, ww, bb),
          "xla": lambda a, ww, bb: ref_layer_norm(a, ww, bb)}, (x, w, b), ref_layer_norm(x, w, b), 1e-5)
   bench(f"softmax f32 {r}x{c}", 5 * r * c, 2 * r * c * 4,
         {"pallax": lambda a: softmax(pallax, plt_.CompilerParams, a),
+         "pallax_approx": lambda a: softmax(pallax, approx, a),
          "jax_pallas": lambda a: softmax(JP, jplt.CompilerParams, a),
          "xla": lambda a: jax.nn.softmax(a, axis=1)}, (x,), jax.nn.softmax(x, axis=1), 1e-5)
 
@@ -345,12 +353,15 @@ def main():
   # the table
   lines = ["# pallax (Triton) vs JAX Pallas (Triton) vs XLA", "",
            f"device: {dev.device_kind}; date: {datetime.date.today()}; jax {jax.__version__}; "
-           "time per call = median over 15 interleaved rounds of (10 back-to-back calls) / 10, "
+           f"time per call = median over {opts.rounds} interleaved rounds of (10 back-to-back calls) / 10, "
            "wall clock to block_until_ready; p10-p90 of the rounds in the log. Device time per call: "
            "GPU operations' summed durations from a profiler trace (7 interleaved rounds of 10 calls), "
-           "which leaves out host dispatch", "",
-           "| kernel | pallax ms | JAX Pallas ms | XLA ms | pallax / JAX Pallas speed | device time: pallax / JAX Pallas ms | device speed | pallax rate | JAX Pallas rate | XLA rate |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "which leaves out host dispatch. pallax: its default math (XLA's functions); pallax "
+           "approx: approx_math=True (the GPU's fast approximations), for kernels with float math", "",
+           "| kernel | pallax ms | pallax approx ms | JAX Pallas ms | XLA ms | pallax / JAX Pallas speed | "
+           "device time: pallax / pallax approx / JAX Pallas ms | device speed (pallax, approx / JAX "
+           "Pallas) | approx / exact device speed | pallax rate | JAX Pallas rate | XLA rate |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for name, fl, nb, res, dev_t in rows:
     def rate(impl):
       med, err, ok, msg = res.get(impl, (float("nan"),) * 2 + (False, ""))
@@ -366,9 +377,11 @@ def main():
     both = res["pallax"][2] and res["jax_pallas"][2]
     ratio = f"{jm / pm:.2f}x" if both else "n/a"
     pd, jd = dev_t.get("pallax", float("nan")), dev_t.get("jax_pallas", float("nan"))
-    dev = f"{pd * 1e3:.3f} / {jd * 1e3:.3f}" if both else "n/a"
-    dev_ratio = f"{jd / pd:.3f}x" if both else "n/a"
-    lines.append(f"| {name} | {ms('pallax')} | {ms('jax_pallas')} | {ms('xla')} | {ratio} | {dev} | {dev_ratio} | "
+    ad = dev_t.get("pallax_approx", float("nan")) if res.get("pallax_approx", (0, 0, False))[2] else float("nan")
+    dev = f"{pd * 1e3:.3f} / {ad * 1e3:.3f} / {jd * 1e3:.3f}" if both else "n/a"
+    dev_ratio = f"{jd / pd:.3f}x, {jd / ad:.3f}x" if both else "n/a"
+    lines.append(f"| {name} | {ms('pallax')} | {ms('pallax_approx') if 'pallax_approx' in res else '-'} | "
+                 f"{ms('jax_pallas')} | {ms('xla')} | {ratio} | {dev} | {dev_ratio} | {pd / ad:.3f}x | "
                  f"{rate('pallax')} | {rate('jax_pallas')} | {rate('xla')} |")
   write_table(lines, opts.out)
 

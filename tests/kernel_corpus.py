@@ -982,7 +982,7 @@ def _(interpret):
       interpret=interpret)(x, w))
 
 
-# --- exp on the GPU: a corrected ex2.approx.ftz (denormal results flush to 0) -------------------
+# --- exp and exp2 on the GPU: XLA's functions (libdevice's expf; exp2 as exp(x ln 2)) -----------
 
 def _exp_kernel(x_ref, o_ref):
   x = x_ref[...]

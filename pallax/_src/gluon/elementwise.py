@@ -11,6 +11,7 @@ from pallax._src import primitives as prims
 from pallax._src.gluon.values import common_layout, dtype_token, i32, masked, slice_layout
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
+from pallax._src.gpu import math_functions
 from pallax._src.gpu.expr import binary, call, method
 
 _BINARY = {lax.add_p: "+", lax.sub_p: "-", lax.mul_p: "*", lax.and_p: "&", lax.or_p: "|",
@@ -108,8 +109,7 @@ rule(lax.reduce_max_p)(_reduce_rule("gl.max", "max"))
 rule(lax.reduce_min_p)(_reduce_rule("gl.min", "min"))
 rule(lax.reduce_sum_p)(_reduce_rule("gl.sum", "sum"))
 
-_UNARY = {lax.exp_p: "gl.exp", lax.exp2_p: "gl.exp2", lax.log_p: "gl.log", lax.sqrt_p: "gl.sqrt",
-          lax.rsqrt_p: "gl.rsqrt", lax.abs_p: "gl.abs"}
+_UNARY = {lax.abs_p: "gl.abs", lax.floor_p: "gl.floor", lax.ceil_p: "gl.ceil"}
 
 
 def _unary_rule(fn):
@@ -118,6 +118,35 @@ def _unary_rule(fn):
 
 for _p, _fn in _UNARY.items():
   rule(_p)(_unary_rule(_fn))
+
+
+# Float math: the Triton backend's choices (gpu/math_functions.py), XLA's functions unless the
+# kernel's plgpu.CompilerParams(approx_math=True) asks for the GPU's fast approximations.
+_LIBDEVICE = "gl.extra.libdevice"
+
+
+def _approx(ctx) -> bool:
+  return bool(getattr(ctx.gen, "approx_math", False))   # set from the kernel's CompilerParams
+
+
+def _math_rule(p):
+  def lower(ctx, *xs, **_):
+    gen = ctx.gen
+    xs, layout = common_layout(gen, *xs) if len(xs) > 1 else (xs, gen.layout_of(xs[0]))
+    fn = math_functions.choose(p, xs[0].dtype, _approx(ctx))
+    return gen.value(math_functions.render(fn, list(xs), ctx.out, _LIBDEVICE, "gl"), layout)
+  return lower
+
+
+for _p in math_functions.EXACT:
+  rule(_p)(_math_rule(_p))
+
+
+@rule(lax.logistic_p)
+def _logistic(ctx, x, **_):
+  fn = math_functions.choose(lax.exp_p, x.dtype, _approx(ctx))
+  return ctx.gen.value(math_functions.logistic(x, ctx.out, fn, _LIBDEVICE, "gl"),
+                       ctx.gen.layout_of(x))
 
 
 @rule(prims.hint_p)

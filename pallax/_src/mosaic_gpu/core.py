@@ -52,6 +52,9 @@ class CopyPartition:
 class CompilerParams(pc.CompilerParams):
   """Mosaic GPU compiler parameters (``plgpu.CompilerParams``); the same fields as JAX's."""
   BACKEND = "mosaic_gpu"
+  # True: float32 exp, exp2, log, log2, sin, cos, tanh and logistic use the GPU's fast approximate
+  # instructions, as in JAX; False: XLA's functions, bit for bit (docs/triton.md, "Float math").
+  # The interpreter computes lax's functions either way.
   approx_math: bool = False
   dimension_semantics: Sequence[str] | None = None
   max_concurrent_steps: int = 1

@@ -51,25 +51,6 @@ def _mul(a, b):
 
 
 @triton.jit
-def _exp2(x):
-    # The GPU's ex2 without the fix-up for denormal results (which are flushed to 0): 7% faster
-    # flash attention on an H100. Its accuracy is otherwise that of tl.exp2.
-    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
-                                     is_pure=True, pack=1)
-
-
-@triton.jit
-def _exp(x):
-    # exp(x) as 2**t with t = x*log2(e) rounded, corrected by the product's rounding error e:
-    # 2**(t+e) ~ 2**t * (1 + e*ln 2). The product alone loses about |x| ulps (64 near x = 88).
-    t = x * 1.4426950216293335
-    e = tl.fma(x, 1.4426950216293335, -t) + x * 1.925963033500011e-08
-    r = _exp2(t)
-    c = tl.fma(r, e * 0.6931471824645996, r)
-    return tl.where(c == c, c, r)   # infinite x or result: 2**t as it is (NaN stays NaN)
-
-
-@triton.jit
 def _max(a, b):
     # .to: Triton computes bf16 maxima in f32, and a reduction's combine must keep its type
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL).to(a.dtype)
@@ -96,6 +77,7 @@ class KernelSource:
   hidden: tuple = ()
   accesses: tuple = ()   # every load and store with its mask (writer.Access), for tests
   constants: tuple = ()  # constant arrays the kernel reads: operands after the call's own
+  math: tuple = ()       # (primitive name, math_functions.Fn) of each math call, for tests
 
 
 # Values beyond this many elements spill out of a program's registers (ptxas then takes
@@ -144,6 +126,7 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
   params, plan = prepare(params, compute_capability)
   gm, jaxpr = params.grid_mapping, params.jaxpr
   gen = Writer(params.name, compute_capability, memory.load_constant)
+  gen.approx_math = bool(_option(params.compiler_params, "approx_math", False))
   ptrs = _pointers(gen, params)
   par, seq = plan.launch.parallel, plan.launch.sequential
   gen.emit(f"# grid {gm.grid}: axes {par} run as parallel programs"
@@ -176,7 +159,8 @@ def _source(gen, params, ptrs, launch: int) -> KernelSource:
   source = PROLOGUE + "\n\n" + header + "\n" + "\n".join(gen.lines) + "\n    pass\n"
   hidden = tuple((shape, dtype, zeroed) for _, shape, dtype, zeroed in gen.hidden)
   return KernelSource(name, source, signature, (launch, 1, 1), warps, stages, gen.has_checks,
-                      chosen, hidden, tuple(gen.accesses), tuple(a for _, a in gen.constants))
+                      chosen, hidden, tuple(gen.accesses), tuple(a for _, a in gen.constants),
+                      tuple(gen.math_calls))
 
 
 def _pointers(gen, params) -> list[ex.Name]:
@@ -254,14 +238,19 @@ def _operand_refs(gen, params, plan, ids, ptrs) -> list:
   return refs
 
 
+def _option(cp, name: str, default):
+  """A field of the kernel's compiler parameters: ``pallax.triton.CompilerParams``, or JAX's
+  dict form (``{"triton": {...}}`` or the bare fields, frozen to a tuple of pairs)."""
+  if isinstance(cp, tuple):
+    d = dict(cp)
+    d = dict(d.get("triton", ())) if "triton" in d else d
+    return d.get(name, default)
+  return getattr(cp, name, default)
+
+
 def _default_warps_stages(params, gen) -> tuple[int, int, bool]:
   cp = params.compiler_params
-  warps = getattr(cp, "num_warps", None)
-  stages = getattr(cp, "num_stages", None)
-  if isinstance(cp, tuple):   # the {"triton": {...}} dict form, frozen
-    d = dict(cp)
-    t = dict(d.get("triton", ())) if "triton" in d else d
-    warps, stages = t.get("num_warps", warps), t.get("num_stages", stages)
+  warps, stages = _option(cp, "num_warps", None), _option(cp, "num_stages", None)
   chosen = stages is not None
   if warps is None:
     warps = max(1, min(8, ex.pow2(gen.max_numel // 256)))

@@ -38,6 +38,10 @@ class Compiled:
 
 _memory: dict[str, Compiled] = {}
 
+# Triton options every kernel compiles with. libdevice's functions keep denormal operands and
+# results, as XLA's do (Triton's default flushes them to zero in libdevice: sin(1e-40) = 0).
+_OPTIONS = {"enable_reflect_ftz": False}
+
 
 def cache_dir() -> str:
   return os.environ.get("PALLAX_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pallax"))
@@ -55,7 +59,7 @@ def _key(ks: KernelSource, cc: int) -> str:
   import triton
   h = hashlib.sha256()
   for part in (ks.source, json.dumps(ks.signature, sort_keys=True), str(cc), str(ks.num_warps),
-               str(ks.num_stages), str(ks.debug), triton.__version__):
+               str(ks.num_stages), str(ks.debug), triton.__version__, json.dumps(_OPTIONS)):
     h.update(part.encode())
     h.update(b"\0")
   return h.hexdigest()[:32]
@@ -134,7 +138,7 @@ def _triton_compile(ks: KernelSource, cc: int, entry: str):
   # XLA's buffers are 16-byte aligned: tell Triton, so that it can vectorize accesses.
   attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(ks.signature))}
   src = ASTSource(fn, dict(ks.signature), {}, attrs)
-  opts = {"num_warps": ks.num_warps, "num_stages": ks.num_stages, "debug": ks.debug}
+  opts = {"num_warps": ks.num_warps, "num_stages": ks.num_stages, "debug": ks.debug, **_OPTIONS}
   return triton.compile(src, target=GPUTarget("cuda", cc, 32), options=opts)
 
 

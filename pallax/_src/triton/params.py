@@ -14,6 +14,9 @@ class CompilerParams(pc.CompilerParams):
   num_warps: int | None = None
   num_stages: int | None = None
   compute_capability: int | None = None   # a target below the GPU's own (75: Turing)
+  # True: float32 exp, exp2, log, log2, sin, cos, tanh and logistic use the GPU's fast
+  # approximate instructions (docs/triton.md gives their errors); False: XLA's functions.
+  approx_math: bool = False
 
 
 def _available() -> bool:

@@ -14,7 +14,8 @@ from jax import lax
 
 from pallax._src import jax_internals as ji
 from pallax._src.gpu import expr as ex
-from pallax._src.gpu.expr import Lit, Token, binary, call
+from pallax._src.gpu import math_functions
+from pallax._src.gpu.expr import Token, binary, call
 from pallax._src.triton import lang as tl
 from pallax._src.triton.writer import is_float, rule
 
@@ -89,41 +90,30 @@ def _abs(ctx, x):
   return call("tl.abs", x, dtype=x.dtype)
 
 
-# Float math on f32 and f64 (f16/bf16/fp8 were legalized to f32): Triton's own op where it has
-# one, libdevice otherwise.
-_MATH = {
-    lax.exp2_p: "_exp2", lax.log_p: "tl.log", lax.log2_p: "tl.log2", lax.sin_p: "tl.sin",
-    lax.cos_p: "tl.cos", lax.sqrt_p: "tl.sqrt_rn", lax.rsqrt_p: "tl.rsqrt", lax.erf_p: "tl.erf",
-    lax.floor_p: "tl.floor", lax.ceil_p: "tl.ceil", lax.logistic_p: "tl.sigmoid",
-    lax.log1p_p: "libdevice.log1p", lax.expm1_p: "libdevice.expm1", lax.tan_p: "libdevice.tan",
-    lax.tanh_p: "libdevice.tanh", lax.asin_p: "libdevice.asin", lax.acos_p: "libdevice.acos",
-    lax.atan_p: "libdevice.atan", lax.sinh_p: "libdevice.sinh", lax.cosh_p: "libdevice.cosh",
-    lax.asinh_p: "libdevice.asinh", lax.acosh_p: "libdevice.acosh", lax.atanh_p: "libdevice.atanh",
-    lax.cbrt_p: "libdevice.cbrt", lax.erf_inv_p: "libdevice.erfinv", lax.erfc_p: "libdevice.erfc",
-    lax.atan2_p: "libdevice.atan2", lax.pow_p: "libdevice.pow", lax.nextafter_p: "libdevice.nextafter",
-}
-# float64 where the function above takes float32 only
-_MATH_F64 = {lax.sqrt_p: "libdevice.sqrt", lax.rsqrt_p: "libdevice.rsqrt", lax.exp_p: "tl.exp",
-             lax.exp2_p: "tl.exp2"}
+# Float math on f32 and f64 (f16/bf16/fp8 were legalized to f32): XLA's functions by default,
+# the GPU's fast approximations with approx_math (gpu/math_functions.py says which and why).
+_ROUNDING = {lax.floor_p: "tl.floor", lax.ceil_p: "tl.ceil"}
 
 
-def _math_rule(p, fn):
+def _math_rule(p):
   def lower(ctx, *xs, **_):
-    f = _MATH_F64.get(p, fn) if np.dtype(xs[0].dtype) == np.float64 else fn
-    return call(f, *xs, dtype=xs[0].dtype, shape=ctx.out.shape)
+    fn = math_functions.choose(p, xs[0].dtype, ctx.gen.approx_math, ctx.gen.compute_capability)
+    ctx.gen.math_calls.append((p.name, fn))
+    return math_functions.render(fn, list(xs), ctx.out, "libdevice", "tl")
   return lower
 
 
-for _p, _fn in _MATH.items():
-  rule(_p)(_math_rule(_p, _fn))
+for _p in math_functions.EXACT:
+  rule(_p)(_math_rule(_p))
+for _p, _fn in _ROUNDING.items():
+  rule(_p)(lambda ctx, x, _fn=_fn, **_: call(_fn, x, dtype=x.dtype))
 
 
-@rule(lax.exp_p)
-def _exp(ctx, x, **_):
-  if np.dtype(x.dtype) == np.float64:
-    return call("tl.exp", x, dtype=x.dtype)
-  # the GPU's ex2.approx.ftz with the rounding of x*log2(e) corrected (the prologue's _exp)
-  return call("_exp", x, dtype=x.dtype)
+@rule(lax.logistic_p)
+def _logistic(ctx, x, **_):
+  fn = math_functions.choose(lax.exp_p, x.dtype, ctx.gen.approx_math)
+  ctx.gen.math_calls.append(("logistic", fn))
+  return math_functions.logistic(x, ctx.out, fn, "libdevice", "tl")
 
 
 @rule(lax.round_p)

@@ -44,6 +44,8 @@ class Writer(Source):
     self.lanes = 1                      # how many programs run concurrently
     self.accesses: list[Access] = []    # every load and store, as data (tests check masks here)
     self.constants: list = []           # (pointer name, array): constant arrays, passed as inputs
+    self.approx_math = False            # the GPU's fast math approximations (CompilerParams)
+    self.math_calls: list = []          # (primitive name, math_functions.Fn) of each math call
 
   def constant(self, c):
     """A constant array the kernel closed over (``jnp.array([...])`` in a kernel): an input of
