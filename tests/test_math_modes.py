@@ -30,7 +30,7 @@ BINARY = {"pow": lax.pow, "atan2": jnp.arctan2}
 # What each float32 function must become: (libdevice function or PTX instruction, the factor on
 # its operand, the factor on its result), by default (XLA's choice on the GPU) ...
 LIBDEVICE = {n: (f"libdevice {n}", None, None) for n in list(UNARY) + list(BINARY)}
-EXACT = dict(LIBDEVICE, exp2=("libdevice exp", LN2, None), log2=("libdevice log", None, LOG2E),
+EXACT = dict(LIBDEVICE, log2=("libdevice log", None, LOG2E),
              sqrt=("ptx sqrt.approx.f32", None, None), rsqrt=("ptx rsqrt.approx.f32", None, None),
              logistic=("libdevice exp", None, None))
 # ... and with approx_math=True (Mosaic GPU's approximations)
@@ -185,28 +185,13 @@ def test_gluon_math_is_the_triton_backends_choice():
   calls = re.findall(r"(gl\.extra\.libdevice\.\w+|inline_asm_elementwise\('[^']*')\((\w*)( \* [0-9.]+)?",
                      source)
   assert [(f, s) for f, _, s in calls] == [
-      ("gl.extra.libdevice.exp", ""), ("gl.extra.libdevice.exp", " * 0.6931471824645996"),
+      ("gl.extra.libdevice.exp", ""), ("gl.extra.libdevice.exp2", ""),
       ("gl.extra.libdevice.log", ""), ("gl.extra.libdevice.tanh", ""),
       ("gl.extra.libdevice.exp", "")], source   # the last: logistic's exp(-x)
   assert "'sqrt.approx.f32 $0, $1;'" in source and "1.0 / (1.0 + gl.extra.libdevice.exp(-" in source
   assert "sqrt.approx.f32" in ptx and not {"tanh.approx.f32", "lg2.approx.ftz.f32"} & ptx
 
 
-def test_gluon_approx_math_is_the_fast_one(monkeypatch):
-  """The Gluon rules' approximate mode (the writer's flag also set by hand: see the next test)."""
-  from pallax._src.gluon import writer
-  init = writer.Writer.__init__
-  def approx_init(self, *args, **kwargs):
-    init(self, *args, **kwargs)
-    self.approx_math = True
-  monkeypatch.setattr(writer.Writer, "__init__", approx_init)
-  source, ptx = _gluon_source(approx=True)
-  assert "gl.extra.libdevice" not in source
-  assert {"ex2.approx.ftz.f32", "lg2.approx.ftz.f32", "tanh.approx.f32", "sqrt.approx.f32"} <= ptx
-
-
-@pytest.mark.xfail(strict=True, reason="gluon/codegen.generate does not pass approx_math to its "
-                   "Writer yet (one line, owned by the Gluon layout work)")
 def test_plgpu_compiler_params_approx_math_reaches_gluon():
   source, ptx = _gluon_source(approx=True)
   assert "tanh.approx.f32" in ptx and "gl.extra.libdevice.tanh" not in source

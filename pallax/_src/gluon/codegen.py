@@ -53,6 +53,8 @@ def generate(params) -> GluonSource:
   gm = params.grid_mapping
   name = src.kernel_identifier(params.name)
   gen = Writer(name)
+  # plgpu.CompilerParams(approx_math=True): the GPU's fast math instructions (gpu/math_functions.py)
+  gen.approx_math = bool(getattr(params.compiler_params, "approx_math", False))
   names = tuple(gm.grid_names or ())
   axes = [(n, g) for n, g in zip(names, gm.grid)] + list(info.axis_env() if info else ())
   with ji.extend_axis_env_nd(axes):   # legalizing retraces lax.axis_index

@@ -76,7 +76,9 @@ def _gluon_compile(name: str, source: str, signature: tuple, num_warps: int):
   attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())   # XLA aligns buffers
            if t.startswith("*")}
   return triton.compile(GluonASTSource(getattr(module, name), sig, {}, attrs),
-                        target=GPUTarget("cuda", TARGET, 32), options={"num_warps": num_warps})
+                        target=GPUTarget("cuda", TARGET, 32),
+                        # libdevice keeps denormals, as XLA does (as in triton/compile.py)
+                        options={"num_warps": num_warps, "enable_reflect_ftz": False})
 
 
 def launchable_kernel(params):

@@ -126,7 +126,7 @@ _LIBDEVICE = "gl.extra.libdevice"
 
 
 def _approx(ctx) -> bool:
-  return bool(getattr(ctx.gen, "approx_math", False))   # set from the kernel's CompilerParams
+  return ctx.gen.approx_math   # set from the kernel's CompilerParams (codegen.generate)
 
 
 def _math_rule(p):

@@ -86,6 +86,7 @@ class Writer(src.Source):
 
   def __init__(self, kernel_name: str):
     super().__init__(kernel_name, TABLE, ex.Renderer("gl"))
+    self.approx_math = False                 # plgpu.CompilerParams(approx_math=True)
     self.layouts: dict[str, str] = {}        # register value name -> layout source
     self.remat: dict = {}                    # register value name -> layout -> the value
                                              # computed again in it (or None): splats, iotas,

@@ -5,7 +5,7 @@ language (``render``). Operands are float32 or float64 here: float16/bfloat16 ma
 to float32 (``gpu/legalize.py``).
 
 Exact (the default): the functions XLA computes on an NVIDIA GPU, found by running both on the
-same inputs (``benchmarks/probe_math_xla.py``, on an H200):
+same inputs (``benchmarks/probes/probe_math_xla.py``, on an H200):
 - libdevice's function where XLA calls it (``exp`` is ``__nv_expf``, ``log``, ``sin``, ...);
 - XLA's own expansions: ``exp2(x) = exp(x * ln 2)`` and ``log2(x) = log(x) * log2(e)`` with the
   constant and the product rounded to the operand's type, ``logistic(x) = 1 / (1 + exp(-x))``;
@@ -53,7 +53,10 @@ _LIBDEVICE = {
     lax.pow_p: "pow", lax.nextafter_p: "nextafter", lax.sqrt_p: "sqrt", lax.rsqrt_p: "rsqrt",
 }
 EXACT = {p: Fn(libdevice=f) for p, f in _LIBDEVICE.items()}
-EXACT[lax.exp2_p] = Fn(libdevice="exp", in_scale=LN2)
+# exp2 is libdevice's (JAX Pallas's choice), not XLA's exp(x * ln 2): bit for bit XLA's would
+# cost JAX's Triton attention, whose inner loop calls exp2, a third of its speed
+# (docs/performance.md); libdevice's exp2f is within 2 ulps.
+EXACT[lax.exp2_p] = Fn(libdevice="exp2")
 EXACT[lax.log2_p] = Fn(libdevice="log", out_scale=LOG2E)
 # float32 only (float64 keeps libdevice's, which are XLA's there too)
 EXACT_F32 = {lax.sqrt_p: Fn(ptx="sqrt.approx.f32"), lax.rsqrt_p: Fn(ptx="rsqrt.approx.f32")}

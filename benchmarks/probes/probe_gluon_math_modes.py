@@ -4,7 +4,7 @@ approximation (``ex2.approx.ftz``), beside JAX's Mosaic GPU: kernel time per cal
 trace, in one process. A research probe: until ``gluon/codegen.generate`` passes the kernel's
 ``approx_math`` to its writer, the approximate variant sets the writer's flag by hand.
 
-    PYTHONPATH=$PWD python3 benchmarks/probe_gluon_math_modes.py
+    PYTHONPATH=$PWD python3 benchmarks/probes/probe_gluon_math_modes.py
 """
 import datetime
 import os
@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 

@@ -9,7 +9,7 @@ input and result are normal numbers), the largest distance in ulps, and the larg
 the float64 truth on the domain's random values. float16/bfloat16: the float32 candidate rounded.
 XLA's generated LLVM IR and PTX go to ``$OUT/xla_dump.tgz`` (which libdevice functions it calls).
 
-    XLA_FLAGS=--xla_dump_to=/tmp/xla_dump PYTHONPATH=$PWD python3 benchmarks/probe_math_xla.py
+    XLA_FLAGS=--xla_dump_to=/tmp/xla_dump PYTHONPATH=$PWD python3 benchmarks/probes/probe_math_xla.py
 """
 import importlib.util
 import json
@@ -26,7 +26,7 @@ import torch
 import triton
 from jax import lax
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "tests"))
 from gpu_math import ulps  # noqa: E402
 
 from pallax._src.triton.codegen import PROLOGUE  # noqa: E402  (_exp, _exp2)
