@@ -208,7 +208,8 @@ def test_approx_math_is_within_its_bounds(name):
   print(f"\n{name} approx: at most {int(ulps(got, true.astype(np.float32))[normal].max())} ulps, "
         f"absolute {float(err[normal].max()):.3g}, relative {rel:.3g}")
   assert good.all(), (name, float(x[np.argmin(good)]), float(got[np.argmin(good)]))
-  assert (got != exact).any(), "approx_math=True computed the exact functions"
+  if name != "exp2":   # libdevice's exp2f, the exact mode's, is ex2.approx.f32 (no .ftz) itself
+    assert (got != exact).any(), "approx_math=True computed the exact functions"
 
 
 def _rows(x_ref, o_ref, smem, bar, fn=None):
