@@ -50,7 +50,7 @@ def test_block_rank_differs_from_array_rank_input(mode):
   bad = pl.pallas_call(copy_kernel, out_shape=S((8, 4), jnp.float32), grid=(2,),
                        in_specs=[pl.BlockSpec((4,), lambda i: (i,))],
                        out_specs=pl.BlockSpec((4, 4), lambda i: (i, 0)))
-  with pytest.raises(ValueError, match=names("copy_kernel", "args[0]", "rank")):
+  with pytest.raises(ValueError, match=names("copy_kernel", "Block shape for args[0] (4,) must have the same number of dimensions as the array shape (8, 4)")):
     call(bad, mode, x)
   good = pl.pallas_call(copy_kernel, out_shape=S((8, 4), jnp.float32), grid=(2,),
                         in_specs=[pl.BlockSpec((4, 4), lambda i: (i, 0))],
@@ -60,7 +60,7 @@ def test_block_rank_differs_from_array_rank_input(mode):
 
 def test_block_rank_differs_from_array_rank_output():
   x = rand((8, 4))
-  with pytest.raises(ValueError, match=names("copy_kernel", "out[0]", "rank")):
+  with pytest.raises(ValueError, match=names("copy_kernel", "Block shape for out[0] (4, 4, 1) must have the same number of dimensions")):
     pl.pallas_call(copy_kernel, out_shape=S((8, 4), jnp.float32), grid=(2,),
                    in_specs=[pl.BlockSpec((4, 4), lambda i: (i, 0))],
                    out_specs=pl.BlockSpec((4, 4, 1), lambda i: (i, 0, 0)))(x)
@@ -97,13 +97,16 @@ def test_index_map_returns_too_few_indices(mode):
   bad = pl.pallas_call(copy_kernel, out_shape=S((8, 4), jnp.float32), grid=(2,),
                        in_specs=[pl.BlockSpec((4, 4), lambda i: (i,))],
                        out_specs=pl.BlockSpec((4, 4), lambda i: (i, 0)))
-  with pytest.raises(ValueError, match=names("copy_kernel", "args[0]", "index_map")):
+  with pytest.raises(ValueError, match=names(
+      "copy_kernel", "Index map function <lambda> at ", "for args[0] must return 2 values",
+      "Currently returning 1 values")):
     call(bad, mode, x)
 
 
 def test_index_map_returns_too_many_indices():
   x = rand((8, 4))
-  with pytest.raises(ValueError, match=names("copy_kernel", "out[0]", "index_map")):
+  with pytest.raises(ValueError, match=names("copy_kernel", "for out[0] must return 2 values",
+                                             "Currently returning 3 values")):
     pl.pallas_call(copy_kernel, out_shape=S((8, 4), jnp.float32), grid=(2,),
                    in_specs=[pl.BlockSpec((4, 4), lambda i: (i, 0))],
                    out_specs=pl.BlockSpec((4, 4), lambda i: (i, 0, 0)))(x)

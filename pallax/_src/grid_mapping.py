@@ -261,10 +261,10 @@ def _block_shape(spec: pc.BlockSpec | None, shape: tuple, origin: str, name: str
   if isinstance(spec.block_shape, (int, np.integer)) or not isinstance(spec.block_shape, Sequence):
     raise TypeError(f"pallas_call {name}: block_shape of {origin} must be a tuple, got {spec.block_shape!r}")
   if len(spec.block_shape) != len(shape):
-    raise ValueError(
-        f"pallas_call {name}: {origin} has rank {len(shape)} (shape {shape}) but its block_shape "
-        f"{tuple(spec.block_shape)} has rank {len(spec.block_shape)}; give one block size per "
-        "dimension (None to squeeze a dimension)")
+    raise ValueError(   # JAX's words first: users match them
+        f"pallas_call {name}: Block shape for {origin} {tuple(spec.block_shape)} must have the same "
+        f"number of dimensions as the array shape {shape}: it has {len(spec.block_shape)}, the "
+        f"array {len(shape)}; give one block size per dimension (None to squeeze a dimension)")
   try:
     block_shape = tuple(pc.canonical_block_dim(d) for d in spec.block_shape)
   except TypeError as e:
@@ -295,6 +295,8 @@ def _block_mapping(spec: pc.BlockSpec | None, aval, origin: str, grid, index_ava
 
   the_map = f"the index_map of {origin}" + (f" (at {kernel_errors.defined_at(index_map)})"
                                              if kernel_errors.defined_at(index_map) else "")
+  where = kernel_errors.defined_at(index_map)
+  map_name = getattr(index_map, "__name__", "index_map") + (f" at {where}" if where else "")
 
   def flat_index_map(*args):
     out = index_map(*args)
@@ -303,8 +305,9 @@ def _block_mapping(spec: pc.BlockSpec | None, aval, origin: str, grid, index_ava
       out = (out,) if nd == 1 else out
     if not isinstance(out, tuple) or len(out) != nd:
       n = len(out) if isinstance(out, (tuple, list)) else 1
-      raise ValueError(f"{the_map} returned {n} indices but {origin} has rank {nd}; return "
-                       "one block index per dimension")
+      raise ValueError(   # JAX's words: users match them
+          f"Index map function {map_name} for {origin} must return {nd} values to match the rank "
+          f"of its block shape. Currently returning {n} values: one block index per dimension")
     for k, i in enumerate(out):
       _check_block_index(i, k, the_map)
     return [jnp.asarray(i, jnp.int32) for i in out]
