@@ -60,7 +60,7 @@ def test_block_rank_differs_from_array_rank_input(mode):
 
 def test_block_rank_differs_from_array_rank_output():
   x = rand((8, 4))
-  with pytest.raises(ValueError, match=names("copy_kernel", "Block shape for out[0] (4, 4, 1) must have the same number of dimensions")):
+  with pytest.raises(ValueError, match=names("copy_kernel", "Block shape for outputs[0] (4, 4, 1) must have the same number of dimensions")):
     pl.pallas_call(copy_kernel, out_shape=S((8, 4), jnp.float32), grid=(2,),
                    in_specs=[pl.BlockSpec((4, 4), lambda i: (i, 0))],
                    out_specs=pl.BlockSpec((4, 4, 1), lambda i: (i, 0, 0)))(x)

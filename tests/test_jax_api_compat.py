@@ -73,8 +73,8 @@ def test_a_kernel_that_returns_something(pl, kernel):
   x = rand((16, 32))
   with pytest.raises(ValueError, match=re.escape(kernel.__name__) + ".*should return None"
                      if pl is jpl else
-                     f"pallas_call {kernel.__name__}: the kernel {kernel.__name__} \\(at {HERE}\\) "
-                     "returned .*; kernels write their results into output Refs and return None"):
+                     f"pallas_call {kernel.__name__}: The kernel function {kernel.__name__} at {HERE} "
+                     "should return None; it returned .*\\. Kernels write their results into output Refs"):
     rows(pl, kernel)(x)
 
 
@@ -85,8 +85,8 @@ def test_in_specs_that_is_a_single_block_spec(pl):
   x = rand((16, 32))
   spec = pl.BlockSpec((8, 32), ROWS)
   with pytest.raises(ValueError, match="`in_specs` must be a tuple or a list" if pl is jpl else
-                     f"pallas_call copy_kernel \\(kernel at {HERE}\\): in_specs must be a tuple or "
-                     "a list with one entry per input, got a single BlockSpec; wrap it"):
+                     "pallas_call copy_kernel: `in_specs` must be a tuple or a list with one entry "
+                     "per input, got a single BlockSpec; wrap it"):
     rows(pl, copy_kernel, in_specs=spec)(x)
 
 
@@ -122,28 +122,28 @@ def _index_map_error(pl, index_map, jax_says, pallax_says):
   x = rand((16, 32))
   spec = pl.BlockSpec((8, 32), index_map)
   with pytest.raises(ValueError, match=jax_says if pl is jpl else
-                     f"pallas_call copy_kernel: the index_map of args\\[0\\] \\(at {HERE}\\) "
-                     + pallax_says):
+                     f"pallas_call copy_kernel: Index map function <lambda> at {HERE} for "
+                     "args\\[0\\] " + pallax_says):
     rows(pl, copy_kernel, in_specs=[spec])(x)
 
 
 @pytest.mark.parametrize("pl", BOTH)
 def test_an_index_map_returning_a_vector(pl):
   _index_map_error(pl, lambda i: (jnp.stack([i, i]), 0), "must return integer scalars",
-                   r"returned int32\[2\] at position 0; index maps return integer scalars")
+                   r"must return integer scalars. Output\[0\] has type int32\[2\]")
 
 
 @pytest.mark.parametrize("pl", BOTH)
 def test_an_index_map_returning_a_float(pl):
   _index_map_error(pl, lambda i: (i * 0.5, 0), "must return integer scalars",
-                   r"returned float32\[\] at position 0; index maps return integer scalars")
+                   r"must return integer scalars. Output\[0\] has type float32\[\]")
 
 
 @pytest.mark.parametrize("pl", BOTH)
 def test_an_index_map_capturing_an_array_constant(pl):
   table = jnp.asarray([1, 0], jnp.int32)
   _index_map_error(pl, lambda i: (table[i], 0), "must not capture constants",
-                   r"captures constants \[int32\[2\]\]; compute the block index from the grid "
+                   r"must not capture constants: \[int32\[2\]\]; compute the block index from the grid "
                    "indices, or pass the table as a scalar-prefetch operand")
 
 
@@ -159,13 +159,15 @@ def test_an_index_map_may_return_a_list_and_scalar_constants(pl):
 # --- input_output_aliases ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("pl", BOTH)
-@pytest.mark.parametrize("aliases,what", [({1: 0}, "input 1"), ({-1: 0}, "input -1"),
-                                          ({0: 1}, "output 1")], ids=["input", "negative", "output"])
+@pytest.mark.parametrize("aliases,what", [({1: 0}, "'1:0' with input index 1"),
+                                          ({-1: 0}, "'-1:0' with input index -1"),
+                                          ({0: 1}, "'0:1' with output index 1")],
+                         ids=["input", "negative", "output"])
 def test_aliases_out_of_range(pl, aliases, what):
   x = rand((16, 32))
   with pytest.raises(ValueError, match="input_output_aliases contains the mapping" if pl is jpl
                      else f"pallas_call copy_kernel \\(kernel at {HERE}\\): input_output_aliases "
-                     f".* names {what}, outside the range \\[0, 1\\)"):
+                     f"contains the mapping {what} outside the range \\[0, 1\\)"):
     rows(pl, copy_kernel, input_output_aliases=aliases)(x)
 
 

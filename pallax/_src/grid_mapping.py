@@ -222,7 +222,7 @@ def _flatten_specs(specs, tree, what: str, count: int, name: str):
   if what == "in_specs" and not isinstance(specs, (list, tuple)):
     # As JAX Pallas: a lone BlockSpec is not spread over the inputs.
     got = "a single BlockSpec" if isinstance(specs, pc.BlockSpec) else repr(specs)
-    raise ValueError(f"pallas_call {name}: in_specs must be a tuple or a list with one entry "
+    raise ValueError(f"pallas_call {name}: `in_specs` must be a tuple or a list with one entry "
                      f"per input, got {got}; wrap it: in_specs=[spec] (or [spec] * {count})")
   is_leaf = lambda s: s is None or isinstance(s, (pc.BlockSpec, pc.NoBlockSpec))
   if isinstance(specs, (list, tuple)) and tree.num_leaves == count and tree.num_nodes == count + 1 \
@@ -262,7 +262,8 @@ def _block_shape(spec: pc.BlockSpec | None, shape: tuple, origin: str, name: str
     raise TypeError(f"pallas_call {name}: block_shape of {origin} must be a tuple, got {spec.block_shape!r}")
   if len(spec.block_shape) != len(shape):
     raise ValueError(   # JAX's words first: users match them
-        f"pallas_call {name}: Block shape for {origin} {tuple(spec.block_shape)} must have the same "
+        f"pallas_call {name}: Block shape for {origin.replace('out[', 'outputs[')} "
+        f"{tuple(spec.block_shape)} must have the same "
         f"number of dimensions as the array shape {shape}: it has {len(spec.block_shape)}, the "
         f"array {len(shape)}; give one block size per dimension (None to squeeze a dimension)")
   try:
@@ -285,10 +286,11 @@ def _block_mapping(spec: pc.BlockSpec | None, aval, origin: str, grid, index_ava
   if index_map is None:
     index_map = lambda *_: (0,) * nd
   else:
-    if not kernel_errors.binds(index_map, len(index_avals)):
+    why = kernel_errors.bind_error(index_map, len(index_avals))
+    if why is not None:
       extra = len(index_avals) - len(grid)
       raise TypeError(
-          f"pallas_call {name}: the index_map of {origin} cannot take {len(index_avals)} positional "
+          f"pallas_call {name}: {why}: the index_map of {origin} cannot take {len(index_avals)} positional "
           f"arguments (one per grid axis of grid {grid}"
           + (f" plus {extra} scalar-prefetch operands" if extra else "")
           + f"); its signature is {kernel_errors.signature_text(index_map)}")
@@ -309,7 +311,7 @@ def _block_mapping(spec: pc.BlockSpec | None, aval, origin: str, grid, index_ava
           f"Index map function {map_name} for {origin} must return {nd} values to match the rank "
           f"of its block shape. Currently returning {n} values: one block index per dimension")
     for k, i in enumerate(out):
-      _check_block_index(i, k, the_map)
+      _check_block_index(i, k, f"Index map function {map_name} for {origin}")
     return [jnp.asarray(i, jnp.int32) for i in out]
 
   try:
@@ -322,7 +324,8 @@ def _block_mapping(spec: pc.BlockSpec | None, aval, origin: str, grid, index_ava
   if consts:
     # As JAX Pallas: an index map computes block indices from the grid indices alone.
     raise ValueError(
-        f"pallas_call {name}: {the_map} captures constants "
+        f"pallas_call {name}: Index map function {map_name} for {origin} must not capture "
+        f"constants: "
         f"[{', '.join(jax.typeof(c).str_short() for c in consts)}]; compute the block index from "
         "the grid indices, or pass the table as a scalar-prefetch operand (PrefetchScalarGridSpec)")
   kernel_shape = tuple(d.block_size for d in block_shape if not isinstance(d, pc.Squeezed))
@@ -339,8 +342,8 @@ def _check_block_index(i, k: int, the_map: str):
   if getattr(i, "shape", None) == () and dtype is not None and jnp.issubdtype(dtype, jnp.integer):
     return
   what = jax.typeof(i).str_short() if dtype is not None else f"a {type(i).__name__}"
-  raise ValueError(f"{the_map} returned {what} at position {k}; index maps return integer "
-                   "scalars, one block index per dimension")
+  raise ValueError(f"{the_map} must return integer scalars. Output[{k}] has type {what}: "
+                   "return one integer block index per dimension")
 
 
 def scratch_aval(s, name):

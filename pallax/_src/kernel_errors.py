@@ -49,18 +49,43 @@ def reraise(exc: Exception, prefix: str, ref_names: dict[str, str] | None = None
   raise cls(f"{prefix}{where}: {msg}") from exc
 
 
-def binds(fn, n: int, kw_names=()) -> bool:
-  """Whether ``fn`` accepts ``n`` positional and the named keyword arguments (True when its
+def bind_error(fn, n: int, kw_names=()) -> str | None:
+  """Python's words for why ``fn`` does not accept ``n`` positional and the named keyword
+  arguments ('missing 2 required positional arguments: ...'), or None where it does (or its
   signature cannot be read)."""
   try:
     sig = inspect.signature(fn)
   except (TypeError, ValueError):
-    return True
+    return None
   try:
     sig.bind(*range(n), **{k: 0 for k in kw_names})
-  except TypeError:
-    return False
-  return True
+  except TypeError as e:
+    return f"{getattr(fn, '__name__', 'the function')}() {_call_words(sig, n, str(e))}"
+  return None
+
+
+def _call_words(sig, n: int, bind_words: str) -> str:
+  """What calling a function of signature ``sig`` with ``n`` positional arguments would say
+  (Python's words, which users match), from ``Signature.bind``'s shorter ones."""
+  positional = [p for p in sig.parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  if bind_words.startswith("too many positional arguments"):
+    return (f"takes {len(positional)} positional argument{'s' * (len(positional) != 1)} but {n} "
+            f"{'were' if n != 1 else 'was'} given")
+  missing = [f"'{p.name}'" for p in positional[n:] if p.default is p.empty]
+  if bind_words.startswith("missing") and missing:
+    names = missing[0] if len(missing) == 1 else (
+        f"{missing[0]} and {missing[1]}" if len(missing) == 2
+        else ", ".join(missing[:-1]) + f", and {missing[-1]}")
+    return (f"missing {len(missing)} required positional argument{'s' * (len(missing) != 1)}: "
+            f"{names}")
+  return bind_words
+
+
+def binds(fn, n: int, kw_names=()) -> bool:
+  """Whether ``fn`` accepts ``n`` positional and the named keyword arguments (True when its
+  signature cannot be read)."""
+  return bind_error(fn, n, kw_names) is None
 
 
 def defined_at(fn) -> str | None:

@@ -158,9 +158,9 @@ def _check_aliases(call: _Call, in_avals):
     for what, k, n in (("input", i, len(in_avals)), ("output", o, len(call.out_avals))):
       if not (isinstance(k, (int, np.integer)) and 0 <= k < n):
         counted = " (flattened, scalar-prefetch operands included)" if what == "input" else ""
-        raise ValueError(
-            f"pallas_call {label}: input_output_aliases {{{i}: {o}}} names {what} {k!r}, outside "
-            f"the range [0, {n}) of the call's {n} {what}s{counted}")
+        raise ValueError(   # JAX's words first: users match them
+            f"pallas_call {label}: input_output_aliases contains the mapping '{i}:{o}' with "
+            f"{what} index {k!r} outside the range [0, {n}) of the call's {n} {what}s{counted}")
     a, b = in_avals[i], call.out_avals[o]
     if a.shape != b.shape or a.dtype != b.dtype:
       raise ValueError(f"pallas_call {call.name}: input_output_aliases {{{i}: {o}}}: args[{i}] is "
@@ -220,6 +220,9 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
       or scratch_shapes != ():
     raise ValueError(f"pallas_call {name}: pass either grid_spec or grid/in_specs/out_specs/"
                      "scratch_shapes, not both")
+  if isinstance(grid_spec.in_specs, pc.BlockSpec):   # as JAX Pallas, before any call
+    raise ValueError(f"pallas_call {name}: `in_specs` must be a tuple or a list with one entry "
+                     "per input, got a single BlockSpec; wrap it: in_specs=[spec]")
   flat_out_shapes, out_tree = jax.tree.flatten(
       out_shape, is_leaf=lambda s: s is None or hasattr(s, "dtype"))
   out_avals = tuple(out_aval(s, i, name) for i, s in enumerate(flat_out_shapes))

@@ -60,9 +60,11 @@ def _check_signature(kernel, name, kernel_args: KernelArgs, ref_names):
   n_pos = len(jax.tree.unflatten(kernel_args.positional, [0] * kernel_args.positional.num_leaves))
   kw_names = () if kernel_args.keyword is None else tuple(
       jax.tree.unflatten(kernel_args.keyword, [0] * kernel_args.keyword.num_leaves))
-  if not kernel_errors.binds(kernel, n_pos, kw_names):
+  why = kernel_errors.bind_error(kernel, n_pos, kw_names)
+  if why is not None:
     raise TypeError(
-        f"pallas_call {name}: the kernel {name}{kernel_errors.signature_text(kernel)} cannot take {n_pos} Ref arguments"
+        f"pallas_call {name}: {why}: the kernel {name}{kernel_errors.signature_text(kernel)} "
+        f"cannot take {n_pos} Ref arguments"
         + (f" and keyword Refs {list(kw_names)}" if kw_names else "")
         + f" (the Refs are {', '.join(ref_names)}); give the kernel one parameter per input, "
         "output and scratch buffer")
@@ -99,9 +101,9 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
       out = kernel_args.call(kernel, list(refs))
     if out is not None:   # even () or 0, as in JAX Pallas
       where = kernel_errors.defined_at(kernel)
-      raise ValueError(f"the kernel {name}{f' (at {where})' if where else ''} returned "
-                       f"{_describe(out)}; kernels write their results into output Refs and "
-                       "return None")
+      raise ValueError(   # JAX's words first: users match them
+          f"The kernel function {name}{f' at {where}' if where else ''} should return None; it "
+          f"returned {_describe(out)}. Kernels write their results into output Refs")
     return []
 
   in_avals = [ji.ShapedArray((), jnp.int32)] * len(grid) + list(ref_avals)
