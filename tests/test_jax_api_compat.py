@@ -349,3 +349,39 @@ def test_scalar_outputs_aliased_to_python_int_inputs_match_jax_pallas():
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     got_jit = jax.jit(build(pallax))(*args)
     np.testing.assert_array_equal(np.asarray(got_jit), np.asarray(want))
+
+
+# --- tracing ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pl", BOTH)
+def test_a_returned_function_traces_its_kernel_once_per_operand_types(pl):
+  traces = []
+  scale = [2.0]
+
+  def kernel(x_ref, o_ref):
+    traces.append(x_ref.shape)
+    o_ref[...] = x_ref[...] * scale[0]
+
+  def make():
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
+                          interpret=True)
+
+  f = make()
+  x = rand((8,))
+  np.testing.assert_array_equal(jax.jit(lambda x: f(f(x)))(x), x * 4)
+  assert traces == [(8,)]          # two calls, one trace
+  scale[0] = 3.0                   # a new pallas_call traces again and sees the change
+  np.testing.assert_array_equal(make()(x), x * 3)
+  assert traces == [(8,), (8,)]
+
+
+@pytest.mark.parametrize("pl", BOTH)
+def test_vmap_of_an_aliased_kernel_over_a_python_scalar(pl):
+  # The aliased operand is unbatched (a Python int): vmap broadcasts it to the batch.
+  def add(x_ref, y_ref, o_ref):
+    o_ref[()] = x_ref[()] + o_ref[()] * 3
+
+  f = pl.pallas_call(add, out_shape=jax.ShapeDtypeStruct((), jnp.int32),
+                     input_output_aliases={1: 0}, interpret=True)
+  x = rand((7,), jnp.int32)
+  np.testing.assert_array_equal(jax.vmap(f, in_axes=(0, None))(x, 5), x + 15)

@@ -386,8 +386,8 @@ def test_plan_is_computed_once_per_pallas_call(monkeypatch):
   np.testing.assert_array_equal(jax.jit(bind)(x), x * 3)
   np.testing.assert_array_equal(jax.jit(lambda x: bind(x) + 1)(x), x * 3 + 1)
   assert calls == [params]
-  # Through the public API: the kernel is traced at every call, but identical traces share the
-  # Params object above, whose plan exists already.
+  # Through the public API: the returned function keeps its trace, and identical traces share
+  # the Params object above, whose plan exists already.
   calls.clear()
   for _ in range(2):
     np.testing.assert_array_equal(call(x), x * 3)

@@ -32,7 +32,7 @@ def _batching_rule(args, dims, *, params: Params):
   # An aliased output is batched; so must its input be.
   for i, o in params.input_output_aliases:
     if not batched_in[i]:
-      args[i] = jnp.broadcast_to(args[i], (size,) + args[i].shape)
+      args[i] = jnp.broadcast_to(args[i], (size,) + jnp.shape(args[i]))   # may be a Python int
       batched_in[i] = True
   new_gm = with_leading_grid_axis(gm, size, batched_in[nidx:] + [True] * gm.num_outputs)
   new_params = dataclasses.replace(params, jaxpr=with_leading_program_id(params.jaxpr, params.name),

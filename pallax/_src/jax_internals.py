@@ -10,6 +10,7 @@ from jax._src import ad_checkpoint
 from jax._src import ad_util
 from jax._src import api_util
 from jax._src import checkify as checkify_internals
+from jax._src import config as jax_config
 from jax._src import core
 from jax._src import custom_derivatives
 from jax._src import dispatch
@@ -289,3 +290,9 @@ def _cell(c):
     return c.cell_contents
   except ValueError:
     return None
+
+
+def trace_context() -> tuple:
+  """The configuration a trace depends on (x64, checks, ...): part of jax.jit's cache keys, and
+  of a pallas_call's (pallas_call.py)."""
+  return jax_config.trace_context()

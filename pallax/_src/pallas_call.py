@@ -48,11 +48,13 @@ def out_aval(s, i, name):
                   f"them), but out_shape[{i}] is {s!r}; use jax.ShapeDtypeStruct(shape, dtype)")
 
 
-# (call, content of its trace) -> Params. Kernels are traced at every call, as in JAX Pallas: a
-# kernel may read Python globals that changed since. Traces with the same content share one
-# Params object, so that the backends' caches (compiled kernels, plans) still hit.
+# (call, content of its trace) -> Params. Each function pallas_call returns traces its kernel once
+# per operand types (as JAX Pallas's jit does); a new pallas_call(...) traces again, seeing the
+# Python globals as they are then. Traces with the same content share one Params object, so that
+# the backends' caches (compiled kernels, plans) still hit.
 _SAME_TRACE: collections.OrderedDict = collections.OrderedDict()   # least recently used first
 _SAME_TRACE_SIZE = 512
+_TRACES_PER_CALL = 64   # operand types a function pallas_call returned keeps its trace for
 
 
 def _const_key(c):
@@ -207,8 +209,9 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
                 metadata: dict[str, str] | None = None, _grid_names=(), _threads=None):
   """Returns a function that runs ``kernel`` once per point of ``grid`` on blocks of its operands.
 
-  Same semantics as JAX Pallas's ``pallas_call``. The kernel is traced at every call (it may
-  read Python values that changed since), as in JAX Pallas.
+  Same semantics as JAX Pallas's ``pallas_call``: the returned function traces the kernel once
+  per operand types and configuration (a jax.jit in JAX Pallas); calling ``pallas_call`` again
+  traces it again, with the Python values it reads as they are then.
   """
   del metadata
   name = kernel_errors.kernel_name(kernel, name)
@@ -235,6 +238,9 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
                tuple(sorted((input_output_aliases or {}).items())), interpret, debug,
                compiler_params, cost_estimate, backend, grid_names, _threads)
   call_key = call.key()
+  # As JAX Pallas (whose call is a jax.jit): a function pallas_call returned traces its kernel
+  # once per operand types and configuration, however often it is called.
+  traces: collections.OrderedDict = collections.OrderedDict()
 
   @functools.wraps(kernel)
   def wrapped(*args):
@@ -242,9 +248,13 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
       _check_operand(a, i, name)
     flat_args, in_tree = jax.tree.flatten(args)
     in_avals = [_operand_aval(x, f"args[{i}]", name) for i, x in enumerate(flat_args)]
-    key = None if call_key is None else (call_key, in_tree, tuple(in_avals),
-                                         pc.debug_checks_enabled())
-    params = _deduplicated(key, _trace(call, in_tree, in_avals))
+    trace_key = (in_tree, tuple(in_avals), pc.debug_checks_enabled(), ji.trace_context())
+    params = traces.get(trace_key)
+    if params is None:
+      key = None if call_key is None else (call_key, *trace_key[:3])
+      params = traces[trace_key] = _deduplicated(key, _trace(call, in_tree, in_avals))
+      if len(traces) > _TRACES_PER_CALL:
+        traces.popitem(last=False)
     outs = pallas_call_p.bind(*flat_args, params=params)
     return jax.tree.unflatten(out_tree, outs)
 
