@@ -94,8 +94,9 @@ def test_in_specs_that_is_a_single_block_spec(pl):
 def test_in_specs_with_fewer_entries_than_inputs(pl):
   x, y = rand((16, 32), salt="x"), rand((16, 32), salt="y")
   with pytest.raises(ValueError, match="`in_specs` and `inputs` do not match" if pl is jpl else
-                     f"pallas_call add_kernel \\(kernel at {HERE}\\): in_specs has 1 entries but "
-                     "there are 2 inputs"):
+                     f"pallas_call add_kernel \\(kernel at {HERE}\\): Pytree for `in_specs` and "
+                     "`inputs` do not match. There are 1 mismatches, including: `in_specs` is a "
+                     "list of length 1 but `inputs` is a tuple of length 2"):
     rows(pl, add_kernel, n_in=1)(x, y)
 
 
@@ -109,8 +110,8 @@ def test_in_specs_whose_structure_differs_from_the_inputs(pl):
     o_ref[...] = xy_refs[0][...] + xy_refs[1][...] * z_ref[...]
 
   with pytest.raises(ValueError, match="`in_specs` and `inputs` do not match" if pl is jpl else
-                     f"pallas_call kernel \\(kernel at {HERE}\\): the structure of in_specs does "
-                     r"not match the inputs .*in_specs\[0\]"):
+                     f"pallas_call kernel \\(kernel at {HERE}\\): Pytree for `in_specs` and "
+                     r"`inputs` do not match: in_specs is not a prefix .*in_specs\[0\]"):
     rows(pl, kernel, in_specs=[(spec,), spec])((x, y), z)
   ok = rows(pl, kernel, in_specs=[(spec, spec), spec])((x, y), z)
   np.testing.assert_allclose(ok, x + y * z, rtol=1e-6, atol=1e-6)
@@ -370,9 +371,10 @@ def test_a_returned_function_traces_its_kernel_once_per_operand_types(pl):
   x = rand((8,))
   np.testing.assert_array_equal(jax.jit(lambda x: f(f(x)))(x), x * 4)
   assert traces == [(8,)]          # two calls, one trace
-  scale[0] = 3.0                   # a new pallas_call traces again and sees the change
-  np.testing.assert_array_equal(make()(x), x * 3)
-  assert traces == [(8,), (8,)]
+  if pl is pallax:   # JAX Pallas may reuse a trace of the same kernel function here, or not
+    scale[0] = 3.0   # a new pallas_call traces again and sees the change
+    np.testing.assert_array_equal(make()(x), x * 3)
+    assert traces == [(8,), (8,)]
 
 
 @pytest.mark.parametrize("pl", BOTH)

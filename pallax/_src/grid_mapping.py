@@ -227,8 +227,10 @@ def _flatten_specs(specs, tree, what: str, count: int, name: str):
   is_leaf = lambda s: s is None or isinstance(s, (pc.BlockSpec, pc.NoBlockSpec))
   if isinstance(specs, (list, tuple)) and tree.num_leaves == count and tree.num_nodes == count + 1 \
       and len(specs) != count and all(is_leaf(s) for s in specs):
-    raise ValueError(f"pallas_call {name}: {what} has {len(specs)} entries but there are "
-                     f"{count} {'inputs' if what == 'in_specs' else 'outputs'}; pass one BlockSpec "
+    other = "inputs" if what == "in_specs" else "out_shape"   # JAX's words: users match them
+    raise ValueError(f"pallas_call {name}: Pytree for `{what}` and `{other}` do not match. There "
+                     f"are 1 mismatches, including: `{what}` is a {type(specs).__name__} of length "
+                     f"{len(specs)} but `{other}` is a tuple of length {count}; pass one BlockSpec "
                      "(or None for the whole array) per operand")
   full = jax.tree.unflatten(tree, [0] * count)
   # Pallas accepts lists and tuples interchangeably at the top level.
@@ -237,9 +239,10 @@ def _flatten_specs(specs, tree, what: str, count: int, name: str):
   try:
     flat = ji.tree_util.broadcast_prefix(specs, full, is_leaf=is_leaf)
   except (ValueError, TypeError) as e:
-    operands = "inputs" if what == "in_specs" else "outputs"
-    raise ValueError(f"pallas_call {name}: the structure of {what} does not match the "
-                     f"{operands} ({tree}); pass one BlockSpec (or None) per operand. "
+    operands = "inputs" if what == "in_specs" else "out_shape"
+    raise ValueError(f"pallas_call {name}: Pytree for `{what}` and `{operands}` do not match: "
+                     f"{what} is not a prefix of the operands' structure {tree}; pass one BlockSpec "
+                     "(or None) per operand. "
                      f"{_prefix_error(specs, full, is_leaf, what, operands) or e}") from None
   return [None if isinstance(s, pc.NoBlockSpec) else s for s in flat]
 
