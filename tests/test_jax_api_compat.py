@@ -73,7 +73,7 @@ def test_a_kernel_that_returns_something(pl, kernel):
   x = rand((16, 32))
   with pytest.raises(ValueError, match=re.escape(kernel.__name__) + ".*should return None"
                      if pl is jpl else
-                     f"pallas_call {kernel.__name__}: The kernel function {kernel.__name__} at {HERE} "
+                     f"pallas_call {kernel.__name__}: The kernel function in the pallas_call {kernel.__name__} at {HERE} "
                      "should return None; it returned .*\\. Kernels write their results into output Refs"):
     rows(pl, kernel)(x)
 

@@ -165,9 +165,10 @@ def _check_aliases(call: _Call, in_avals):
             f"{what} index {k!r} outside the range [0, {n}) of the call's {n} {what}s{counted}")
     a, b = in_avals[i], call.out_avals[o]
     if a.shape != b.shape or a.dtype != b.dtype:
-      raise ValueError(f"pallas_call {call.name}: input_output_aliases {{{i}: {o}}}: args[{i}] is "
-                       f"{a.str_short()} but out[{o}] is {b.str_short()}; aliased operands must "
-                       "have the same shape and dtype")
+      raise ValueError(   # JAX's words first: users match them
+          f"pallas_call {call.name}: input_output_aliases contains the mapping '{i}:{o}' referring "
+          f"to input[{i}] with abstract value {a.str_short()} and to output[{o}] with a different "
+          f"abstract value {b.str_short()}; aliased operands must have the same shape and dtype")
 
 
 def _trace(call: _Call, in_tree, in_avals) -> Params:

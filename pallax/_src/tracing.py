@@ -102,8 +102,9 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
     if out is not None:   # even () or 0, as in JAX Pallas
       where = kernel_errors.defined_at(kernel)
       raise ValueError(   # JAX's words first: users match them
-          f"The kernel function {name}{f' at {where}' if where else ''} should return None; it "
-          f"returned {_describe(out)}. Kernels write their results into output Refs")
+          f"The kernel function in the pallas_call {name}{f' at {where}' if where else ''} "
+          f"should return None; it returned {_describe(out)}. Kernels write their results into "
+          "output Refs")
     return []
 
   in_avals = [ji.ShapedArray((), jnp.int32)] * len(grid) + list(ref_avals)
