@@ -168,7 +168,8 @@ def _check_aliases(call: _Call, in_avals):
       raise ValueError(   # JAX's words first: users match them
           f"pallas_call {call.name}: input_output_aliases contains the mapping '{i}:{o}' referring "
           f"to input[{i}] with abstract value {a.str_short()} and to output[{o}] with a different "
-          f"abstract value {b.str_short()}; aliased operands must have the same shape and dtype")
+          f"abstract value {b.str_short()}; aliased operands (args[{i}], out[{o}]) must have the same "
+          "shape and dtype")
 
 
 def _trace(call: _Call, in_tree, in_avals) -> Params:
