@@ -79,6 +79,7 @@ extend_axis_env_nd = core.extend_axis_env_nd
 run_state = state_discharge.run_state
 run_state_p = state_discharge.run_state_p
 uninitialized = state_types.uninitialized
+Transform = state_types.Transform   # the base of Ref transforms (plgpu.Transform)
 TransposeRef = state_types.TransposeTransform
 ReshapeRef = state_types.ReshapeTransform
 BitcastRef = state_types.BitcastTransform
