@@ -576,3 +576,30 @@ def test_pl_kernel_get_global_counts_programs():
 
   got = pl.kernel(body, out_type=S((6,), jnp.int32), mesh=pl.Mesh((6,), ("x",)))()
   np.testing.assert_array_equal(got, 2 * np.arange(1, 7))
+
+
+def test_run_state_body_that_returns_a_value_is_an_error():
+  """pl.run_state returns the Refs' final values; a body's own result would be dropped, which
+  JAX's test_fori_loop_accumulator expects to be the result (on JAX's GPU lowering only)."""
+  x = rand(20, (64, 64), jnp.float16)
+
+  def kernel(i_ref, o_ref):
+    def scope(acc_ref):
+      return lax.fori_loop(0, 4, lambda _, v: v + acc_ref[...], acc_ref[...])
+    o_ref[...] = pl.run_state(scope)(plgpu.ACC.init(i_ref[...].astype(jnp.float32)))
+
+  with pytest.raises(ValueError, match=r"pl.run_state: the function scope returned float32\[64,64\]"
+                                       r".*write the result into one of them"):
+    plgpu.kernel(kernel, out_shape=S((64, 64), jnp.float32))(x)
+
+
+def test_run_state_writes_its_refs():
+  x = rand(21, (64, 64), jnp.float16)
+
+  def kernel(i_ref, o_ref):
+    def scope(acc_ref):
+      acc_ref[...] = lax.fori_loop(0, 4, lambda _, v: v + acc_ref[...], acc_ref[...])
+    o_ref[...] = pl.run_state(scope)(plgpu.ACC.init(i_ref[...].astype(jnp.float32)))
+
+  got = plgpu.kernel(kernel, out_shape=S((64, 64), jnp.float32))(x)
+  np.testing.assert_allclose(got, x.astype(np.float32) * 5, rtol=1e-6, atol=0)

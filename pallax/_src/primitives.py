@@ -494,6 +494,24 @@ def run_scoped(f: Callable[..., Any], *types, collective_axes=(), **kw_types):
   return jax.tree.unflatten(out_tree_box[0], outs)
 
 
+def run_state(f: Callable[..., None]):
+  """``pl.run_state(f)(init)``: ``f`` runs on Refs holding ``init`` (a pytree; ``plgpu.ACC.init``
+  makes a WGMMA accumulator) and writes them; the call returns their final values. ``f``'s own
+  result would be dropped, so ``f`` must return None (as in JAX Pallas)."""
+  def body(*refs):
+    out = f(*refs)
+    if out is not None:
+      where = ji.current_user_frame()
+      raise ValueError(
+          f"pl.run_state: the function {getattr(f, '__name__', f)} returned "
+          f"{jax.tree.map(lambda x: getattr(jax.typeof(x), 'str_short', lambda: x)(), out)}"
+          f"{f' at {where}' if where else ''}; pl.run_state returns the final values of the "
+          "Refs it made, not the function's result: write the result into one of them "
+          "(acc_ref[...] = value), and return None")
+  body.__name__ = getattr(f, "__name__", "run_state")
+  return ji.run_state(body)
+
+
 # --- debugging --------------------------------------------------------------------------
 
 def debug_check(condition, message: str) -> None:
