@@ -15,6 +15,7 @@ from pallax._src import grid_mapping
 from pallax._src import pallas_call as pcall
 from pallax._src import tracing
 from pallax._src import primitives as prims
+from pallax._src import semaphores
 
 
 class _NotSpecified:
@@ -70,7 +71,7 @@ def _run_one(body, mesh: pc.Mesh, operands, out_avals, scratch, name, interpret,
     consts = [next(closed_it) if _is_ref(c) else c for c in probe.consts]
     ids = [prims.program_id(a) for a in range(rank)]
     glob = (list(outs[len(outs) - n_glob:]) if n_glob else
-            [prims.get_global(jax.ShapeDtypeStruct(a.shape, a.dtype)) for a in globals_avals])
+            [semaphores.get_global(jax.ShapeDtypeStruct(a.shape, a.dtype)) for a in globals_avals])
     ji.eval_jaxpr(probe, consts, *ids, *body_ops, *outs[:n_out], *scr, *glob)
 
   results = pcall.pallas_call(

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from pallax._src import kernel as pk
 from pallax._src import primitives as prims
+from pallax._src import semaphores
 from pallax._src.mosaic_gpu import core as mc
 from pallax._src.mosaic_gpu import primitives as mp
 
@@ -40,7 +41,7 @@ def kernel(body=_NS, out_shape=None, *, out_type=(), scratch_types=(), compiler_
 
   def kernel_body(*refs):
     # pl.semaphore_* in a Mosaic GPU kernel wait for other threads and blocks (mp.SEMAPHORES).
-    with prims.semaphores_by(mp.SEMAPHORES):
+    with semaphores.semaphores_by(mp.SEMAPHORES):
       if isinstance(scratch_types, Mapping):
         prims.run_scoped(functools.partial(body, *refs), collective_axes=collective,
                          **scratch_types)

@@ -14,6 +14,7 @@ from jax import lax
 from pallax._src import backends
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
+from pallax._src import semaphores
 
 
 class MosaicEffect(ji.effects.Effect):
@@ -438,7 +439,7 @@ def semaphore_read(sem) -> jax.Array:
   return _bind_refs(semaphore_read_p, (sem,))[0]
 
 
-SEMAPHORES = prims.SemaphoreOps(semaphore_signal, semaphore_wait, semaphore_read)
+SEMAPHORES = semaphores.SemaphoreOps(semaphore_signal, semaphore_wait, semaphore_read)
 
 
 # Kernels that use these are Mosaic GPU kernels: the eager interpreter or the Gluon backend runs them.
