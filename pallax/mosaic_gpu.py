@@ -7,29 +7,32 @@ one-warpgroup kernels compile to Gluon (a first subset: see the README).
 """
 from pallax._src.gluon import backend as _backend  # noqa: F401 (registers the Gluon backend)
 from pallax._src.mosaic_gpu import semantics as _semantics  # noqa: F401 (registers the rules)
+from pallax._src.mosaic_gpu import sync as _sync  # noqa: F401 (registers the rules)
+from pallax._src.jax_internals import Transform
 from pallax._src.mosaic_gpu.core import (
     ACC, GMEM, REGS, SMEM, TMEM, Barrier, BlockSpec, ClusterBarrier, CompilerParams, CopyPartition,
     GPUMemoryRef, Layout, LoweringSemantics, MemorySpace, Mesh, OOBFillMode, ParameterizedLayout,
-    Replicated, SemaphoreType, SomeLayout, SwizzleTransform, Tiling, TilingTransform, TMEMLayout,
-    TraceScope, TransposeTransform, WarpMesh, WGMMAAccumulatorRef)
+    RefType, RefUnion, Replicated, SemaphoreType, SomeLayout, SwizzleTransform, Tiling,
+    TilingTransform, TMEMLayout, TraceScope, TransposeTransform, WarpMesh, WGMMAAccumulatorRef)
 from pallax._src.mosaic_gpu.core import shape_dtype_struct as ShapeDtypeStruct  # noqa: N812
 from pallax._src.gluon.compile import lower
 from pallax._src.mosaic_gpu.helpers import NDLoopInfo, find_swizzle, nd_loop, planar_snake
 from pallax._src.mosaic_gpu.kernel import kernel
 from pallax._src.mosaic_gpu.primitives import (
-    barrier_arrive, barrier_wait, broadcasted_iota, commit_smem, commit_smem_to_gmem_group,
-    copy_gmem_to_smem, copy_smem_to_gmem, layout_cast, load, print_layout, set_max_registers,
-    wait_gmem_to_smem, wait_smem_to_gmem, wgmma, wgmma_wait)
+    async_prefetch, atomic_add, atomic_and, atomic_max, atomic_min, atomic_or, atomic_xor,
+    barrier_arrive, barrier_test, barrier_wait, broadcasted_iota, commit_smem,
+    commit_smem_to_gmem_group, copy_gmem_to_smem, copy_smem_to_gmem, layout_cast, load,
+    print_layout, semaphore_signal, semaphore_wait, set_max_registers, transpose_ref,
+    wait_gmem_to_smem, wait_smem_to_gmem, wgmma, wgmma_accumulator_load, wgmma_wait)
 from pallax._src.mosaic_gpu.unsupported import (
     SemaphoreSignal,
     async_copy_scales_to_tmem, async_copy_smem_to_tmem,
-    async_copy_sparse_metadata_to_tmem, async_load_tmem, async_prefetch, async_store_smem,
-    async_store_tmem, atomic_add, atomic_and, atomic_max, atomic_min, atomic_or, atomic_xor,
-    barrier_test, cluster_ref, commit_tmem, dynamic_scheduling_loop, format_tcgen05_sparse_metadata,
-    griddepcontrol_launch_dependents, griddepcontrol_wait, inline_mgpu, mma, multicast_ref,
-    multimem_load_reduce, multimem_store, query_cluster_cancel, remote_ref,
-    semaphore_signal_multicast, semaphore_signal_parallel, tcgen05_commit_arrive, tcgen05_mma,
-    try_cluster_cancel, wait_load_tmem, warp_map, wgmma_accumulator_load)
+    async_copy_sparse_metadata_to_tmem, async_load_tmem, async_store_smem,
+    async_store_tmem, cluster_ref, commit_tmem, dynamic_scheduling_loop,
+    format_tcgen05_sparse_metadata, griddepcontrol_launch_dependents, griddepcontrol_wait,
+    inline_mgpu, mma, multicast_ref, multimem_load_reduce, multimem_store, query_cluster_cancel,
+    remote_ref, semaphore_signal_multicast, semaphore_signal_parallel, tcgen05_commit_arrive,
+    tcgen05_mma, try_cluster_cancel, wait_load_tmem, warp_map)
 
 GPUMemorySpace = MemorySpace   # the docs' older name
 from pallax._src.mosaic_gpu.pipeline import emit_pipeline, emit_pipeline_warp_specialized  # noqa: E402

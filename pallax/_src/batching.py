@@ -10,13 +10,14 @@ from pallax._src.grid_mapping import with_leading_grid_axis
 from pallax._src.call_primitive import Params, pallas_call_p
 
 
-def with_leading_program_id(jaxpr, name: str):
-  """A kernel jaxpr taking one more program id first (which it ignores)."""
+def with_leading_program_id(jaxpr, name: str, axes=()):
+  """A kernel jaxpr taking one more program id first (which it ignores); ``axes``: the
+  (name, size) pairs its ``lax.axis_index`` equations name (Mosaic GPU threads, clusters)."""
   def new_kernel(b, *args):
     ji.eval_jaxpr(jaxpr, jaxpr.consts, *args)
     return []
   new, _, consts = ji.trace_to_jaxpr(new_kernel, [ji.ShapedArray((), jnp.int32)] + list(jaxpr.in_avals),
-                                     name=name)
+                                     name=name, axes=axes)
   return ji.closed(new, consts)
 
 
@@ -35,7 +36,8 @@ def _batching_rule(args, dims, *, params: Params):
       args[i] = jnp.broadcast_to(args[i], (size,) + jnp.shape(args[i]))   # may be a Python int
       batched_in[i] = True
   new_gm = with_leading_grid_axis(gm, size, batched_in[nidx:] + [True] * gm.num_outputs)
-  new_params = dataclasses.replace(params, jaxpr=with_leading_program_id(params.jaxpr, params.name),
+  axes = params.threads.axis_env() if params.threads is not None else ()
+  new_params = dataclasses.replace(params, jaxpr=with_leading_program_id(params.jaxpr, params.name, axes),
                                    grid_mapping=new_gm)
   outs = pallas_call_p.bind(*args, params=new_params)
   return outs, [0] * len(outs)

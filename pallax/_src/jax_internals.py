@@ -80,6 +80,7 @@ extend_axis_env_nd = core.extend_axis_env_nd
 run_state = state_discharge.run_state
 run_state_p = state_discharge.run_state_p
 uninitialized = state_types.uninitialized
+Transform = state_types.Transform   # the base of Ref transforms (plgpu.Transform)
 TransposeRef = state_types.TransposeTransform
 ReshapeRef = state_types.ReshapeTransform
 BitcastRef = state_types.BitcastTransform
@@ -108,13 +109,18 @@ def gpu_triton():
   return lib
 
 
-def trace_to_jaxpr(fun, in_avals, name="kernel", arg_names=None):
-  """Traces ``fun(*in_avals)`` to a jaxpr; returns (jaxpr, out_avals, consts)."""
+def trace_to_jaxpr(fun, in_avals, name="kernel", arg_names=None, axes=()):
+  """Traces ``fun(*in_avals)`` to a jaxpr; returns (jaxpr, out_avals, consts).
+
+  ``axes``: (name, size) pairs in scope for ``lax.axis_index``/``lax.axis_size`` (a Mosaic GPU
+  kernel's cluster and thread axes), bound around the whole trace: with ``jax_enable_checks``
+  JAX type-checks the finished jaxpr, whose ``axis_index`` equations need their names bound."""
   dbg = api_util.debug_info(name, fun, tuple(range(len(in_avals))), {})
   if arg_names is not None:
     dbg = dbg._replace(arg_names=tuple(arg_names))
-  return pe.trace_to_jaxpr_dynamic(
-      linear_util.wrap_init(fun, debug_info=dbg), list(in_avals))
+  with core.extend_axis_env_nd(list(axes)):
+    return pe.trace_to_jaxpr_dynamic(
+        linear_util.wrap_init(fun, debug_info=dbg), list(in_avals))
 
 
 def closed(jaxpr, consts):

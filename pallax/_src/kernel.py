@@ -7,6 +7,7 @@ in place: each becomes an input aliased to an output that is written back.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
@@ -14,6 +15,7 @@ from pallax._src import grid_mapping
 from pallax._src import pallas_call as pcall
 from pallax._src import tracing
 from pallax._src import primitives as prims
+from pallax._src import semaphores
 
 
 class _NotSpecified:
@@ -38,30 +40,39 @@ def _run_one(body, mesh: pc.Mesh, operands, out_avals, scratch, name, interpret,
   ref_ops = [i for i, x in enumerate(operands) if _is_ref(x)]
   scratch_avals = [grid_mapping.scratch_aval(s, name) for s in scratch]
   probe_avals = [ji.ref_aval(a.shape, a.dtype) for a in op_avals + list(out_avals)] + scratch_avals
-  probe, _ = tracing.trace_kernel(body, name, mesh.grid, probe_avals,
+  probe, globals_avals = tracing.trace_kernel(body, name, mesh.grid, probe_avals,
                                 [f"args[{i}]" for i in range(len(operands))]
                                 + [f"out[{i}]" for i in range(len(out_avals))], mesh.grid_names,
                                 kernel_args, allow_ref_consts=True,
                                 extra_axes=threads.axis_env() if threads is not None else ())
   closed_refs = [c for c in probe.consts if _is_ref(c)]
-  n_ops, n_out, n_closed = len(operands), len(out_avals), len(closed_refs)
-  # pallas_call operands: operand values, then closed-over Ref values.
-  call_args = [x[...] if _is_ref(x) else x for x in operands] + [r[...] for r in closed_refs]
-  call_outs = list(out_avals) + [op_avals[i] for i in ref_ops] + [jax.typeof(r) for r in closed_refs]
+  # A Mosaic GPU kernel's pl.get_global buffers are operands too: zeros in GMEM, which every
+  # block sees (in other kernels they are the pallas_call's own, see pl.get_global).
+  glob_ops = [jnp.zeros(a.shape, a.dtype) for a in globals_avals] if threads is not None else []
+  n_ops, n_out, n_closed, n_glob = len(operands), len(out_avals), len(closed_refs), len(glob_ops)
+  # pallas_call operands: operand values, then closed-over Ref values, then globals.
+  call_args = ([x[...] if _is_ref(x) else x for x in operands] + [r[...] for r in closed_refs]
+               + glob_ops)
+  call_outs = (list(out_avals) + [op_avals[i] for i in ref_ops] + [jax.typeof(r) for r in closed_refs]
+               + [jax.typeof(g) for g in glob_ops])
   call_outs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in
                [getattr(a, "inner_aval", a) for a in call_outs]]
   aliases = {i: n_out + k for k, i in enumerate(ref_ops)}
-  aliases.update({n_ops + k: n_out + len(ref_ops) + k for k in range(n_closed)})
+  aliases.update({n_ops + k: n_out + len(ref_ops) + k for k in range(n_closed + n_glob)})
+  if n_glob:
+    first = n_out + len(ref_ops) + n_closed
+    threads = threads.with_global_outputs(tuple(range(first, first + n_glob)))
 
   def replay(*refs):
-    ins = refs[:n_ops + n_closed]
-    outs = refs[n_ops + n_closed:n_ops + n_closed + len(call_outs)]
-    scr = refs[n_ops + n_closed + len(call_outs):]
+    n_in = n_ops + n_closed + n_glob
+    ins, outs, scr = refs[:n_in], refs[n_in:n_in + len(call_outs)], refs[n_in + len(call_outs):]
     body_ops = [outs[n_out + ref_ops.index(i)] if i in ref_ops else ins[i] for i in range(n_ops)]
     closed_it = iter(outs[n_out + len(ref_ops):])
     consts = [next(closed_it) if _is_ref(c) else c for c in probe.consts]
     ids = [prims.program_id(a) for a in range(rank)]
-    ji.eval_jaxpr(probe, consts, *ids, *body_ops, *outs[:n_out], *scr)
+    glob = (list(outs[len(outs) - n_glob:]) if n_glob else
+            [semaphores.get_global(jax.ShapeDtypeStruct(a.shape, a.dtype)) for a in globals_avals])
+    ji.eval_jaxpr(probe, consts, *ids, *body_ops, *outs[:n_out], *scr, *glob)
 
   results = pcall.pallas_call(
       replay, out_shape=call_outs, grid=mesh.grid, scratch_shapes=tuple(scratch),

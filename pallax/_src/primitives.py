@@ -1,6 +1,7 @@
 """The functions kernels call: program ids, Ref access with masks, dot, control flow, scratch."""
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -509,6 +510,24 @@ def run_scoped(f: Callable[..., Any], *types, collective_axes=(), **kw_types):
   return jax.tree.unflatten(out_tree_box[0], outs)
 
 
+def run_state(f: Callable[..., None]):
+  """``pl.run_state(f)(init)``: ``f`` runs on Refs holding ``init`` (a pytree; ``plgpu.ACC.init``
+  makes a WGMMA accumulator) and writes them; the call returns their final values. ``f``'s own
+  result would be dropped, so ``f`` must return None (as in JAX Pallas)."""
+  def body(*refs):
+    out = f(*refs)
+    if out is not None:
+      where = ji.current_user_frame()
+      raise ValueError(
+          f"pl.run_state: the function {getattr(f, '__name__', f)} returned "
+          f"{jax.tree.map(lambda x: getattr(jax.typeof(x), 'str_short', lambda: x)(), out)}"
+          f"{f' at {where}' if where else ''}; pl.run_state returns the final values of the "
+          "Refs it made, not the function's result: write the result into one of them "
+          "(acc_ref[...] = value), and return None")
+  body.__name__ = getattr(f, "__name__", "run_state")
+  return ji.run_state(body)
+
+
 # --- debugging --------------------------------------------------------------------------
 
 def debug_check(condition, message: str) -> None:
@@ -539,32 +558,13 @@ def debug_print(fmt: str, *args) -> None:
   debug_print_p.bind(*[jnp.asarray(a) for a in args], fmt=fmt)
 
 
-# --- semaphores and globals -------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Buffered:
+  """``pl.BlockSpec(..., pipeline_mode=pl.Buffered(n))``: how many buffers a pipeline keeps
+  for the block (a performance choice; where a pipeline does not take it, it says so)."""
+  buffer_count: int
+  use_lookahead: bool = False
 
-def semaphore_read(sem_or_view) -> jax.Array:
-  return sem_or_view[...]
-
-
-def semaphore_signal(sem_or_view, inc=1, *, device_id=None, device_id_type=None, core_index=None):
-  """Adds ``inc`` to a semaphore."""
-  if device_id is not None or core_index is not None:
-    raise NotImplementedError("semaphore_signal to another device or core is not supported")
-  sem_or_view[...] = sem_or_view[...] + jnp.asarray(inc, sem_or_view.dtype)
-
-
-def semaphore_wait(sem_or_view, value=1, *, decrement=True):
-  """Waits until a semaphore reaches ``value`` (then subtracts it when ``decrement``)."""
-  cur = sem_or_view[...]
-  checkify.check(jnp.all(cur >= value),
-                 "semaphore_wait would block forever: the semaphore is below the awaited "
-                 "value and no other program can signal it (programs run one at a time here)")
-  if decrement:
-    sem_or_view[...] = cur - jnp.asarray(value, cur.dtype)
-
-
-def get_global(what):
-  """A scratch Ref shared by all programs of one call, zero-initialized."""
-  env = pc.current_grid_env("get_global")
-  if env.globals is None:
-    raise NotImplementedError("pl.get_global is only available inside pallas_call kernels")
-  return env.globals(what)
+  def __post_init__(self):
+    if self.buffer_count < 1:
+      raise ValueError(f"pl.Buffered: buffer_count must be at least 1, got {self.buffer_count}")

@@ -96,8 +96,7 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
       return jax.new_ref(jnp.zeros(what.shape, what.dtype))
 
     env = pc.GridEnv(name, tuple(ids), grid, tuple(grid_names), get_global)
-    named = [(n, s) for n, s in zip(grid_names, grid) if n is not None] + list(extra_axes)
-    with pc.grid_env(env), ji.extend_axis_env_nd(named):
+    with pc.grid_env(env):
       out = kernel_args.call(kernel, list(refs))
     if out is not None:   # even () or 0, as in JAX Pallas
       where = kernel_errors.defined_at(kernel)
@@ -108,13 +107,14 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
     return []
 
   in_avals = [ji.ShapedArray((), jnp.int32)] * len(grid) + list(ref_avals)
+  named = [(n, s) for n, s in zip(grid_names, grid) if n is not None] + list(extra_axes)
   try:
-    jaxpr, _, consts = ji.trace_to_jaxpr(lambda *a: run((), *a), in_avals, name=name)
+    jaxpr, _, consts = ji.trace_to_jaxpr(lambda *a: run((), *a), in_avals, name=name, axes=named)
     globals_avals = [scratch_aval(w, name) for w in requested]
     if requested:
       n = len(in_avals)
       jaxpr, _, consts = ji.trace_to_jaxpr(lambda *a: run(a[n:], *a[:n]), in_avals + globals_avals,
-                                           name=name)
+                                           name=name, axes=named)
   except (ValueError, TypeError, IndexError, NotImplementedError, RuntimeError) as e:
     names = dict(zip(kernel_args.names(kernel), ref_names)) if ref_names else {}
     kernel_errors.reraise(e, f"pallas_call {name}", names)

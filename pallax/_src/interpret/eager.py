@@ -63,6 +63,7 @@ class Block:
   track: bool = False        # check for reads of data nothing wrote (uninit.enabled)
   shared: dict = dataclasses.field(default_factory=dict)
   state: dict = dataclasses.field(default_factory=dict)   # per-block bookkeeping of rules
+  run: dict = dataclasses.field(default_factory=dict)     # shared by the call's blocks: "events"
 
 
 @dataclasses.dataclass(eq=False)
@@ -81,9 +82,19 @@ class Thread:
 
 @dataclasses.dataclass
 class Wait:
-  """Why a thread cannot go on: ``ready()`` tells when it can."""
+  """Why a thread cannot go on: ``ready()`` tells when it can. ``shared``: it waits for
+  something another block may change (a ``pl.get_global`` semaphore), so the scheduler starts
+  the next block rather than report a deadlock. ``poll``: not a wait, the thread looked
+  (``barrier_test``) and goes on, after the other threads had a turn."""
   ready: Callable[[], bool]
-  what: str
+  what: str | Callable[[], str]   # a callable says it as it is when a deadlock is reported
+  shared: bool = False
+  poll: bool = False
+
+
+def notify(th) -> None:
+  """Counts an event that may let a waiting or polling thread go on (an arrival, a signal)."""
+  th.block.run["events"] = th.block.run.get("events", 0) + 1
 
 
 def fail(th: Thread, msg: str, cls=KernelCheckError):
@@ -280,12 +291,23 @@ def _set(th, eqn, invals):
 
 def allocate(kind, aval, name: str) -> Buffer:
   """A buffer for a scratch type; buffers that start poisoned track their initialization
-  (``init``; dropped by the caller when checks are off)."""
+  (``init``; dropped by the caller when checks are off). Semaphores start at zero."""
   for cls, fn in ALLOCATORS.items():
     if isinstance(kind, cls):
       return fn(kind, aval, name)
+  if getattr(kind, "memory_space", None) is pc.MemorySpace.SEMAPHORE:
+    return semaphores(kind, aval, name)
   return Buffer(name, "scratch", np.array(prims.poison(aval.shape, aval.dtype)), kind,
                 init=np.zeros(aval.shape, bool))
+
+
+def semaphores(kind, aval, name: str) -> Buffer:
+  """Semaphore scratch: counters at zero."""
+  label = name if "sem" in name.lower() else f"semaphore {name}"
+  return Buffer(label, "semaphore", np.zeros(aval.shape, aval.dtype), kind)
+
+
+ON_ALLOCATE: list = []   # hooks(thread, buffers) after a run_scoped allocates its buffers
 
 
 @rule(prims.run_scoped_p)
@@ -306,6 +328,8 @@ def _run_scoped(th, eqn, invals):
     for b in bufs:
       if b.init is not None and not th.block.track:
         b.init = None
+    for hook in ON_ALLOCATE:
+      hook(th, bufs)
     if collective:
       th.block.shared[key] = bufs
   last = th.state.setdefault("scopes", {})   # run_scoped eqn -> the last entry's buffers
@@ -352,27 +376,70 @@ def _run_state(th, eqn, invals):
 
 # --- the scheduler ---------------------------------------------------------------------------
 
-def _run_block(block: Block, bodies: list) -> None:
-  """Runs the threads' generators until all finish; a deadlock is an error."""
-  live = [(th, gen, None) for th, gen in bodies]
-  while live:
-    progressed, still = False, []
-    for th, gen, wait in live:
-      if wait is not None and not wait.ready():
-        still.append((th, gen, wait))
+POLL_LIMIT = 1000   # rounds of only polls, with no event anywhere, before that is a deadlock
+
+
+def _run_blocks(blocks) -> None:
+  """Runs the threads of ``blocks`` (an iterator of (block, threads, bodies)) until all finish.
+  Blocks run one after another in grid order; a block whose threads all wait, some of them on
+  a ``pl.get_global`` semaphore, lets the next block start (on a GPU blocks run concurrently).
+  When nothing can go on, that is a deadlock, reported with each thread's wait and line."""
+  live, pending, idle = [], iter(blocks), 0
+
+  def start() -> bool:
+    nxt = next(pending, None)
+    if nxt is None:
+      return False
+    block, threads, bodies = nxt
+    for hook in ON_BLOCK_START:
+      hook(block, threads)
+    live.extend((th, gen, None) for th, gen in bodies)
+    return True
+
+  while live or start():
+    run = live[0][0].block.run
+    events = run.get("events", 0)
+    live, progressed, polled_only = _round(live)
+    idle = idle + 1 if polled_only and run.get("events", 0) == events else 0
+    if live and (not progressed or idle >= POLL_LIMIT):
+      if any(w is not None and w.shared for _, _, w in live) and start():
+        idle = 0
         continue
-      progressed = True
-      try:
-        wait = gen.send(None)
-      except StopIteration:
-        continue
+      raise KernelCheckError(_deadlock_message(live, idle >= POLL_LIMIT))
+
+
+def _round(live):
+  """Each thread that can go on runs to its next wait. Returns (threads still running,
+  whether any ran, whether those that ran only polled)."""
+  progressed, polled_only, still = False, True, []
+  for th, gen, wait in live:
+    if wait is not None and not wait.poll and not wait.ready():
       still.append((th, gen, wait))
-    live = still
-    if not progressed:
-      waits = "; ".join(f"{th.describe()} waits for {w.what} at {th.line or 'a line of library code'}"
-                        for th, _, w in live)
-      raise KernelCheckError(f"{block.kernel}: deadlock in block {_block_name(block)}: every "
-                             f"thread waits and nothing can arrive: {waits}")
+      continue
+    progressed = True
+    polled_only &= wait is not None and wait.poll
+    try:
+      wait = gen.send(None)
+    except StopIteration:
+      polled_only = False
+      continue
+    polled_only &= wait is not None and wait.poll
+    still.append((th, gen, wait))
+  return still, progressed, polled_only
+
+
+def _deadlock_message(live, polling: bool) -> str:
+  blocks = list(dict.fromkeys(th.block for th, _, _ in live))
+  where = (f"block {_block_name(blocks[0])}" if len(blocks) == 1
+           else "blocks " + ", ".join(_block_name(b) for b in blocks))
+  waits = "; ".join(
+      f"{th.describe()}{'' if len(blocks) == 1 else f' of block {_block_name(th.block)}'} "
+      f"{'polls' if w.poll else 'waits for'} {w.what() if callable(w.what) else w.what} "
+      f"at {th.line or 'a line of library code'}"
+      for th, _, w in live)
+  how = (f"every thread waits or polls ({POLL_LIMIT} rounds without an arrival or a signal)"
+         if polling else "every thread waits")
+  return f"{blocks[0].kernel}: deadlock in {where}: {how} and nothing can arrive: {waits}"
 
 
 ON_BLOCK_START: list = []   # hooks(block, threads), before a block runs
@@ -382,8 +449,6 @@ def run_kernel(params, args, track: bool = False) -> list[np.ndarray]:
   """Runs the kernel of ``params`` on NumPy ``args``; returns the outputs. With ``track``,
   reading data nothing wrote is an error, and so are output elements nothing writes."""
   gm = params.grid_mapping
-  info = getattr(params, "threads", None)
-  names = tuple(gm.grid_names or ()) or tuple(f"axis{i}" for i in range(len(gm.grid)))
   ins = [Buffer(f"args[{i}]", "gmem", np.array(a)) for i, a in enumerate(args)]
   outs = [Buffer(f"out[{i}]", "gmem", np.array(prims.poison(bm.array_aval.shape, bm.array_aval.dtype)),
                  init=np.zeros(bm.array_aval.shape, bool) if track else None)
@@ -391,24 +456,34 @@ def run_kernel(params, args, track: bool = False) -> list[np.ndarray]:
   for i, o in params.input_output_aliases:
     outs[o].data[...] = ins[i].data
     outs[o].init = None
-  n_threads = info.num_threads if info else 1
-  extra = dict(info.cluster) if info else {}
-  for ids in itertools.product(*[range(g) for g in gm.grid]):
-    axes = {**dict(zip(names, ids)), **{k: 0 for k in extra}}
-    block = Block(axes, params.name, track)
-    threads = [Thread(block, t, info.thread_name if info else None,
-                      {**axes, **({info.thread_name: t} if info and info.thread_name else {})})
-               for t in range(n_threads)]
-    refs = [_block_view(bm, b, ids, params.name) for bm, b in zip(gm.block_mappings, ins + outs)]
-    bodies = [(th, eval_jaxpr(th, params.jaxpr, params.jaxpr.consts,
-                              [jnp.int32(i) for i in ids] + refs)) for th in threads]
-    for hook in ON_BLOCK_START:
-      hook(block, threads)
-    _run_block(block, bodies)
+  for k, o in enumerate(getattr(params.threads, "global_outputs", ())):   # plgpu kernels'
+    outs[o].name, outs[o].state["global"] = f"pl.get_global #{k}", True
+  glob = [Buffer(f"pl.get_global #{k}", "gmem", np.zeros(a.shape, a.dtype), None, {"global": True})
+          for k, a in enumerate(getattr(params, "globals_avals", ()))]
+  _run_blocks(_blocks(params, ins + outs, glob, track))
   for o in outs:
     if o.init is not None and not o.init.all():
       raise KernelCheckError(_unwritten_message(params.name, o))
   return [o.data for o in outs]
+
+
+def _blocks(params, bufs, glob, track):
+  """(block, threads, their bodies) for each block of the grid, in row-major order."""
+  gm, info, run = params.grid_mapping, getattr(params, "threads", None), {}
+  names = tuple(gm.grid_names or ()) or tuple(f"axis{i}" for i in range(len(gm.grid)))
+  n_threads = info.num_threads if info else 1
+  extra = dict(info.cluster) if info else {}
+  for ids in itertools.product(*[range(g) for g in gm.grid]):
+    axes = {**dict(zip(names, ids)), **{k: 0 for k in extra}}
+    block = Block(axes, params.name, track, run=run)
+    threads = [Thread(block, t, info.thread_name if info else None,
+                      {**axes, **({info.thread_name: t} if info and info.thread_name else {})})
+               for t in range(n_threads)]
+    refs = [_block_view(bm, b, ids, params.name) for bm, b in zip(gm.block_mappings, bufs)]
+    refs += [View(g) for g in glob]
+    bodies = [(th, eval_jaxpr(th, params.jaxpr, params.jaxpr.consts,
+                              [jnp.int32(i) for i in ids] + refs)) for th in threads]
+    yield block, threads, bodies
 
 
 def _unwritten_message(kernel: str, out: Buffer) -> str:

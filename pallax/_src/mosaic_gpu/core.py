@@ -131,8 +131,11 @@ def check_transforms(transforms, shape, dtype, what: str):
 
 @dataclasses.dataclass(frozen=True)
 class GPUMemoryRef(pc.MemoryRef):
-  """A scratch buffer in GMEM, SMEM, TMEM or registers, with its SMEM transforms."""
+  """A scratch buffer in GMEM, SMEM, TMEM or registers, with its SMEM transforms. ``alias``:
+  set on the members of a ``RefUnion``: (their group's index, whether it is the union's first
+  member), which is how the interpreter finds the buffers that share memory."""
   transforms: tuple = ()
+  alias: tuple[int, bool] | None = None
 
   def get_ref_aval(self):
     check_transforms(self.transforms, self.shape, self.dtype, f"plgpu.{self.memory_space}")
@@ -164,11 +167,22 @@ REGS = MemorySpace.REGS
 
 
 class SemaphoreType(enum.Enum):
+  """``plgpu.SemaphoreType.REGULAR`` (one semaphore) or ``.REGULAR((n,))``: int32 counters,
+  starting at 0, for ``pl.semaphore_signal``/``pl.semaphore_wait``; as kernel scratch each
+  block has its own, ``pl.get_global(...)`` makes one that all blocks share."""
   REGULAR = "regular"
   BARRIER = "barrier"
 
   def __call__(self, shape=()):
     return pc.SemaphoreType.REGULAR(tuple(shape))
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return ()
+
+  @property
+  def dtype(self):
+    return self(()).dtype
 
   def get_ref_aval(self):
     return self(()).get_ref_aval()
@@ -231,6 +245,95 @@ ACC = WGMMAAccumulatorRef
 ji.register_ref_type(WGMMAAccumulatorRef, lambda r: (ji.ref_aval(r.shape, jnp.dtype(r.dtype)), r._init))
 
 
+# --- unions of SMEM scratch ------------------------------------------------------------------
+
+def _is_memory_ref(x) -> bool:
+  return isinstance(x, GPUMemoryRef)
+
+
+class RefUnion:
+  """``plgpu.RefUnion(group0, group1, ...)``: SMEM scratch whose groups (each a pytree of
+  ``plgpu.SMEM`` types) may share memory, for groups used at different times. The kernel gets
+  a ``RefUnionRefs``: unpack it (``a, [b, c] = union`` or ``union[1]``) into the groups' Refs.
+
+  As in JAX, how the groups overlap is not defined: a write through one group leaves the
+  others' contents undefined (the interpreter checks that no Ref is read after a write
+  through another group of its union, until it is written again)."""
+
+  def __init__(self, *groups):
+    leaves = jax.tree.leaves(groups, is_leaf=_is_memory_ref)
+    if not leaves:
+      raise ValueError("plgpu.RefUnion needs at least one plgpu.SMEM(...) member")
+    for leaf in leaves:
+      if not _is_memory_ref(leaf):
+        raise TypeError(f"plgpu.RefUnion takes pytrees of plgpu.SMEM(...) types, got {leaf!r}")
+      if leaf.memory_space is not MemorySpace.SMEM:
+        raise NotImplementedError(
+            f"plgpu.RefUnion of {leaf.memory_space} Refs: pallax supports unions of SMEM "
+            "Refs only (TMEM is Blackwell's)")
+    first = [True]
+
+    def mark(g):
+      def one(leaf):
+        marked = dataclasses.replace(leaf, alias=(g, first[0]))
+        first[0] = False
+        return marked
+      return one
+
+    self.groups = tuple(jax.tree.map(mark(g), grp, is_leaf=_is_memory_ref)
+                        for g, grp in enumerate(groups))
+
+  def __repr__(self):
+    return f"RefUnion{self.groups!r}"
+
+  def __eq__(self, other):
+    return isinstance(other, RefUnion) and self.groups == other.groups
+
+  def __hash__(self):
+    return hash(tuple(jax.tree.leaves(self.groups, is_leaf=_is_memory_ref)))
+
+
+class RefUnionRefs:
+  """The kernel's side of a ``plgpu.RefUnion``: a sequence of its groups' Refs."""
+
+  def __init__(self, groups):
+    self.groups = tuple(groups)
+
+  def __iter__(self):
+    return iter(self.groups)
+
+  def __len__(self):
+    return len(self.groups)
+
+  def __getitem__(self, i):
+    if not isinstance(i, int):
+      raise TypeError(f"a plgpu.RefUnion is indexed by a group number, got {i!r}; unpack it "
+                      "into its groups' Refs (a, [b] = union) and index those")
+    return self.groups[i]
+
+  def __setitem__(self, i, value):
+    raise ValueError("Ref unions can't be assigned to: unpack the union into its groups' Refs "
+                     "(a, [b] = union) and write to one of those")
+
+
+def _union_unflatten(_, groups):
+  leaves = jax.tree.leaves(groups, is_leaf=_is_memory_ref)
+  if leaves and all(_is_memory_ref(x) for x in leaves):   # types: the RefUnion itself
+    union = RefUnion.__new__(RefUnion)
+    union.groups = tuple(groups)
+    return union
+  return RefUnionRefs(groups)
+
+
+jax.tree_util.register_pytree_node(RefUnion, lambda u: (u.groups, None), _union_unflatten)
+
+
+@dataclasses.dataclass(frozen=True)
+class RefType:
+  """A Ref argument type of ``plgpu.inline_mgpu`` (which pallax does not run)."""
+  transforms: tuple = ()
+
+
 # --- layouts: hints in pallax's semantics ----------------------------------------------------
 
 class SomeLayout:
@@ -271,6 +374,8 @@ class Layout(SomeLayout, enum.Enum):
   MMA_LHS = enum.auto()
   MMA_RHS = enum.auto()
   MMA_ACC = enum.auto()
+  _WGMMA_ACC_32BIT = enum.auto()       # JAX's spelling (a workaround it exposes)
+  WGMMA_ACC_32BIT = _WGMMA_ACC_32BIT   # the same layout
 
   def __call__(self, *args, **kwargs) -> ParameterizedLayout:
     return ParameterizedLayout(self, tuple(args), tuple(sorted(kwargs.items())))
@@ -360,10 +465,15 @@ class WarpMesh:
 
 @dataclasses.dataclass(frozen=True)
 class ThreadInfo:
-  """What a Mosaic GPU kernel adds to a pallas_call: cluster and thread axes (names, sizes)."""
+  """What a Mosaic GPU kernel adds to a pallas_call: cluster and thread axes (names, sizes), and
+  which of its outputs are ``pl.get_global`` buffers (zeros, in GMEM, every block's)."""
   cluster: tuple[tuple[str, int], ...] = ()
   num_threads: int = 1
   thread_name: str | None = None
+  global_outputs: tuple[int, ...] = ()
+
+  def with_global_outputs(self, outputs: tuple[int, ...]) -> "ThreadInfo":
+    return dataclasses.replace(self, global_outputs=tuple(outputs))
 
   def axis_env(self) -> tuple[tuple[Hashable, int], ...]:
     thread = ((self.thread_name, self.num_threads),) if self.thread_name is not None else ()

@@ -6,7 +6,9 @@ from collections.abc import Mapping
 
 from pallax._src import kernel as pk
 from pallax._src import primitives as prims
+from pallax._src import semaphores
 from pallax._src.mosaic_gpu import core as mc
+from pallax._src.mosaic_gpu import primitives as mp
 
 
 class _NotSpecified:
@@ -38,10 +40,14 @@ def kernel(body=_NS, out_shape=None, *, out_type=(), scratch_types=(), compiler_
   collective = () if thread_name is None else (thread_name,)
 
   def kernel_body(*refs):
-    if isinstance(scratch_types, Mapping):
-      prims.run_scoped(functools.partial(body, *refs), collective_axes=collective, **scratch_types)
-    else:
-      prims.run_scoped(functools.partial(body, *refs), *scratch_types, collective_axes=collective)
+    # pl.semaphore_* in a Mosaic GPU kernel wait for other threads and blocks (mp.SEMAPHORES).
+    with semaphores.semaphores_by(mp.SEMAPHORES):
+      if isinstance(scratch_types, Mapping):
+        prims.run_scoped(functools.partial(body, *refs), collective_axes=collective,
+                         **scratch_types)
+      else:
+        prims.run_scoped(functools.partial(body, *refs), *scratch_types,
+                         collective_axes=collective)
 
   fn = body
   while isinstance(fn, functools.partial):   # a partial names the function it wraps

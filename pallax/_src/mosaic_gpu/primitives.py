@@ -14,6 +14,7 @@ from jax import lax
 from pallax._src import backends
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
+from pallax._src import semaphores
 
 
 class MosaicEffect(ji.effects.Effect):
@@ -73,6 +74,46 @@ def _positions(trees):
   return pos
 
 
+def _simple_indexer(t) -> bool:
+  return (isinstance(t, ji.NDIndexer) and not t.int_indexer_shape
+          and all(isinstance(i, ji.Slice) or jnp.ndim(i) == 0 for i in t.indices))
+
+
+def _compose(outer, inner):
+  """One NDIndexer for ``outer`` then ``inner`` (both of slices and scalars)."""
+  inner_it, parts = iter(inner.indices), []
+  for i in outer.indices:
+    if not isinstance(i, ji.Slice):
+      parts.append(i)
+      continue
+    j = next(inner_it)
+    if isinstance(j, ji.Slice):
+      parts.append(ji.Slice(i.start + j.start * i.stride, j.size, i.stride * j.stride))
+    else:
+      parts.append(i.start + j * i.stride)
+  return ji.NDIndexer(tuple(parts), outer.shape, (), validate=False)
+
+
+def barrier_view(ref):
+  """A view of barriers with consecutive ``.at[...]`` views of slices and scalars merged into
+  one, slices of one barrier made scalars (``bar.at[2:4].at[1:2]`` is ``bar.at[3]``): the same
+  barriers, in the form the Gluon backend takes (one index)."""
+  base, transforms = prims.split_ref(ref)
+  out = []
+  for t in transforms:
+    if out and _simple_indexer(out[-1]) and _simple_indexer(t):
+      out[-1] = _compose(out[-1], t)
+    else:
+      out.append(t)
+  if out and _simple_indexer(out[-1]):
+    last = out[-1]
+    one = [i.start if isinstance(i, ji.Slice) and i.size == 1 else i for i in last.indices]
+    out[-1] = ji.NDIndexer(tuple(one), last.shape, (), validate=False)
+  if len(out) == len(transforms) and all(a is b for a, b in zip(out, transforms)):
+    return ref
+  return ji.TransformedRef(base, tuple(out))
+
+
 def _effects(trees, reads=(), writes=()):
   pos = _positions(trees)
   effs = {mosaic_effect}
@@ -123,6 +164,7 @@ def copy_gmem_to_smem(src, dst, barrier=None, *, collective_axes=None, leader_tr
   array's end read as zeros); its landing is one arrival on ``barrier``."""
   if isinstance(collective_axes, str):
     collective_axes = (collective_axes,)
+  barrier = None if barrier is None else barrier_view(barrier)
   _bind_refs(copy_gmem_to_smem_p, (src, dst, barrier), _predicate(predicate),
              what="copy_gmem_to_smem", has_predicate=predicate is not None,
              collective_axes=tuple(collective_axes or ()), leader_tracked=leader_tracked)
@@ -194,12 +236,13 @@ barrier_wait_p = _primitive("barrier_wait", _barrier_abstract_eval)
 
 def barrier_arrive(barrier, *, predicate=None) -> None:
   """One arrival of this thread on ``barrier``."""
-  _bind_refs(barrier_arrive_p, (barrier,), _predicate(predicate), has_predicate=predicate is not None)
+  _bind_refs(barrier_arrive_p, (barrier_view(barrier),), _predicate(predicate),
+             has_predicate=predicate is not None)
 
 
 def barrier_wait(barrier) -> None:
   """Waits until ``barrier`` completes the phase this thread waits for next."""
-  _bind_refs(barrier_wait_p, (barrier,))
+  _bind_refs(barrier_wait_p, (barrier_view(barrier),))
 
 
 # --- wgmma -----------------------------------------------------------------------------------
@@ -257,7 +300,150 @@ def print_layout(fmt: str, x) -> None:
   del fmt, x
 
 
+def transpose_ref(ref, permutation):
+  """``ref.transpose(permutation)`` (JAX deprecates this spelling)."""
+  return ref.transpose(tuple(permutation))
+
+
+def wgmma_accumulator_load(acc, *, wait_n: int | None = 0):
+  """Reads the accumulator ``acc`` after waiting until at most ``wait_n`` wgmma operations of
+  this thread are in flight (``None``: no wait of its own). Reading an accumulator waits for
+  the wgmmas into it in pallax, as ``acc[...]`` does."""
+  if wait_n is not None and wait_n < 0:
+    raise ValueError(f"wgmma_accumulator_load: wait_n must be non-negative, got {wait_n=}")
+  if wait_n is not None:
+    wgmma_wait(wait_n)
+  return acc[...]
+
+
+def async_prefetch(ref, *, collective_axes=None, leader_tracked=None, predicate=None) -> None:
+  """Asks for the GMEM view ``ref`` in the L2 cache: a hint with no effect on results, which
+  pallax's interpreter and its Gluon kernels leave out."""
+  del collective_axes, leader_tracked, predicate
+  prims.split_ref(ref)   # a Ref or a view, as in JAX
+
+
+# --- a non-blocking barrier test, atomics, semaphores ------------------------------------------
+# Gluon does not lower these yet: its code generator refuses them by their primitive's name.
+
+def _barrier_test_abstract_eval(*avals, trees):
+  if _shapes(avals, trees)[0][0] != ():
+    raise ValueError("plgpu.barrier_test takes one barrier; index the barrier array (bar.at[i])")
+  return [ji.ShapedArray((), jnp.bool_)], _effects(trees, writes=(0,))
+
+
+barrier_test_p = _primitive("plgpu_barrier_test", _barrier_test_abstract_eval)
+
+
+def barrier_test(barrier) -> jax.Array:
+  """Whether ``barrier`` completed the phase this thread waits for next, without waiting; if
+  it did, the next ``barrier_wait``/``barrier_test`` is for the phase after it."""
+  return _bind_refs(barrier_test_p, (barrier_view(barrier),))[0]
+
+
+def _atomic_abstract_eval(*avals, trees, op):
+  ((shape, dtype),), (val,) = _shapes(avals, trees)[:1], avals[-1:]
+  if tuple(val.shape) != shape:
+    raise ValueError(f"plgpu.atomic_{op}: Invalid shape for the update: the Ref (view) is "
+                     f"{list(shape)} but the value is {list(val.shape)}; they must match")
+  if val.dtype != dtype:
+    raise ValueError(f"plgpu.atomic_{op}: Invalid dtype: the Ref is {jnp.dtype(dtype).name} but "
+                     f"the value is {jnp.dtype(val.dtype).name}; Expected dtypes to match "
+                     "(cast the value with .astype)")
+  if op in ("and", "or", "xor") and not jnp.issubdtype(dtype, jnp.integer):
+    raise TypeError(f"plgpu.atomic_{op} takes integers, but the Ref holds "
+                    f"{jnp.dtype(dtype).name}")
+  return [], _effects(trees, reads=(0,), writes=(0,))
+
+
+atomic_p = _primitive("plgpu_atomic", _atomic_abstract_eval)
+
+
+def _atomic_fn(op):
+  def fn(ref, val) -> None:
+    if isinstance(val, (int, float)):   # a Python number: the Ref's dtype, every element
+      shape = view_shape(*_ref_type(ref))
+      val = jnp.full(shape, val, _ref_type(ref)[0].dtype)
+    _bind_refs(atomic_p, (ref,), (jnp.asarray(val),), op=op)
+  fn.__name__ = f"atomic_{op}"
+  fn.__doc__ = (f"Updates every element of the SMEM or GMEM view ``ref`` with its {op} with "
+                "``val``, atomically per element (other threads and blocks may update it too).")
+  return fn
+
+
+def _ref_type(ref):
+  base, transforms = prims.split_ref(ref)
+  return jax.typeof(base).inner_aval, transforms
+
+
+atomic_add, atomic_max, atomic_min = (_atomic_fn(op) for op in ("add", "max", "min"))
+atomic_and, atomic_or, atomic_xor = (_atomic_fn(op) for op in ("and", "or", "xor"))
+
+
+def _one_semaphore(avals, trees, what):
+  (shape, dtype), = _shapes(avals, trees)[:1]
+  if shape != ():
+    raise ValueError(f"{what} takes one semaphore, but the Ref is of shape {list(shape)}; index "
+                     "the semaphore array (sems.at[i])")
+  if not jnp.issubdtype(dtype, jnp.integer):
+    raise ValueError(f"{what} takes a semaphore (pl.SemaphoreType.REGULAR), but the Ref holds "
+                     f"{jnp.dtype(dtype).name}")
+
+
+def _signal_abstract_eval(*avals, trees, memory_scope):
+  _one_semaphore(avals, trees, "semaphore_signal")
+  return [], _effects(trees, reads=(0,), writes=(0,))
+
+
+def _wait_abstract_eval(*avals, trees, decrement, memory_scope):
+  _one_semaphore(avals, trees, "semaphore_wait")
+  return [], _effects(trees, reads=(0,), writes=(0,))
+
+
+def _read_abstract_eval(*avals, trees):
+  _one_semaphore(avals, trees, "semaphore_read")
+  return [ji.ShapedArray((), jnp.int32)], _effects(trees, reads=(0,))
+
+
+semaphore_signal_p = _primitive("plgpu_semaphore_signal", _signal_abstract_eval)
+semaphore_wait_p = _primitive("plgpu_semaphore_wait", _wait_abstract_eval)
+semaphore_read_p = _primitive("plgpu_semaphore_read", _read_abstract_eval)
+
+
+def _memory_scope(memory_scope):
+  if memory_scope not in ("gpu", "sys"):
+    raise ValueError(f"memory_scope must be 'gpu' or 'sys', got {memory_scope!r}")
+  return memory_scope
+
+
+def semaphore_signal(sem, inc=1, *, device_id=None, device_id_type=None, core_index=None,
+                     memory_scope="gpu") -> None:
+  """Adds ``inc`` to the semaphore ``sem`` (of this kernel's blocks: ``device_id`` is refused)."""
+  del device_id_type
+  if device_id is not None or core_index is not None:
+    raise NotImplementedError("semaphore_signal to another device or core is not supported by "
+                              "pallax; use shard_map with collectives around the kernel")
+  _bind_refs(semaphore_signal_p, (sem,), (jnp.asarray(inc, jnp.int32),),
+             memory_scope=_memory_scope(memory_scope))
+
+
+def semaphore_wait(sem, value=1, *, decrement=True, memory_scope="gpu") -> None:
+  """Waits until the semaphore ``sem`` holds at least ``value``, then subtracts ``value`` from
+  it (unless ``decrement=False``)."""
+  _bind_refs(semaphore_wait_p, (sem,), (jnp.asarray(value, jnp.int32),),
+             decrement=bool(decrement), memory_scope=_memory_scope(memory_scope))
+
+
+def semaphore_read(sem) -> jax.Array:
+  """The value of the semaphore ``sem`` now."""
+  return _bind_refs(semaphore_read_p, (sem,))[0]
+
+
+SEMAPHORES = semaphores.SemaphoreOps(semaphore_signal, semaphore_wait, semaphore_read)
+
+
 # Kernels that use these are Mosaic GPU kernels: the eager interpreter or the Gluon backend runs them.
 backends.register_kernel_primitives("mosaic_gpu", (
     copy_gmem_to_smem_p, copy_smem_to_gmem_p, barrier_arrive_p, barrier_wait_p, wgmma_p,
-    commit_smem_p, wgmma_wait_p, wait_smem_to_gmem_p, commit_smem_to_gmem_group_p))
+    commit_smem_p, wgmma_wait_p, wait_smem_to_gmem_p, commit_smem_to_gmem_group_p,
+    barrier_test_p, atomic_p, semaphore_signal_p, semaphore_wait_p, semaphore_read_p))

@@ -56,7 +56,7 @@ class Store:
     return self.dst is buf and bool((self.dst_mask & mask).any())
 
 
-def _ts(th) -> ThreadState:
+def thread_state(th) -> ThreadState:
   return th.state.setdefault("mosaic_gpu", ThreadState())
 
 
@@ -64,7 +64,7 @@ def _at(line) -> str:
   return line or "a line of library code"
 
 
-def _mask(view: View) -> np.ndarray:
+def view_mask(view: View) -> np.ndarray:
   m = np.zeros(view.buf.data.size, bool)
   m[flat_indices(view)] = True
   return m
@@ -110,11 +110,11 @@ def _reuse_barrier(th, buf):
   arrived, or the new entry's waits would see the wrong phase."""
   arrivals, done = buf.state["arrivals"].reshape(-1), buf.state["completions"].reshape(-1)
   for i in range(done.size):
-    seen = _ts(th).observed.get((buf, i), 0)
+    seen = thread_state(th).observed.get((buf, i), 0)
     if arrivals[i] or done[i] != seen:
       left = (f"{arrivals[i]} of {buf.kind.num_arrivals} arrivals of a phase" if arrivals[i]
               else f"{done[i] - seen} completion(s) nobody waited for")
-      fail(th, f"the scope of {_where(buf, i)} is entered again, and its last entry left "
+      fail(th, f"the scope of {barrier_name(buf, i)} is entered again, and its last entry left "
                f"{left}: on the GPU the new entry gets the same barrier, and its waits would see "
                "the wrong phase. Wait for every completion before the scope ends")
 
@@ -131,7 +131,7 @@ eager.REUSE_CHECKS.update(barrier=_reuse_barrier, smem=_reuse_smem)
 
 # --- barriers --------------------------------------------------------------------------------
 
-def _barrier_index(th, view: View, what: str) -> int:
+def barrier_index(th, view: View, what: str) -> int:
   if view.buf.space != "barrier":
     fail(th, f"{what} takes a barrier (plgpu.Barrier), but {view.buf.name} is a buffer")
   idx = flat_indices(view)
@@ -143,24 +143,25 @@ def _barrier_index(th, view: View, what: str) -> int:
   return int(idx[0])
 
 
-def _where(buf, i) -> str:
+def barrier_name(buf, i) -> str:
   return f"{buf.name}[{i}]" if buf.data.size > 1 else buf.name
 
 
 def arrive(th, view: View, what: str) -> int:
   """One arrival; returns the phase it belongs to."""
-  i = _barrier_index(th, view, what)
+  i = barrier_index(th, view, what)
   st, n = view.buf.state, view.buf.kind.num_arrivals
   flat_arr, flat_done = st["arrivals"].reshape(-1), st["completions"].reshape(-1)
   phase = int(flat_done[i])
   flat_arr[i] += 1
+  eager.notify(th)
   if flat_arr[i] == n:
     flat_arr[i] = 0
     flat_done[i] += 1
     for waiter in st["waiters"][i]:
-      seen = _ts(waiter).observed.get((view.buf, i), 0)
+      seen = thread_state(waiter).observed.get((view.buf, i), 0)
       if flat_done[i] - seen >= 2:
-        fail(th, f"{what} completes {_where(view.buf, i)} (num_arrivals={n}) a second time "
+        fail(th, f"{what} completes {barrier_name(view.buf, i)} (num_arrivals={n}) a second time "
                  f"before {waiter.describe()} waited for its previous completion: on the GPU that "
                  "wait would see the wrong phase. Wait on every completion, or give the barrier "
                  "as many arrivals per phase as its users make")
@@ -180,19 +181,19 @@ def _barrier_arrive(th, eqn, invals):
 def _barrier_wait(th, eqn, invals):
   (bar,), _ = mp.split_refs(invals, eqn.params["trees"])
   view = bar[0].at(bar[1])
-  i = _barrier_index(th, view, "barrier_wait")
+  i = barrier_index(th, view, "barrier_wait")
   key, done = (view.buf, i), view.buf.state["completions"].reshape(-1)
   view.buf.state["waiters"][i].add(th)
-  seen = _ts(th).observed.get(key, 0)
+  seen = thread_state(th).observed.get(key, 0)
   if done[i] - seen >= 2:
-    fail(th, f"barrier_wait on {_where(view.buf, i)}: the barrier completed {done[i] - seen} times "
+    fail(th, f"barrier_wait on {barrier_name(view.buf, i)}: the barrier completed {done[i] - seen} times "
              "since this thread last waited on it; on the GPU the wait would see the wrong phase")
   if done[i] <= seen:
     n = view.buf.kind.num_arrivals
     yield eager.Wait(lambda: done[i] > seen,
-                     f"{_where(view.buf, i)} (phase {seen}, "
+                     f"{barrier_name(view.buf, i)} (phase {seen}, "
                      f"{view.buf.state['arrivals'].reshape(-1)[i]}/{n} arrivals)")
-  _ts(th).observed[key] = seen + 1
+  thread_state(th).observed[key] = seen + 1
   return []
 
 
@@ -201,14 +202,14 @@ def _barrier_wait(th, eqn, invals):
 def _check_loaded(th, view: View, mask, what: str):
   """SMEM filled by a copy is readable by a thread once it waited on the copy's barrier."""
   for m, key, phase, line in view.buf.state.get("loads", ()):
-    if (m & mask).any() and _ts(th).observed.get(key, 0) <= phase:
+    if (m & mask).any() and thread_state(th).observed.get(key, 0) <= phase:
       fail(th, f"{what} reads {view.buf.name} before waiting on the barrier of the "
                f"copy_gmem_to_smem into it (issued at {_at(line)}); call plgpu.barrier_wait first")
 
 
 def _check_committed(th, view: View, mask, what: str):
   for other in _threads(th):
-    m, line = _ts(other).dirty.get(view.buf, (None, None))
+    m, line = thread_state(other).dirty.get(view.buf, (None, None))
     if m is not None and (m & mask).any():
       fail(th, f"{what} reads {view.buf.name}, written from registers by {other.describe()} at "
                f"{_at(line)} without plgpu.commit_smem() in between; TMA and wgmma may not see that "
@@ -217,7 +218,7 @@ def _check_committed(th, view: View, mask, what: str):
 
 def _check_not_in_use(th, view: View, mask, what: str):
   for other in _threads(th):
-    ts = _ts(other)
+    ts = thread_state(other)
     for st in [e for g in ts.stores for e in g] + ts.uncommitted:
       if st.reads(view.buf, mask):
         fail(th, f"{what} overwrites {view.buf.name} while a copy_smem_to_gmem issued by "
@@ -235,26 +236,27 @@ def _check_not_in_use(th, view: View, mask, what: str):
 
 
 def _pending(th, buf, mask) -> bool:
-  return any((m & mask).any() and _ts(th).observed.get(key, 0) <= phase
+  return any((m & mask).any() and thread_state(th).observed.get(key, 0) <= phase
              for m, key, phase, _ in buf.state.get("loads", ()))
 
 
 def _on_read(th, view: View, how):
   if view.buf.space == "barrier":
     fail(th, f"{view.buf.name} is a barrier: use barrier_wait/barrier_arrive, not a load")
-  ts = _ts(th)
+  ts = thread_state(th)
   if any(acc is view.buf for acc, _, _ in ts.wgmmas):
     ts.wgmmas.clear()   # reading an accumulator waits for its wgmmas
   if view.buf.space == "smem":
-    _check_loaded(th, view, _mask(view), "a load")
+    _check_loaded(th, view, view_mask(view), "a load")
+    check_union_read(th, view, view_mask(view), "a load")
   elif view.buf.space == "gmem":
-    _check_written(th, view, _mask(view))
+    _check_written(th, view, view_mask(view))
 
 
 def _check_written(th, view: View, mask):
   """GMEM that a TMA store writes is readable once the store completed (a full wait)."""
   for other in _threads(th):
-    ts = _ts(other)
+    ts = thread_state(other)
     for st in [e for g in ts.stores for e in g] + ts.uncommitted + ts.unwritten:
       if st.writes(view.buf, mask):
         fail(th, f"a load reads {view.buf.name} while the copy_smem_to_gmem into it issued by "
@@ -267,19 +269,62 @@ def _on_write(th, view: View, how):
     fail(th, f"{view.buf.name} is a barrier: use barrier_arrive, not a store")
   if view.buf.space != "smem":
     return
-  mask = _mask(view)
+  mask = view_mask(view)
   _check_not_in_use(th, view, mask, "a store")
-  old, _ = _ts(th).dirty.get(view.buf, (np.zeros_like(mask), None))
-  _ts(th).dirty[view.buf] = (old | mask, th.line)
+  union_write(th, view, mask)
+  old, _ = thread_state(th).dirty.get(view.buf, (np.zeros_like(mask), None))
+  thread_state(th).dirty[view.buf] = (old | mask, th.line)
 
 
 eager.ON_READ.append(_on_read)
 eager.ON_WRITE.append(_on_write)
 
 
+# --- plgpu.RefUnion: SMEM buffers that share memory --------------------------------------------
+
+def _link_unions(th, bufs):
+  """The members of a RefUnion (consecutive buffers of one allocation, marked by their type's
+  ``alias``: (group, first member?)) learn of each other."""
+  union = None
+  for b in bufs:
+    alias = getattr(b.kind, "alias", None)
+    if alias is None:
+      continue
+    if alias[1]:
+      union = []
+    union.append((alias[0], b))
+    b.state["union"] = union
+
+
+def union_write(th, view: View, mask):
+  """A write through one group of a RefUnion leaves the other groups' buffers undefined."""
+  union = view.buf.state.get("union")
+  if union is None:
+    return
+  clobbered = view.buf.state.get("clobbered")
+  if clobbered is not None:
+    clobbered[0][mask] = False
+  group = view.buf.kind.alias[0]
+  for g, other in union:
+    if g != group:
+      other.state["clobbered"] = (np.ones(other.data.size, bool), view.buf.name, th.line)
+
+
+def check_union_read(th, view: View, mask, what: str):
+  clobbered = view.buf.state.get("clobbered")
+  if clobbered is not None and (clobbered[0] & mask).any():
+    fail(th, f"{what} reads {view.buf.name} after a write to {clobbered[1]} at "
+             f"{_at(clobbered[2])}, which shares its memory (another group of their "
+             "plgpu.RefUnion): its contents are undefined. Use a union's groups at different "
+             "times, and write a Ref before reading it")
+
+
+eager.ON_ALLOCATE.append(_link_unions)
+
+
 @rule(mp.commit_smem_p)
 def _commit_smem(th, eqn, invals):
-  _ts(th).dirty.clear()
+  thread_state(th).dirty.clear()
   yield from ()
   return []
 
@@ -338,17 +383,18 @@ def _copy_gmem_to_smem(th, eqn, invals):
     fail(th, f"{what} needs a barrier on Hopper GPUs (TMA): pass plgpu.Barrier scratch and "
              "barrier_wait on it before reading the data")
   _check_box(th, dst, src, what)
-  mask = _mask(dst)
+  mask = view_mask(dst)
   _check_not_in_use(th, dst, mask, what)
   for m, key, phase, line in dst.buf.state["loads"]:
-    if (m & mask).any() and all(_ts(t).observed.get(key, 0) <= phase for t in _threads(th)):
+    if (m & mask).any() and all(thread_state(t).observed.get(key, 0) <= phase for t in _threads(th)):
       fail(th, f"{what} into {dst.buf.name} while the copy_gmem_to_smem into it issued at "
                f"{_at(line)} may not have landed (no thread waited on its barrier): on the GPU "
                "either could land last")
   eager.write(dst, eager.read(src, fill=0), init=eager.read_init(src))
+  union_write(th, dst, mask)
   bar_view = bar[0].at(bar[1])
   phase = arrive(th, bar_view, what)
-  key = (bar_view.buf, _barrier_index(th, bar_view, what))
+  key = (bar_view.buf, barrier_index(th, bar_view, what))
   loads = [e for e in dst.buf.state["loads"] if (e[0] & ~mask).any()]
   dst.buf.state["loads"] = loads + [(mask, key, phase, th.line)]
   return []
@@ -363,16 +409,17 @@ def _copy_smem_to_gmem(th, eqn, invals):
   src, dst, _ = views
   what = "copy_smem_to_gmem"
   _check_box(th, src, dst, what)
-  mask = _mask(src)
+  mask = view_mask(src)
   _check_committed(th, src, mask, what)
   _check_loaded(th, src, mask, what)
+  check_union_read(th, src, mask, what)
   data, init = eager.read(src), eager.read_init(src)
   if eqn.params["reduction_op"] is not None:
     data = _reduce(th, eqn.params["reduction_op"], eager.read(dst, fill=0), data)
     init = init & eager.read_init(dst)
   eager.write(dst, data, drop_out_of_bounds=True, init=init)
-  ts = _ts(th)
-  ts.uncommitted.append(Store(src.buf, mask, dst.buf, _mask(dst), th.line))
+  ts = thread_state(th)
+  ts.uncommitted.append(Store(src.buf, mask, dst.buf, view_mask(dst), th.line))
   if eqn.params["commit_group"]:
     ts.stores.append(ts.uncommitted)
     ts.uncommitted = []
@@ -389,7 +436,7 @@ def _reduce(th, op, old, new):
 
 @rule(mp.commit_smem_to_gmem_group_p)
 def _commit_group(th, eqn, invals):
-  ts = _ts(th)
+  ts = thread_state(th)
   ts.stores.append(ts.uncommitted)
   ts.uncommitted = []
   yield from ()
@@ -398,7 +445,7 @@ def _commit_group(th, eqn, invals):
 
 @rule(mp.wait_smem_to_gmem_p)
 def _wait_smem_to_gmem(th, eqn, invals):
-  ts, n = _ts(th), eqn.params["n"]
+  ts, n = thread_state(th), eqn.params["n"]
   done, ts.stores = (ts.stores[:len(ts.stores) - n], ts.stores[len(ts.stores) - n:]) if n else (ts.stores, [])
   if eqn.params["wait_read_only"]:
     ts.unwritten += [st for g in done for st in g]   # their GMEM writes may still be going on
@@ -425,9 +472,10 @@ def _wgmma(th, eqn, invals):
   operands = [b] + ([a[0].at(a[1])] if a is not None else [])
   for v in operands:
     _space(th, v, "smem", "wgmma", "operand Ref")
-    m = _mask(v)
+    m = view_mask(v)
     _check_committed(th, v, m, "wgmma")
     _check_loaded(th, v, m, "wgmma")
+    check_union_read(th, v, m, "wgmma")
     eager.check_initialized(th, v, "wgmma")
   a_val = eager.read(operands[1]) if a is not None else np.asarray(rest[0])
   (m, _), (_, n) = a_val.shape, b.shape
@@ -438,7 +486,7 @@ def _wgmma(th, eqn, invals):
                          preferred_element_type=jnp.float32)
   total = np.asarray(eager.read(acc), np.float32) + np.asarray(prod)
   eager.write(acc, total.astype(acc.buf.data.dtype))
-  _ts(th).wgmmas.append((acc.buf, [(v.buf, _mask(v)) for v in operands], th.line))
+  thread_state(th).wgmmas.append((acc.buf, [(v.buf, view_mask(v)) for v in operands], th.line))
   return []
 
 
@@ -460,7 +508,7 @@ def _check_k_major(th, a, b):
 
 @rule(mp.wgmma_wait_p)
 def _wgmma_wait(th, eqn, invals):
-  ts, n = _ts(th), eqn.params["n"]
+  ts, n = thread_state(th), eqn.params["n"]
   ts.wgmmas = ts.wgmmas[len(ts.wgmmas) - n:] if n else []
   yield from ()
   return []

@@ -46,7 +46,6 @@ cluster_ref = _unsupported("cluster_ref", *_CLUSTER)
 warp_map = _unsupported("warp_map", "per-warp code inside a warpgroup (plgpu.WarpMesh)",
                         "write the warpgroup's code with plgpu.kernel(num_threads=...) threads")
 inline_mgpu = _unsupported("inline_mgpu", "inline Mosaic GPU IR", "write the operation in JAX")
-async_prefetch = _unsupported("async_prefetch", "TMA prefetches", "copy with copy_gmem_to_smem")
 async_store_smem = _unsupported("async_store_smem", "asynchronous register-to-SMEM stores",
                                 "store with ref[...] = value, then plgpu.commit_smem()")
 griddepcontrol_wait = _unsupported("griddepcontrol_wait", "programmatic dependent launch",
@@ -54,15 +53,6 @@ griddepcontrol_wait = _unsupported("griddepcontrol_wait", "programmatic dependen
 griddepcontrol_launch_dependents = _unsupported("griddepcontrol_launch_dependents",
                                                 "programmatic dependent launch", "let XLA order the kernels")
 mma = _unsupported("mma", "register-level mma.sync products", "use plgpu.wgmma on Hopper")
-barrier_test = _unsupported("barrier_test", "non-blocking barrier tests", "use plgpu.barrier_wait")
-wgmma_accumulator_load = _unsupported("wgmma_accumulator_load", "explicit accumulator loads",
-                                      "read the accumulator with acc_ref[...]")
-atomic_add = _unsupported("atomic_add", "Mosaic GPU atomics", "use pallax.triton.atomic_add in a pallas_call")
-atomic_max = _unsupported("atomic_max", "Mosaic GPU atomics", "use pallax.triton.atomic_max in a pallas_call")
-atomic_min = _unsupported("atomic_min", "Mosaic GPU atomics", "use pallax.triton.atomic_min in a pallas_call")
-atomic_and = _unsupported("atomic_and", "Mosaic GPU atomics", "use pallax.triton.atomic_and in a pallas_call")
-atomic_or = _unsupported("atomic_or", "Mosaic GPU atomics", "use pallax.triton.atomic_or in a pallas_call")
-atomic_xor = _unsupported("atomic_xor", "Mosaic GPU atomics", "use pallax.triton.atomic_xor in a pallas_call")
 
 
 @dataclasses.dataclass(frozen=True)
