@@ -111,8 +111,20 @@ def _int_matmul_scaled(x_ref, y_ref, o_ref):
   o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.int32) * 3 - 1
 
 
-def _rows(block):
-  return lambda i: (i, 0)
+def _centered_on_max(x_ref, o_ref):   # a reduction over every tile, then the stores' tiles
+  x = x_ref[...]
+  o_ref[...] = x - jnp.max(x)
+
+
+def _column_sums(x_ref, o_ref):
+  o_ref[...] = jnp.sum(x_ref[...] * 2, axis=0)
+
+
+def _int_stats(x_ref, s_ref, m_ref, a_ref):
+  x = x_ref[...]
+  s_ref[...] = jnp.sum(x, keepdims=True)
+  m_ref[...] = jnp.min(x, axis=0, keepdims=True)
+  a_ref[...] = jnp.any(x > 95, keepdims=True).astype(jnp.int32)
 
 
 f32, bf16, i32 = jnp.float32, jnp.bfloat16, jnp.int32
@@ -144,6 +156,12 @@ CASES = [
          out_specs=pl.BlockSpec((512, 512), lambda i, j: (i, j)), tol=1e-5, gpu_tol=1e-2),
     Case("matmul_bias_bf16", _matmul_bias, (((384, 256), bf16), ((256, 320), bf16), ((320,), f32)),
          (((384, 320), bf16),), tol=1e-2, gpu_tol=1e-2),
+    Case("centered_on_max_300x700", _centered_on_max, (((300, 700), f32),), (((300, 700), f32),)),
+    # sums over tiles add in another order than XLA's sum of the whole block
+    Case("column_sums_1500x64", _column_sums, (((1500, 64), f32),), (((64,), f32),),
+         tol=1e-5, gpu_tol=1e-5),
+    Case("int_stats_700x300", _int_stats, (((700, 300), i32),),
+         (((1, 1), i32), ((1, 300), i32), ((1, 1), i32))),
     Case("int8_matmul_scaled", _int_matmul_scaled, (((256, 512), jnp.int8), ((512, 256), jnp.int8)),
          (((256, 256), i32),)),
 ]
@@ -160,8 +178,10 @@ def _run(params, args):
 
 
 def _region(params) -> regions.Region:
-  region = regions.analyze(tiling.inline_calls(params.jaxpr))
-  assert isinstance(region, regions.Region), region.message()
+  """The one region of the kernel (the stores')."""
+  found = regions.analyze(tiling.inline_calls(params.jaxpr))
+  assert isinstance(found, tuple), found.message()
+  (region,) = found
   return region
 
 

@@ -45,9 +45,12 @@ _ELEMENTWISE_NAMES = (
     "rsqrt", "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign",
     "sin", "sinh", "sqrt", "square", "sub", "tan", "tanh", "xor")
 ELEMENTWISE = frozenset(getattr(lax, n + "_p") for n in _ELEMENTWISE_NAMES if hasattr(lax, n + "_p"))
-_REDUCTIONS = frozenset(getattr(lax, n + "_p") for n in (
+_ACCUMULATED = frozenset(getattr(lax, n + "_p") for n in (
     "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
-    "reduce_xor", "argmax", "argmin") if hasattr(lax, n + "_p"))
+    "reduce_xor") if hasattr(lax, n + "_p"))
+_REDUCTIONS = _ACCUMULATED | {lax.argmax_p, lax.argmin_p}
+# Reductions whose tiles may overlap (a row counted twice gives the same answer).
+IDEMPOTENT = frozenset({lax.reduce_max_p, lax.reduce_min_p, lax.reduce_and_p, lax.reduce_or_p})
 
 
 def padded_numel(shape) -> int:
@@ -97,6 +100,15 @@ class Region:
   tiles: tuple         # each axis's tile (== size: not split)
   products: dict       # dot equation -> Product
   exact: bool          # tiles must not overlap (a Ref is read and written): tiles divide sizes
+  # A reduction of a large value to a small one (its last equation): the region accumulates
+  # the reductions of the value's tiles, along the axes it reduces; None: the region stores.
+  reduction: object = None
+
+  @property
+  def members(self) -> frozenset:
+    """Its equations and the Ref reads its products consume."""
+    reads = {g for p in self.products.values() for g in (p.lhs_get, p.rhs_get)}
+    return frozenset(self.eqns) | reads
 
   def counts(self) -> tuple[int, ...]:
     return tuple(-(-s // t) for s, t in zip(self.sizes, self.tiles))
@@ -268,16 +280,16 @@ def _give(maps: dict, v, m, whole: frozenset):
     raise _Conflict({a for x, y in zip(old, m) if x != y for a in (x, y) if a is not None}, v)
 
 
-def _propagate(graph: _Graph, stores, whole: frozenset):
-  """Maps from the stores back to the Ref reads: (maps, region equations, products)."""
+def _propagate(graph: _Graph, seeds: dict, whole: frozenset):
+  """Maps from the seeds (equation -> (its operand computed by tiles, the operand's map)) back
+  to the Ref reads: (maps, region equations, products)."""
   maps: dict = {}
   region: list = []
   products: dict = {}
   taken: set = set()   # the reads that products consume
-  seed = tuple(range(stores[0].invars[1].aval.ndim))
   for eqn in reversed(graph.jaxpr.eqns):
-    if eqn in stores:
-      _give(maps, eqn.invars[1], seed, whole)
+    if eqn in seeds:
+      _give(maps, *seeds[eqn], whole)
       region.append(eqn)
       continue
     if eqn in taken or not any(_tiled(maps.get(v)) for v in eqn.outvars):
@@ -297,10 +309,18 @@ def _propagate(graph: _Graph, stores, whole: frozenset):
   return maps, tuple(reversed(region)), products
 
 
-def _stores(graph: _Graph) -> list:
-  """The stores whose values are, or are computed from, large values."""
+def _accumulated(e) -> bool:
+  """Whether ``e`` reduces a large value to a small one, which tiles can accumulate."""
+  return e.primitive in _ACCUMULATED and is_large(e.invars[0]) and not is_large(e.outvars[0])
+
+
+def _stores(graph: _Graph, roots) -> list:
+  """The stores whose values are, or are computed from, large values (not through the
+  reductions ``roots``, which accumulate over tiles: those are regions of their own)."""
   big: set = set()
   for e in graph.jaxpr.eqns:
+    if e in roots:
+      continue
     if any(is_large(v) or v in big for v in e.invars if isinstance(v, ji.Var)) or \
         any(is_large(v) for v in e.outvars):
       big.update(e.outvars)
@@ -308,47 +328,80 @@ def _stores(graph: _Graph) -> list:
           and not graph.uses.get(e.outvars[0])]
 
 
-def _form(graph: _Graph, stores):
+def _form(graph: _Graph, seeds):
   """(maps, equations, products, axes held whole, the value that made the last axis whole)."""
   whole: frozenset = frozenset()
   var = None
   while True:
     try:
-      return (*_propagate(graph, stores, whole), whole, var)
+      return (*_propagate(graph, seeds, whole), whole, var)
     except _Conflict as c:
       assert not c.axes <= whole, "a conflict on axes held whole"
       whole, var = whole | c.axes, c.var
 
 
-def analyze(jaxpr) -> Region | Refusal | None:
-  """The region of ``jaxpr``'s own equations that computes its large values tile by tile; a
-  Refusal where there is none; None where no value is large."""
+def analyze(jaxpr) -> tuple[Region, ...] | Refusal | None:
+  """The regions of ``jaxpr``'s own equations that compute its large values tile by tile (one
+  per reduction that accumulates over tiles, then one for the stores); a Refusal where they
+  cannot; None where no value is large."""
   if not needs_tiling(jaxpr):
     return None
   graph = _Graph.of(jaxpr)
-  stores = _stores(graph)
-  try:
-    if not stores:
-      raise _Refused(_untiled(graph, next(v for e in jaxpr.eqns for v in e.outvars if is_large(v))))
-    shape = stores[0].invars[1].aval.shape
-    for s in stores:
-      if s.invars[1].aval.shape != shape:
-        raise _Refused(Refusal(s, f"is stored beside a large value of another shape {shape}; "
-                                  "pallax tiles stores of one shape together"))
-      if not plain_view(s, 2):
-        raise _Refused(Refusal(s, "is stored through an array of indices; tiles need "
-                                  "rectangular views"))
-    maps, eqns, products, whole, var = _form(graph, stores)
-    if len(whole) == len(shape):
-      raise _Refused(_untiled(graph, var if var is not None else
-                              _large_source(graph, stores[0].invars[1]), maps))
-    _check_uses(graph, maps, eqns, products)
-    _check_effects(graph, eqns, products)
-    exact = _in_place(eqns, products)
-    tiles = _choose_tiles(graph, shape, whole, maps, eqns, products, exact)
+  try:   # one pass over tiles if the stores' tiles can hold whole what they reduce
+    return _regions(graph, accumulate=False)
   except _Refused as r:
-    return r.refusal
-  return Region(eqns, maps, shape, tiles, products, exact)
+    refusal = r.refusal
+  try:
+    return _regions(graph, accumulate=True)
+  except _Refused:
+    return refusal
+
+
+def _regions(graph: _Graph, accumulate: bool) -> tuple[Region, ...]:
+  """The stores' region; with ``accumulate``, first a region for each reduction of a large
+  value to a small one (the stores' region then reads their results)."""
+  roots = [e for e in graph.jaxpr.eqns if _accumulated(e)] if accumulate else []
+  found = [_reduction_region(graph, e) for e in roots]
+  stores = _stores(graph, roots)
+  if stores:
+    found.append(_store_region(graph, stores))
+  elif not found:
+    raise _Refused(_untiled(graph, next(v for e in graph.jaxpr.eqns for v in e.outvars
+                                        if is_large(v))))
+  _check_uses(graph, found)
+  return tuple(found)
+
+
+def _store_region(graph: _Graph, stores) -> Region:
+  shape = stores[0].invars[1].aval.shape
+  for s in stores:
+    if s.invars[1].aval.shape != shape:
+      raise _Refused(Refusal(s, f"is stored beside a large value of another shape {shape}; "
+                                "pallax tiles stores of one shape together"))
+    if not plain_view(s, 2):
+      raise _Refused(Refusal(s, "is stored through an array of indices; tiles need "
+                                "rectangular views"))
+  seed = tuple(range(len(shape)))
+  return _region(graph, {s: (s.invars[1], seed) for s in stores}, shape, stores[0].invars[1])
+
+
+def _reduction_region(graph: _Graph, eqn) -> Region:
+  x, axes = eqn.invars[0], eqn.params["axes"]
+  seed = tuple(axes.index(d) if d in axes else None for d in range(x.aval.ndim))
+  sizes = tuple(x.aval.shape[d] for d in axes)
+  return _region(graph, {eqn: (x, seed)}, sizes, x, eqn)
+
+
+def _region(graph, seeds, sizes, value, reduction=None) -> Region:
+  maps, eqns, products, whole, var = _form(graph, seeds)
+  if len(whole) == len(sizes):
+    raise _Refused(_untiled(graph, var if var is not None else _large_source(graph, value)))
+  region = Region(eqns, maps, sizes, sizes, products, False, reduction)
+  _check_effects(graph, region)
+  exact = _in_place(eqns, products) or (reduction is not None and
+                                        reduction.primitive not in IDEMPOTENT)
+  tiles = _choose_tiles(graph, sizes, whole, maps, eqns, products, exact)
+  return dataclasses.replace(region, tiles=tiles, exact=exact)
 
 
 def _large_source(graph: _Graph, v):
@@ -360,9 +413,8 @@ def _large_source(graph: _Graph, v):
   return next((w for w in found if w is not None), None)
 
 
-def _untiled(graph: _Graph, v, maps=None) -> Refusal:
-  """Why the large value ``v`` stays whole."""
-  maps = maps or {}
+def _untiled(graph: _Graph, v, fine=frozenset()) -> Refusal:
+  """Why the large value ``v`` stays whole (``fine``: its uses that take its tiles)."""
   users = [u for u in graph.uses.get(v, []) if u is not None]
   # a use that reduces the value's size first: the likeliest reason it is needed whole
   users.sort(key=lambda u: not (u.outvars and u.outvars[0].aval.size < v.aval.size))
@@ -370,7 +422,7 @@ def _untiled(graph: _Graph, v, maps=None) -> Refusal:
   if v in graph.jaxpr.outvars:
     return Refusal(eqn, "leaves the code that computes it (a loop's carry, a branch's result); "
                         "pallax tiles values stored to Refs only", v)
-  user = next((u for u in users if not (u.outvars and _tiled(maps.get(u.outvars[0])))), None)
+  user = next((u for u in users if u not in fine), None)
   if user is None:
     return Refusal(eqn, "is not stored to a Ref; pallax tiles values stored to Refs only", v)
   where = ji.user_frame(user.source_info) or "an unknown line"
@@ -381,31 +433,37 @@ def _untiled(graph: _Graph, v, maps=None) -> Refusal:
   return Refusal(eqn, f"is used whole by `{user.primitive}` at {where}", v)
 
 
-def _check_uses(graph, maps, eqns, products):
-  """Tiled values are used by the region only; every large value is tiled or a product's read."""
-  members = set(eqns)
-  reads = {v for p in products.values() for g in (p.lhs_get, p.rhs_get) for v in g.outvars}
-  for e in eqns:
-    for v in e.outvars:
-      if _tiled(maps.get(v)) and any(u not in members for u in graph.uses.get(v, [])):
-        raise _Refused(_untiled(graph, v, {}))
+def _check_uses(graph: _Graph, found):
+  """Every large value is a product's read, or is computed by tiles in the regions that use it,
+  and by those only."""
+  reads = {v for r in found for p in r.products.values() for g in (p.lhs_get, p.rhs_get)
+           for v in g.outvars}
   for e in reversed(graph.jaxpr.eqns):   # the last one is nearest to the use that needs it whole
     for v in e.outvars if e.primitive is not ji.swap_p else ():   # a store's old value: unused
-      if is_large(v) and v not in reads and not (e in members and _tiled(maps.get(v))):
-        raise _Refused(_untiled(graph, v, maps))
+      homes = [r for r in found if e in r.members and _tiled(r.maps.get(v))]
+      if not (is_large(v) or homes) or v in reads:
+        continue
+      fine = {u for r in homes for u in r.members}
+      if not homes or any(u not in fine for u in graph.uses.get(v, [])):
+        raise _Refused(_untiled(graph, v, fine))
 
 
-def _check_effects(graph, eqns, products):
+def _check_effects(graph, region: Region):
   """The region runs where its last equation was: what lies between its first and last
-  equation moves above it, which only reads of Refs the region does not write may."""
-  members = set(eqns) | {g for p in products.values() for g in (p.lhs_get, p.rhs_get)}
+  equation moves above it, which reads of Refs the region does not write and writes of Refs
+  it does not access may."""
+  members = region.members
   where = [k for k, e in enumerate(graph.jaxpr.eqns) if e in members]
-  written = {e.invars[0] for e in eqns if e.primitive is ji.swap_p}
+  written = {e.invars[0] for e in region.eqns if e.primitive is ji.swap_p}
+  touched = written | {e.invars[0] for e in members if e.primitive is ji.get_p}
   for e in graph.jaxpr.eqns[where[0]:where[-1]]:
     if e in members:
       continue
     for eff in e.effects:
-      if isinstance(eff, ji.ReadEffect) and e.invars[eff.input_index] not in written:
+      ref = e.invars[eff.input_index] if hasattr(eff, "input_index") else None
+      if isinstance(eff, ji.ReadEffect) and ref not in written:
+        continue
+      if isinstance(eff, (ji.WriteEffect, ji.AccumEffect)) and ref not in touched:
         continue
       raise _Refused(Refusal(e, "lies between the reads and the stores of a large value and "
                                 f"has an effect ({eff}) their tiles would reorder"))

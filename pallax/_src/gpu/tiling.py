@@ -206,34 +206,66 @@ def _tile_of_eqn(region: regions.Region, e, get, starts) -> list:
     _view(e, get, 2).at[_index(region, region.maps[value], starts)][...] = get(value)
     return [None]
   out = e.outvars[0]
-  shape = region.tile_shape(out)
   if e.primitive is ji.get_p:
     return [_view(e, get, 1).at[_index(region, region.maps[out], starts)][...]]
   if e.primitive is lax.iota_p:
     d, dtype = e.params["dimension"], e.params["dtype"]
-    iota = lax.broadcasted_iota(dtype, shape, d)
+    iota = lax.broadcasted_iota(dtype, region.tile_shape(out), d)
     a = region.maps[out][d]
     if a is None or region.tiles[a] == region.sizes[a]:
       return [iota]
     return [iota + lax.convert_element_type(starts[a], dtype)]
-  params = dict(e.params, shape=shape) if e.primitive is lax.broadcast_in_dim_p else None
+  params = dict(e.params, shape=region.tile_shape(out)) if e.primitive is lax.broadcast_in_dim_p \
+      else None
   return jaxpr_util.rebind(e, [get(v) for v in e.invars], params)
 
 
-def _emit_region(region: regions.Region, read, tile_id=None):
-  """Every tile of the region, by a loop (or only the tile ``tile_id``: one per program)."""
-  def one(tid):
+def _identity(prim, dtype):
+  """The value a reduction starts from (floats' sums from -0.0: a sum of -0.0s stays -0.0)."""
+  dtype = jnp.dtype(dtype)
+  if prim in (lax.reduce_max_p, lax.reduce_min_p):
+    lowest = prim is lax.reduce_max_p
+    if jnp.issubdtype(dtype, jnp.floating):
+      return -np.inf if lowest else np.inf
+    if dtype == np.bool_:
+      return not lowest
+    return jnp.iinfo(dtype).min if lowest else jnp.iinfo(dtype).max
+  if prim is lax.reduce_and_p:
+    return ~np.zeros((), dtype)
+  if prim is lax.reduce_prod_p:
+    return 1
+  return -0.0 if jnp.issubdtype(dtype, jnp.floating) else 0
+
+
+_COMBINE = {lax.reduce_sum_p: lax.add, lax.reduce_max_p: lax.max, lax.reduce_min_p: lax.min,
+            lax.reduce_prod_p: lax.mul, lax.reduce_and_p: lax.bitwise_and,
+            lax.reduce_or_p: lax.bitwise_or, lax.reduce_xor_p: lax.bitwise_xor}
+
+
+def _emit_region(region: regions.Region, read, tile_id=None) -> list:
+  """Every tile of the region, by a loop (or only the tile ``tile_id``: one per program); a
+  region that reduces returns the reduction of all its tiles."""
+  def one(tid) -> dict:
     starts = _tile_starts(region, tid)
     env: dict = {}
     get = lambda v: env[v] if isinstance(v, ji.Var) and v in env else read(v)
     for e in region.eqns:
       with ji.source_info_util.user_context(e.source_info.traceback):
         env.update(zip(e.outvars, _tile_of_eqn(region, e, get, starts)))
+    return env
 
-  if tile_id is not None:
+  n = _i32(math.prod(region.counts()))
+  r = region.reduction
+  if r is None and tile_id is not None:
     one(tile_id)
+  elif r is None:
+    lax.fori_loop(_i32(0), n, lambda i, _: one(i) and None, None)
   else:
-    lax.fori_loop(_i32(0), _i32(math.prod(region.counts())), lambda i, _: one(i), None)
+    out = r.outvars[0]
+    combine = _COMBINE[r.primitive]
+    init = jnp.full(out.aval.shape, _identity(r.primitive, out.aval.dtype), out.aval.dtype)
+    return [lax.fori_loop(_i32(0), n, lambda i, acc: combine(acc, one(i)[out]), init)]
+  return [None]
 
 
 def _literal(v):
@@ -242,7 +274,8 @@ def _literal(v):
 
 
 def _retrace(jaxpr, emitters: dict, skip, spread: bool, sub):
-  """``jaxpr`` traced again: ``emitters[eqn](read, tile)`` replaces ``eqn``, equations in
+  """``jaxpr`` traced again: ``emitters[eqn](read, tile)`` replaces ``eqn`` (and returns its
+  outputs), equations in
   ``skip`` go, sub-jaxprs become ``sub(jaxpr)``. With ``spread``, the jaxpr takes a tile index as
   a new first argument (the ``tile`` the emitters get)."""
   def run(*args):
@@ -254,7 +287,7 @@ def _retrace(jaxpr, emitters: dict, skip, spread: bool, sub):
     for e in jaxpr.eqns:
       if e in emitters:
         with ji.source_info_util.user_context(e.source_info.traceback):
-          emitters[e](read, tile)
+          env.update(zip(e.outvars, emitters[e](read, tile)))
       elif e not in skip:
         params = jaxpr_util.map_sub_jaxprs(e.params, sub)
         env.update(zip(e.outvars, jaxpr_util.rebind(e, [read(v) for v in e.invars], params)))
@@ -270,7 +303,7 @@ def _rewrite_products(jaxpr, spread=False):
   """``jaxpr`` with its too-large plain products tiled (sub-jaxprs too). With ``spread``, the
   jaxpr takes the tile index as a new first argument and computes that tile only."""
   found = {t.store: t for t in find(jaxpr)}
-  emitters = {e: (lambda read, tile, t=t: _emit(t, read, tile)) for e, t in found.items()}
+  emitters = {e: (lambda read, tile, t=t: _emit(t, read, tile) or [None]) for e, t in found.items()}
   skip = {e for t in found.values() for e in t.replaced}
   return _retrace(jaxpr, emitters, skip, spread, rewrite_products)
 
@@ -279,31 +312,30 @@ def rewrite_products(jaxpr):
   return _rewrite_products(jaxpr) if _needs_rewrite(jaxpr) else jaxpr
 
 
-def _members(region: regions.Region) -> list:
-  extra = {g for p in region.products.values() for g in (p.lhs_get, p.rhs_get)}
-  return list(region.eqns) + list(extra)
-
-
-def _rewrite_regions(jaxpr, region, spread=False):
+def _rewrite_regions(jaxpr, found, spread=False):
+  """``jaxpr`` with each region of ``found`` run where its last equation was (a reduction
+  where it was: its result is that of the reduction)."""
   emitters, skip = {}, set()
-  if isinstance(region, regions.Region):
-    members = set(_members(region))
-    last = [e for e in jaxpr.eqns if e in members][-1]
-    emitters = {last: lambda read, tile: _emit_region(region, read, tile)}
-    skip = members
+  for region in found if isinstance(found, tuple) else ():
+    members = region.members
+    anchor = region.reduction or [e for e in jaxpr.eqns if e in members][-1]
+    emitters[anchor] = lambda read, tile, region=region: _emit_region(region, read, tile)
+    skip |= members
   return _retrace(jaxpr, emitters, skip, spread, rewrite_regions)
 
 
 def _has_region(jaxpr) -> bool:
-  return isinstance(regions.analyze(jaxpr), regions.Region) or any(
+  return isinstance(regions.analyze(inline_calls(jaxpr)), tuple) or any(
       _has_region(s) for e in jaxpr.eqns for s in jaxpr_util.sub_jaxprs(e.params))
 
 
 def rewrite_regions(jaxpr):
   """``jaxpr`` with the large values of each of its (sub)jaxprs computed tile by tile, where
   regions.py finds how (``refusal`` says why not)."""
+  if not _has_region(jaxpr):
+    return jaxpr
   jaxpr = inline_calls(jaxpr)
-  return _rewrite_regions(jaxpr, regions.analyze(jaxpr)) if _has_region(jaxpr) else jaxpr
+  return _rewrite_regions(jaxpr, regions.analyze(jaxpr))
 
 
 def rewrite_jaxpr(jaxpr):
@@ -377,14 +409,14 @@ def rewrite(params, sequential_axes: bool):
                                   vmapped=False)
       jaxpr = _rewrite_products(jaxpr, spread=True)
   jaxpr = inline_calls(jaxpr)
-  region = regions.analyze(jaxpr)
-  if isinstance(region, regions.Region) and not sequential_axes and gm is params.grid_mapping \
-      and _spreads(jaxpr, set(_members(region))):
-    gm = with_leading_grid_axis(gm, math.prod(region.counts()), [False] * len(gm.block_mappings),
+  found = regions.analyze(jaxpr)
+  if isinstance(found, tuple) and len(found) == 1 and found[0].reduction is None and \
+      not sequential_axes and gm is params.grid_mapping and _spreads(jaxpr, found[0].members):
+    gm = with_leading_grid_axis(gm, math.prod(found[0].counts()), [False] * len(gm.block_mappings),
                                 vmapped=False)
-    jaxpr = _rewrite_regions(jaxpr, region, spread=True)
+    jaxpr = _rewrite_regions(jaxpr, found, spread=True)
   elif _has_region(jaxpr):
-    jaxpr = _rewrite_regions(jaxpr, region)
+    jaxpr = _rewrite_regions(jaxpr, found)
   if jaxpr is params.jaxpr:
     return params
   return dataclasses.replace(params, jaxpr=jaxpr, grid_mapping=gm)
