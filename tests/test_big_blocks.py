@@ -116,6 +116,12 @@ def _centered_on_max(x_ref, o_ref):   # a reduction over every tile, then the st
   o_ref[...] = x - jnp.max(x)
 
 
+def _softmax_whole_block(x_ref, o_ref):   # two reductions over every tile, then the stores
+  x = x_ref[...]
+  e = jnp.exp(x - jnp.max(x))
+  o_ref[...] = e / jnp.sum(e)
+
+
 def _column_sums(x_ref, o_ref):
   o_ref[...] = jnp.sum(x_ref[...] * 2, axis=0)
 
@@ -139,7 +145,11 @@ CASES = [
          tol=1e-6, gpu_tol=1e-5),
     Case("in_place_300x512", _in_place, (((300, 512), f32),), (((300, 512), f32),)),
     Case("row_iota_int32_520x256", _row_iota, (((520, 256), i32),), (((520, 256), i32),)),
-    Case("vector_200000", _scale_vector, (((200000,), f32),) * 2, (((200000,), f32),)),
+    # x * y - 1: Triton may fuse it into an FMA, XLA may not (gpu_tol)
+    Case("vector_200000", _scale_vector, (((200000,), f32),) * 2, (((200000,), f32),),
+         gpu_tol=1e-6),
+    Case("vector_f16_70001", _scale_vector, (((70001,), jnp.float16),) * 2,
+         (((70001,), jnp.float16),), gpu_tol=1e-3),
     Case("two_outputs_1000x130", _two_outputs, (((1000, 130), f32),),
          (((1000, 130), f32), ((1000, 130), bf16)), gpu_tol=1e-6),
     Case("small_weights_4100x64", _small_weights, (((4100, 64), f32), ((64, 64), f32)),
@@ -158,6 +168,8 @@ CASES = [
          (((384, 320), bf16),), tol=1e-2, gpu_tol=1e-2),
     Case("centered_on_max_300x700", _centered_on_max, (((300, 700), f32),), (((300, 700), f32),)),
     # sums over tiles add in another order than XLA's sum of the whole block
+    Case("softmax_whole_block_600x700", _softmax_whole_block, (((600, 700), f32),),
+         (((600, 700), f32),), tol=1e-6, gpu_tol=1e-5),
     Case("column_sums_1500x64", _column_sums, (((1500, 64), f32),), (((64,), f32),),
          tol=1e-5, gpu_tol=1e-5),
     Case("int_stats_700x300", _int_stats, (((700, 300), i32),),
@@ -277,9 +289,17 @@ def _loop_carry(x_ref, o_ref):
   o_ref[...] = lax.fori_loop(0, 3, lambda i, c: c * 2, x_ref[...])
 
 
+def _stored_in_loop(x_ref, o_ref):
+  def body(i, c):
+    o_ref[...] = c + 1.0
+    return c
+  lax.fori_loop(0, 2, body, x_ref[...])
+
+
 @pytest.mark.parametrize("kernel,words", [
     (_cumsum_rows, ["cumsum", "test_big_blocks.py"]),
     (_loop_carry, ["test_big_blocks.py", "loop"]),
+    (_stored_in_loop, ["test_big_blocks.py", "passed whole into `scan`"]),
 ])
 def test_refusals_name_the_value_and_why(kernel, words):
   spec = jax.ShapeDtypeStruct((512, 512), jnp.float32)
@@ -305,3 +325,13 @@ def test_triton_matches_the_interpreter(case):
     want = case.call(interpret=True)(*args)
     for k, (g, w) in enumerate(zip(got, want)):
       _compare(g, w, case.gpu_tol, f"{case.name} out[{k}] (seed {seed})")
+
+
+def test_a_large_loop_carry_stored_in_the_body_stays_whole():
+  spec = jax.ShapeDtypeStruct((512, 512), jnp.float32)
+  jaxpr = jax.make_jaxpr(pl.pallas_call(_stored_in_loop, out_shape=spec))(spec).jaxpr
+  (call,) = [e for e in jaxpr.eqns if e.primitive is pcall.pallas_call_p]
+  (loop,) = [e for e in call.params["params"].jaxpr.eqns if e.primitive is lax.scan_p]
+  found = regions.analyze(loop.params["jaxpr"])
+  assert isinstance(found, regions.Refusal), found
+  assert "comes from outside" in found.message() and "float32[512,512]" in found.message()

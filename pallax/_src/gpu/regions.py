@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from pallax._src import jax_internals as ji
+from pallax._src import jaxpr_util
 
 # A value over this many elements (each dimension padded to a power of two) does not fit one
 # program (the Triton backend's limit); tiles aim at TILE_ELEMENTS.
@@ -396,6 +397,11 @@ def _region(graph, seeds, sizes, value, reduction=None) -> Region:
   maps, eqns, products, whole, var = _form(graph, seeds)
   if len(whole) == len(sizes):
     raise _Refused(_untiled(graph, var if var is not None else _large_source(graph, value)))
+  for v, m in maps.items():
+    if _tiled(m) and v not in graph.producer:   # tiles are computed, never sliced from values
+      user = next(u for u in graph.uses[v] if u is not None)
+      raise _Refused(Refusal(user, "comes from outside the code that stores it (a loop's "
+                                   "carry, a constant): tiles are read from Refs only", v))
   region = Region(eqns, maps, sizes, sizes, products, False, reduction)
   _check_effects(graph, region)
   exact = _in_place(eqns, products) or (reduction is not None and
@@ -430,6 +436,9 @@ def _untiled(graph: _Graph, v, fine=frozenset()) -> Refusal:
     return Refusal(eqn, f"is reduced by `{user.primitive}` at {where} along every dimension "
                         "tiles could split; pallax does not yet accumulate such reductions over "
                         "tiles", v)
+  if any(True for _ in jaxpr_util.sub_jaxprs(user.params)):
+    return Refusal(eqn, f"is passed whole into `{user.primitive}` at {where} (a loop or a "
+                        "branch: pallax splits no value that crosses into one)", v)
   return Refusal(eqn, f"is used whole by `{user.primitive}` at {where}", v)
 
 
@@ -508,10 +517,12 @@ def _choose_tiles(graph, shape, whole, maps, eqns, products, exact) -> tuple[int
   values = [v for e in eqns for v in e.outvars if _tiled(maps.get(v))]
 
   def tile_numel(v):
+    if v is None:
+      return 1
     return padded_numel(s if a is None else tiles[a] for a, s in zip(maps[v], v.aval.shape))
 
   def worst():
-    return max(values, key=tile_numel)
+    return max(values, key=tile_numel, default=None)
 
   free = [a for a in range(len(shape)) if a not in whole and a not in fixed]
   while tile_numel(worst()) > TILE_ELEMENTS:
