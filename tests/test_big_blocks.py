@@ -107,6 +107,13 @@ def _matmul_bias(x_ref, y_ref, b_ref, o_ref):
                 + b_ref[...]).astype(o_ref.dtype)
 
 
+def _matmul_k_grid(x_ref, y_ref, o_ref):   # a product accumulated into its output over a grid axis
+  @pl.when(pl.program_id(2) == 0)
+  def _():
+    o_ref[...] = jnp.zeros_like(o_ref)
+  o_ref[...] += x_ref[...] @ y_ref[...]
+
+
 def _int_matmul_scaled(x_ref, y_ref, o_ref):
   o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.int32) * 3 - 1
 
@@ -164,6 +171,11 @@ CASES = [
          grid=(2, 2), in_specs=[pl.BlockSpec((512, 1024), lambda i, j: (i, 0)),
                                 pl.BlockSpec((1024, 512), lambda i, j: (0, j))],
          out_specs=pl.BlockSpec((512, 512), lambda i, j: (i, j)), tol=1e-5, gpu_tol=1e-2),
+    Case("matmul_k_grid", _matmul_k_grid, (((512, 1024), f32), ((1024, 384), f32)),
+         (((512, 384), f32),), grid=(1, 1, 2),
+         in_specs=[pl.BlockSpec((512, 512), lambda i, j, k: (i, k)),
+                   pl.BlockSpec((512, 384), lambda i, j, k: (k, j))],
+         out_specs=pl.BlockSpec((512, 384), lambda i, j, k: (i, j)), tol=1e-5, gpu_tol=1e-2),
     Case("matmul_bias_bf16", _matmul_bias, (((384, 256), bf16), ((256, 320), bf16), ((320,), f32)),
          (((384, 320), bf16),), tol=1e-2, gpu_tol=1e-2),
     Case("centered_on_max_300x700", _centered_on_max, (((300, 700), f32),), (((300, 700), f32),)),
@@ -213,6 +225,7 @@ def _compare(got, want, tol, what):
     np.testing.assert_allclose(g, w, rtol=tol, atol=tol * float(np.abs(w).max()), err_msg=what)
 
 
+@pytest.mark.interpreter   # both kernels in the interpreter (on a GPU machine: on its CPU)
 @pytest.mark.parametrize("sequential", [False, True])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_tiled_kernel_gives_the_kernels_answer(case, sequential):
