@@ -4,6 +4,7 @@ the kernel's own answer (bit for bit where no product is reassociated), and it l
 with no value over a program's register limit. On a GPU the Triton result is compared with the
 interpreter's."""
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -201,11 +202,15 @@ def _run(params, args):
   return pcall.pallas_call_p.bind(*args, params=dataclasses.replace(params, interpret=True))
 
 
-def _region(params) -> regions.Region:
-  """The one region of the kernel (the stores')."""
+def _regions_of(params) -> tuple:
   found = regions.analyze(tiling.inline_calls(params.jaxpr))
   assert isinstance(found, tuple), found.message()
-  (region,) = found
+  return found
+
+
+def _region(params) -> regions.Region:
+  """The one region of the kernel (the stores')."""
+  (region,) = _regions_of(params)
   return region
 
 
@@ -280,6 +285,26 @@ def test_product_epilogue_runs_once_per_output_tile():
   tiled = tiling.rewrite(params, sequential_axes=False)
   dots = [e for e in jaxpr_util.equations(tiled.jaxpr) if e.primitive is lax.dot_general_p]
   assert dots and all(e.outvars[0].aval.shape == p.tiles()[:2] for e in dots)
+
+
+@pytest.mark.interpreter
+def test_16_bit_sums_over_tiles_accumulate_in_float32():
+  def kernel(x_ref, o_ref):   # lax's sum of bf16 (jnp.sum would add in float32 itself)
+    total = lax.reduce_sum_p.bind(x_ref[...], axes=(0, 1), out_sharding=None)
+    o_ref[...] = jnp.broadcast_to(total, (1, 1))
+  case = Case("bf16_sum", kernel, (((1000, 300), bf16),), (((1, 1), bf16),))
+  (x,) = case.args(seed=5)
+  x = (x.astype(f32) + 1.5).astype(bf16)   # a large total: its bf16 ulp is 2048
+  params = _params(case, [x])
+  (region,) = _regions_of(params)
+  assert region.reduction is not None and math.prod(region.counts()) > 1
+  tiled = tiling.rewrite(params, sequential_axes=True)
+  loops = [e for e in jaxpr_util.equations(tiled.jaxpr) if e.primitive in (lax.scan_p, lax.while_p)]
+  assert any(v.aval.dtype == f32 for e in loops for v in e.outvars), "a float32 carry"
+  [got] = _run(tiled, [x])
+  exact = np.asarray(x, np.float64).sum()   # the answer: within one bf16 ulp of the exact sum
+  ulp = float(np.spacing(np.float32(np.asarray(jnp.asarray(exact, bf16), np.float32)))) * 2**16
+  assert abs(float(np.asarray(got, np.float32)[0, 0]) - exact) <= ulp, (got, exact)
 
 
 # --- Triton lowering (no GPU needed) --------------------------------------------------------

@@ -350,12 +350,12 @@ def analyze(jaxpr) -> tuple[Region, ...] | Refusal | None:
   graph = _Graph.of(jaxpr)
   try:   # one pass over tiles if the stores' tiles can hold whole what they reduce
     return _regions(graph, accumulate=False)
-  except _Refused as r:
-    refusal = r.refusal
+  except _Refused:
+    pass
   try:
     return _regions(graph, accumulate=True)
-  except _Refused:
-    return refusal
+  except _Refused as r:
+    return r.refusal
 
 
 def _regions(graph: _Graph, accumulate: bool) -> tuple[Region, ...]:
@@ -433,9 +433,11 @@ def _untiled(graph: _Graph, v, fine=frozenset()) -> Refusal:
     return Refusal(eqn, "is not stored to a Ref; pallax tiles values stored to Refs only", v)
   where = ji.user_frame(user.source_info) or "an unknown line"
   if user.primitive in _REDUCTIONS or user.primitive is lax.dot_general_p:
+    how = "" if user.primitive in _ACCUMULATED else (
+        " (pallax accumulates sums, products, maxima, minima and logical reductions over "
+        "tiles, and tiles large products of two Ref reads, not this)")
     return Refusal(eqn, f"is reduced by `{user.primitive}` at {where} along every dimension "
-                        "tiles could split; pallax does not yet accumulate such reductions over "
-                        "tiles", v)
+                        f"tiles could split{how}", v)
   if any(True for _ in jaxpr_util.sub_jaxprs(user.params)):
     return Refusal(eqn, f"is passed whole into `{user.primitive}` at {where} (a loop or a "
                         "branch: pallax splits no value that crosses into one)", v)
@@ -479,9 +481,10 @@ def _check_effects(graph, region: Region):
 
 
 def _access_key(e):
-  n = e.params["tree"].num_leaves
+  """The view a Ref access goes through: its indexers (a store's come after its value)."""
+  first, n = (2 if e.primitive is ji.swap_p else 1), e.params["tree"].num_leaves
   return (e.params["tree"], tuple(v if isinstance(v, ji.Var) else repr(v.val)
-                                  for v in e.invars[1:1 + n]))
+                                  for v in e.invars[first:first + n]))
 
 
 def _in_place(eqns, products) -> bool:

@@ -1,4 +1,4 @@
-"""Block-level matrix products too large for one program, rewritten as loops over Ref tiles.
+"""Block-level values too large for one program, rewritten as loops over Ref tiles.
 
 ``o_ref[...] = (x_ref[...] @ y_ref[...]).astype(...)`` on 512x1024 blocks (the seed notebook's
 matmul) cannot be one GPU dot: its operands and result exceed a program's registers and shared
@@ -7,8 +7,12 @@ jaxpr is rewritten into what a hand-written GPU matmul does: a loop over output 
 loop over K accumulating small ``dot_general``s of Ref slices, and a store of each tile. The
 backends' ordinary rules lower the result; there is one dot lowering.
 
-When the product is all the kernel does, its output tiles are independent: instead of a loop, a
-new first grid axis enumerates them, so the tiles spread over concurrent programs.
+Other large values (``x_ref[...] + y_ref[...]`` on 512x512 blocks, ``relu(x @ y + b)``,
+``jnp.sum(x_ref[...])``) are computed by *regions* (``regions.py`` finds them): a loop over
+tiles reads the Refs' tiles, computes and stores each tile (or accumulates a reduction).
+
+When the product or region is all the kernel does, its tiles are independent: instead of a
+loop, a new first grid axis enumerates them, so the tiles spread over concurrent programs.
 """
 from __future__ import annotations
 
@@ -245,27 +249,44 @@ _COMBINE = {lax.reduce_sum_p: lax.add, lax.reduce_max_p: lax.max, lax.reduce_min
 def _emit_region(region: regions.Region, read, tile_id=None) -> list:
   """Every tile of the region, by a loop (or only the tile ``tile_id``: one per program); a
   region that reduces returns the reduction of all its tiles."""
+  r = region.reduction
+
   def one(tid) -> dict:
     starts = _tile_starts(region, tid)
     env: dict = {}
     get = lambda v: env[v] if isinstance(v, ji.Var) and v in env else read(v)
     for e in region.eqns:
-      with ji.source_info_util.user_context(e.source_info.traceback):
-        env.update(zip(e.outvars, _tile_of_eqn(region, e, get, starts)))
+      if e is not r:
+        with ji.source_info_util.user_context(e.source_info.traceback):
+          env.update(zip(e.outvars, _tile_of_eqn(region, e, get, starts)))
     return env
 
   n = _i32(math.prod(region.counts()))
-  r = region.reduction
   if r is None and tile_id is not None:
     one(tile_id)
   elif r is None:
     lax.fori_loop(_i32(0), n, lambda i, _: one(i) and None, None)
   else:
-    out = r.outvars[0]
-    combine = _COMBINE[r.primitive]
-    init = jnp.full(out.aval.shape, _identity(r.primitive, out.aval.dtype), out.aval.dtype)
-    return [lax.fori_loop(_i32(0), n, lambda i, acc: combine(acc, one(i)[out]), init)]
+    return [_accumulate(r, n, lambda i: one(i)[r.invars[0]])]
   return [None]
+
+
+def _accumulate(r, n, tile):
+  """The reduction ``r`` of all ``n`` tiles (``tile(i)``: the operand's tile ``i``). Sums and
+  products of 16-bit floats accumulate in float32 and round once, as XLA's do."""
+  out = r.outvars[0].aval
+  wide = out.dtype
+  if r.primitive in (lax.reduce_sum_p, lax.reduce_prod_p) and \
+      jnp.issubdtype(out.dtype, jnp.floating) and jnp.dtype(out.dtype).itemsize < 4:
+    wide = jnp.dtype(jnp.float32)
+  combine = _COMBINE[r.primitive]
+
+  def step(i, acc):
+    with ji.source_info_util.user_context(r.source_info.traceback):
+      return combine(acc, r.primitive.bind(tile(i).astype(wide), **r.params))
+
+  init = jnp.full(out.shape, _identity(r.primitive, wide), wide)
+  return lax.fori_loop(_i32(0), n, step, init).astype(out.dtype)
 
 
 def _literal(v):
@@ -275,9 +296,8 @@ def _literal(v):
 
 def _retrace(jaxpr, emitters: dict, skip, spread: bool, sub):
   """``jaxpr`` traced again: ``emitters[eqn](read, tile)`` replaces ``eqn`` (and returns its
-  outputs), equations in
-  ``skip`` go, sub-jaxprs become ``sub(jaxpr)``. With ``spread``, the jaxpr takes a tile index as
-  a new first argument (the ``tile`` the emitters get)."""
+  outputs), equations in ``skip`` go, sub-jaxprs become ``sub(jaxpr)``. With ``spread``, the
+  jaxpr takes a tile index as a new first argument (the ``tile`` the emitters get)."""
   def run(*args):
     tile = None
     if spread:
