@@ -115,6 +115,15 @@ def _matmul_k_grid(x_ref, y_ref, o_ref):   # a product accumulated into its outp
   o_ref[...] += x_ref[...] @ y_ref[...]
 
 
+def _product_of_casts(x_ref, y_ref, o_ref):   # not Ref reads: a product per (16, 16) tile
+  o_ref[...] = jnp.dot(x_ref[...].astype(bf16), y_ref[...].astype(bf16),
+                       preferred_element_type=jnp.float32)
+
+
+def _product_transposed(x_ref, y_ref, o_ref):
+  o_ref[...] = x_ref[...] @ y_ref[...].T
+
+
 def _int_matmul_scaled(x_ref, y_ref, o_ref):
   o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.int32) * 3 - 1
 
@@ -177,6 +186,10 @@ CASES = [
          in_specs=[pl.BlockSpec((512, 512), lambda i, j, k: (i, k)),
                    pl.BlockSpec((512, 384), lambda i, j, k: (k, j))],
          out_specs=pl.BlockSpec((512, 384), lambda i, j, k: (i, j)), tol=1e-5, gpu_tol=1e-2),
+    Case("product_of_casts_384x512", _product_of_casts, (((384, 512), f32), ((512, 400), f32)),
+         (((384, 400), f32),), tol=1e-5, gpu_tol=1e-2),
+    Case("product_transposed_512", _product_transposed, (((512, 256), f32), ((520, 256), f32)),
+         (((512, 520), f32),), tol=1e-5, gpu_tol=1e-2),
     Case("matmul_bias_bf16", _matmul_bias, (((384, 256), bf16), ((256, 320), bf16), ((320,), f32)),
          (((384, 320), bf16),), tol=1e-2, gpu_tol=1e-2),
     Case("centered_on_max_300x700", _centered_on_max, (((300, 700), f32),), (((300, 700), f32),)),
@@ -305,6 +318,15 @@ def test_16_bit_sums_over_tiles_accumulate_in_float32():
   exact = np.asarray(x, np.float64).sum()   # the answer: within one bf16 ulp of the exact sum
   ulp = float(np.spacing(np.float32(np.asarray(jnp.asarray(exact, bf16), np.float32)))) * 2**16
   assert abs(float(np.asarray(got, np.float32)[0, 0]) - exact) <= ulp, (got, exact)
+
+
+def test_vmapped_big_blocks():
+  # vmap adds a grid axis before the one over the tiles; on a CPU the kernel also lowers
+  case = next(c for c in CASES if c.name == "add_512x512")
+  kx, ky = jax.random.split(jax.random.key(11))
+  x, y = (jax.random.normal(k, (3, 512, 512), f32) for k in (kx, ky))
+  [got] = jax.vmap(case.call())(x, y)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(x + y))
 
 
 # --- Triton lowering (no GPU needed) --------------------------------------------------------

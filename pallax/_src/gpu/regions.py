@@ -31,6 +31,7 @@ from pallax._src import jaxpr_util
 # program (the Triton backend's limit); tiles aim at TILE_ELEMENTS.
 MAX_ELEMENTS = 128 * 512
 TILE_ELEMENTS = 8192
+MIN_TILE = 16
 
 # Above these sizes a single dot does not fit one program.
 MAX_RESULT = 128 * 256
@@ -507,8 +508,9 @@ def _largest_divisor(n: int, at_most: int) -> int:
 
 
 def _choose_tiles(graph, shape, whole, maps, eqns, products, exact) -> tuple[int, ...]:
-  """Tiles of the axes: products fix theirs; the others are split, leading axes first, in powers
-  of two until each value's tile has at most TILE_ELEMENTS (rows stay contiguous)."""
+  """Tiles of the axes: products fix theirs; the others are split in powers of two until each
+  value's tile has at most TILE_ELEMENTS: the largest value's axes, leading ones first (rows
+  stay contiguous), none below MIN_TILE while another can be split."""
   tiles = list(shape)
   fixed: dict = {}
   for p in products.values():
@@ -529,7 +531,9 @@ def _choose_tiles(graph, shape, whole, maps, eqns, products, exact) -> tuple[int
 
   free = [a for a in range(len(shape)) if a not in whole and a not in fixed]
   while tile_numel(worst()) > TILE_ELEMENTS:
-    a = next((a for a in free if tiles[a] > 1), None)
+    mine = [a for a in free if a in maps[worst()] and tiles[a] > 1]
+    # leading axes first, down to 16 (a product's operands: tiles of 16 or more each way)
+    a = next((a for a in mine if tiles[a] > MIN_TILE), mine[0] if mine else None)
     if a is None:
       break
     tiles[a] = 1 << (tiles[a] - 1).bit_length() - 1   # the power of two below
