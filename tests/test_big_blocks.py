@@ -329,6 +329,18 @@ def test_vmapped_big_blocks():
   np.testing.assert_array_equal(np.asarray(got), np.asarray(x + y))
 
 
+def test_vmapped_quickstart_matmul():
+  # JAX's quickstart: jax.vmap(partial(matmul, activation=jax.nn.relu)) over 512x1024 blocks
+  case = next(c for c in CASES if c.name == "relu_matmul_quickstart")
+  kx, ky = jax.random.split(jax.random.key(12))
+  x, y = (jax.random.normal(k, (2, 1024, 1024), f32) for k in (kx, ky))
+  [got] = jax.vmap(case.call())(x, y)
+  want = np.maximum(np.einsum("bij,bjk->bik", np.asarray(x, np.float64), np.asarray(y, np.float64)), 0)
+  # sums of 1024 products: float32 in the interpreter; on a GPU, Triton's tf32 (as XLA's default)
+  atol = 0.1 if jax.devices()[0].platform == "gpu" else 1e-3
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=atol)
+
+
 # --- Triton lowering (no GPU needed) --------------------------------------------------------
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
