@@ -124,6 +124,12 @@ def _product_transposed(x_ref, y_ref, o_ref):
   o_ref[...] = x_ref[...] @ y_ref[...].T
 
 
+def _small_value_used_twice(x_ref, b_ref, o_ref, p_ref):   # b: in the tiles, and whole
+  b = b_ref[...]
+  o_ref[...] = x_ref[...] + b
+  p_ref[...] = b * 2
+
+
 def _int_matmul_scaled(x_ref, y_ref, o_ref):
   o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.int32) * 3 - 1
 
@@ -190,6 +196,8 @@ CASES = [
          (((384, 400), f32),), tol=1e-5, gpu_tol=1e-2),
     Case("product_transposed_512", _product_transposed, (((512, 256), f32), ((520, 256), f32)),
          (((512, 520), f32),), tol=1e-5, gpu_tol=1e-2),
+    Case("small_value_used_twice", _small_value_used_twice, (((700, 384), f32), ((384,), f32)),
+         (((700, 384), f32), ((384,), f32))),
     Case("matmul_bias_bf16", _matmul_bias, (((384, 256), bf16), ((256, 320), bf16), ((320,), f32)),
          (((384, 320), bf16),), tol=1e-2, gpu_tol=1e-2),
     Case("centered_on_max_300x700", _centered_on_max, (((300, 700), f32),), (((300, 700), f32),)),

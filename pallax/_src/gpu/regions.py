@@ -447,7 +447,7 @@ def _untiled(graph: _Graph, v, fine=frozenset()) -> Refusal:
 
 def _check_uses(graph: _Graph, found):
   """Every large value is a product's read, or is computed by tiles in the regions that use it,
-  and by those only."""
+  and used by those only."""
   reads = {v for r in found for p in r.products.values() for g in (p.lhs_get, p.rhs_get)
            for v in g.outvars}
   for e in reversed(graph.jaxpr.eqns):   # the last one is nearest to the use that needs it whole
@@ -456,8 +456,8 @@ def _check_uses(graph: _Graph, found):
       if not (is_large(v) or homes) or v in reads:
         continue
       fine = {u for r in homes for u in r.members}
-      if not homes or any(u not in fine for u in graph.uses.get(v, [])):
-        raise _Refused(_untiled(graph, v, fine))
+      if not homes or is_large(v) and any(u not in fine for u in graph.uses.get(v, [])):
+        raise _Refused(_untiled(graph, v, fine))   # (a small value is computed whole too)
 
 
 def _check_effects(graph, region: Region):

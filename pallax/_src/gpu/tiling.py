@@ -335,12 +335,14 @@ def rewrite_products(jaxpr):
 def _rewrite_regions(jaxpr, found, spread=False):
   """``jaxpr`` with each region of ``found`` run where its last equation was (a reduction
   where it was: its result is that of the reduction)."""
-  emitters, skip = {}, set()
+  emitters, members = {}, set()
   for region in found if isinstance(found, tuple) else ():
-    members = region.members
-    anchor = region.reduction or [e for e in jaxpr.eqns if e in members][-1]
+    anchor = region.reduction or [e for e in jaxpr.eqns if e in region.members][-1]
     emitters[anchor] = lambda read, tile, region=region: _emit_region(region, read, tile)
-    skip |= members
+    members |= region.members
+  # a small value a region computes that other code uses whole is computed there too
+  uses = regions.consumers(jaxpr)
+  skip = {e for e in members if all(u in members for v in e.outvars for u in uses.get(v, []))}
   return _retrace(jaxpr, emitters, skip, spread, rewrite_regions)
 
 
