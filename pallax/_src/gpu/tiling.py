@@ -1,4 +1,4 @@
-"""Block-level matrix products too large for one program, rewritten as loops over Ref tiles.
+"""Block-level values too large for one program, rewritten as loops over Ref tiles.
 
 ``o_ref[...] = (x_ref[...] @ y_ref[...]).astype(...)`` on 512x1024 blocks (the seed notebook's
 matmul) cannot be one GPU dot: its operands and result exceed a program's registers and shared
@@ -7,8 +7,12 @@ jaxpr is rewritten into what a hand-written GPU matmul does: a loop over output 
 loop over K accumulating small ``dot_general``s of Ref slices, and a store of each tile. The
 backends' ordinary rules lower the result; there is one dot lowering.
 
-When the product is all the kernel does, its output tiles are independent: instead of a loop, a
-new first grid axis enumerates them, so the tiles spread over concurrent programs.
+Other large values (``x_ref[...] + y_ref[...]`` on 512x512 blocks, ``relu(x @ y + b)``,
+``jnp.sum(x_ref[...])``) are computed by *regions* (``regions.py`` finds them): a loop over
+tiles reads the Refs' tiles, computes and stores each tile (or accumulates a reduction).
+
+When the product or region is all the kernel does, its tiles are independent: instead of a
+loop, a new first grid axis enumerates them, so the tiles spread over concurrent programs.
 """
 from __future__ import annotations
 
@@ -22,11 +26,7 @@ from jax import lax
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src.grid_mapping import with_leading_grid_axis
-
-# Above these sizes a single dot does not fit one program.
-MAX_RESULT = 128 * 256
-MAX_OPERAND_BYTES = 96 * 1024
-_MN_TILES = (128, 64, 32, 16)
+from pallax._src.gpu import regions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,28 +42,12 @@ class TiledDot:
     return tuple(e for e in (self.lhs_get, self.rhs_get, self.dot, self.cast) if e is not None)
 
   def tiles(self) -> tuple[int, int, int]:
-    (m, k), n = self.dot.invars[0].aval.shape, self.dot.invars[1].aval.shape[1]
-    dtype = self.dot.invars[0].aval.dtype
-    return _tile(m, _mn_tiles(dtype)), _tile(n, _mn_tiles(dtype)), _tile(k, _k_tiles(dtype))
+    return regions.Product(self.dot, self.lhs_get, self.rhs_get).tiles()
 
   def tile_counts(self) -> tuple[int, int]:
     (m, _), n = self.dot.invars[0].aval.shape, self.dot.invars[1].aval.shape[1]
     bm, bn, _ = self.tiles()
     return m // bm, n // bn
-
-
-def _tile(n: int, options) -> int | None:
-  return next((t for t in options if n % t == 0), None)
-
-
-def _mn_tiles(dtype) -> tuple[int, ...]:
-  # float64 tiles of 128 would stage 128 KiB of operands: more shared memory than Turing has
-  return _MN_TILES[1:] if jnp.dtype(dtype).itemsize == 8 else _MN_TILES
-
-
-def _k_tiles(dtype) -> tuple[int, ...]:
-  # 8-bit operands: the tensor cores take K steps of 32 or more
-  return (64, 32) if jnp.dtype(dtype).itemsize == 1 else (64, 32, 16)
 
 
 def _use_counts(jaxpr) -> dict:
@@ -76,12 +60,6 @@ def _use_counts(jaxpr) -> dict:
     if isinstance(v, ji.Var):
       uses[v] = uses.get(v, 0) + 2
   return uses
-
-
-def _too_large(a, b) -> bool:
-  (m, k), n = a.aval.shape, b.aval.shape[1]
-  nbytes = m * k * jnp.dtype(a.aval.dtype).itemsize + k * n * jnp.dtype(b.aval.dtype).itemsize
-  return m * n > MAX_RESULT or nbytes > MAX_OPERAND_BYTES
 
 
 def _product(e, producer, once) -> TiledDot | None:
@@ -97,7 +75,7 @@ def _product(e, producer, once) -> TiledDot | None:
   (lc, rc), (lb, rb) = p.params["dimension_numbers"]
   a, b = p.invars
   if lb or rb or tuple(lc) != (1,) or tuple(rc) != (0,) or len(a.aval.shape) != 2 or \
-      len(b.aval.shape) != 2 or not (once(a) and once(b)) or not _too_large(a, b):
+      len(b.aval.shape) != 2 or not (once(a) and once(b)) or not regions.product_too_large(a, b):
     return None
   ga, gb = producer.get(a), producer.get(b)
   if ga is None or gb is None or ga.primitive is not ji.get_p or gb.primitive is not ji.get_p:
@@ -154,12 +132,13 @@ def _acc_dtype(dtype):
   return jnp.dtype(jnp.float64) if dtype == jnp.float64 else jnp.dtype(jnp.float32)
 
 
-def _one_tile(t: TiledDot, a, b, o, m0, n0):
-  """o[m0:m0+bm, n0:n0+bn] = the product's tile, accumulated over K steps."""
-  bm, bn, bk = t.tiles()
-  k = t.dot.invars[0].aval.shape[1]
-  acc_dtype = _acc_dtype(t.dot.invars[0].aval.dtype)
-  params = dict(t.dot.params, preferred_element_type=acc_dtype)
+def product_tile(dot, a, b, m0, n0, tiles):
+  """The (bm, bn) tile at (m0, n0) of the product ``dot`` of the Ref views ``a`` and ``b``,
+  accumulated over K steps and rounded to the product's dtype."""
+  bm, bn, bk = tiles
+  k = dot.invars[0].aval.shape[1]
+  acc_dtype = _acc_dtype(dot.invars[0].aval.dtype)
+  params = dict(dot.params, preferred_element_type=acc_dtype)
 
   def step(j, acc):
     x = a.at[ji.ds(m0, bm), ji.ds(j * _i32(bk), bk)][...]
@@ -167,7 +146,13 @@ def _one_tile(t: TiledDot, a, b, o, m0, n0):
     return acc + lax.dot_general_p.bind(x, y, **params)
 
   acc = lax.fori_loop(_i32(0), _i32(k // bk), step, jnp.zeros((bm, bn), acc_dtype))
-  out = acc.astype(t.dot.outvars[0].aval.dtype)   # rounded as the product would be
+  return acc.astype(dot.outvars[0].aval.dtype)   # rounded as the product would be
+
+
+def _one_tile(t: TiledDot, a, b, o, m0, n0):
+  """o[m0:m0+bm, n0:n0+bn] = the product's tile, accumulated over K steps."""
+  bm, bn, _ = t.tiles()
+  out = product_tile(t.dot, a, b, m0, n0, t.tiles())
   if t.cast is not None:
     out = lax.convert_element_type_p.bind(out, **t.cast.params)
   o.at[ji.ds(m0, bm), ji.ds(n0, bn)][...] = out
@@ -189,51 +174,271 @@ def _emit(t: TiledDot, read, tile_id=None):
   lax.fori_loop(_i32(0), _i32(tm), row, None)
 
 
-def _rewrite_jaxpr(jaxpr, tile_id=None, whole=None):
-  """``jaxpr`` with its too-large products tiled (sub-jaxprs too). With ``whole``, the jaxpr
-  takes the tile index as a new first argument and computes that tile only."""
-  found = {t.store: t for t in find(jaxpr)}
-  skip = {e for t in found.values() for e in t.replaced}
+# --- regions: large values computed tile by tile (regions.py finds them) --------------------
 
-  def run(*args):
-    if whole is not None:
-      tile, args = args[0], args[1:]
-    env = dict(zip(jaxpr.invars, args))
-    read = lambda v: v.val if isinstance(v, ji.Literal) else env[v]
-    for e in jaxpr.eqns:
-      if e in skip:
-        continue
-      if e in found:
+def _tile_starts(region: regions.Region, tile_id) -> list:
+  """Per axis, where tile ``tile_id`` starts (tiles in row-major order). Where a tile does not
+  divide its axis, the last tile ends at the axis's end and overlaps the one before: it
+  recomputes some rows, with the same result (regions.py allows overlaps only where no Ref is
+  both read and written)."""
+  starts, rest = [None] * len(region.sizes), tile_id
+  for a in reversed(range(len(region.sizes))):
+    count, size, t = region.counts()[a], region.sizes[a], region.tiles[a]
+    if count == 1:
+      starts[a] = _i32(0)
+      continue
+    outer = [c for c in region.counts()[:a] if c > 1]
+    idx = lax.rem(rest, _i32(count)) if outer else rest   # ids >= 0
+    rest = lax.div(rest, _i32(count)) if outer else None
+    starts[a] = idx * _i32(t) if size % t == 0 else lax.min(idx * _i32(t), _i32(size - t))
+  return starts
+
+
+def _index(region: regions.Region, m, starts) -> tuple:
+  return tuple(slice(None) if a is None or region.tiles[a] == region.sizes[a]
+               else ji.ds(starts[a], region.tiles[a]) for a in m)
+
+
+def _tile_of_eqn(region: regions.Region, e, get, starts) -> list:
+  """The outputs of equation ``e`` of the region on the tile at ``starts``."""
+  if e in region.products:
+    p = region.products[e]
+    m0, n0 = (starts[a] for a in region.maps[e.outvars[0]])
+    return [product_tile(e, _view(p.lhs_get, get, 1), _view(p.rhs_get, get, 1), m0, n0, p.tiles())]
+  if e.primitive is ji.swap_p:
+    value = e.invars[1]
+    _view(e, get, 2).at[_index(region, region.maps[value], starts)][...] = get(value)
+    return [None]
+  out = e.outvars[0]
+  if e.primitive is ji.get_p:
+    return [_view(e, get, 1).at[_index(region, region.maps[out], starts)][...]]
+  if e.primitive is lax.iota_p:
+    d, dtype = e.params["dimension"], e.params["dtype"]
+    iota = lax.broadcasted_iota(dtype, region.tile_shape(out), d)
+    a = region.maps[out][d]
+    if a is None or region.tiles[a] == region.sizes[a]:
+      return [iota]
+    return [iota + lax.convert_element_type(starts[a], dtype)]
+  params = dict(e.params, shape=region.tile_shape(out)) if e.primitive is lax.broadcast_in_dim_p \
+      else None
+  return jaxpr_util.rebind(e, [get(v) for v in e.invars], params)
+
+
+def _identity(prim, dtype):
+  """The value a reduction starts from (floats' sums from -0.0: a sum of -0.0s stays -0.0)."""
+  dtype = jnp.dtype(dtype)
+  if prim in (lax.reduce_max_p, lax.reduce_min_p):
+    lowest = prim is lax.reduce_max_p
+    if jnp.issubdtype(dtype, jnp.floating):
+      return -np.inf if lowest else np.inf
+    if dtype == np.bool_:
+      return not lowest
+    return jnp.iinfo(dtype).min if lowest else jnp.iinfo(dtype).max
+  if prim is lax.reduce_and_p:
+    return ~np.zeros((), dtype)
+  if prim is lax.reduce_prod_p:
+    return 1
+  return -0.0 if jnp.issubdtype(dtype, jnp.floating) else 0
+
+
+_COMBINE = {lax.reduce_sum_p: lax.add, lax.reduce_max_p: lax.max, lax.reduce_min_p: lax.min,
+            lax.reduce_prod_p: lax.mul, lax.reduce_and_p: lax.bitwise_and,
+            lax.reduce_or_p: lax.bitwise_or, lax.reduce_xor_p: lax.bitwise_xor}
+
+
+def _emit_region(region: regions.Region, read, tile_id=None) -> list:
+  """Every tile of the region, by a loop (or only the tile ``tile_id``: one per program); a
+  region that reduces returns the reduction of all its tiles."""
+  r = region.reduction
+
+  def one(tid) -> dict:
+    starts = _tile_starts(region, tid)
+    env: dict = {}
+    get = lambda v: env[v] if isinstance(v, ji.Var) and v in env else read(v)
+    for e in region.eqns:
+      if e is not r:
         with ji.source_info_util.user_context(e.source_info.traceback):
-          _emit(found[e], read, tile if whole is not None else None)
-        continue
-      params = jaxpr_util.map_sub_jaxprs(e.params, rewrite_jaxpr)
-      for v, x in zip(e.outvars, jaxpr_util.rebind(e, [read(v) for v in e.invars], params)):
-        env[v] = x
+          env.update(zip(e.outvars, _tile_of_eqn(region, e, get, starts)))
+    return env
+
+  n = _i32(math.prod(region.counts()))
+  if r is None and tile_id is not None:
+    one(tile_id)
+  elif r is None:
+    lax.fori_loop(_i32(0), n, lambda i, _: one(i) and None, None)
+  else:
+    return [_accumulate(r, n, lambda i: one(i)[r.invars[0]])]
+  return [None]
+
+
+def _accumulate(r, n, tile):
+  """The reduction ``r`` of all ``n`` tiles (``tile(i)``: the operand's tile ``i``). Sums and
+  products of 16-bit floats accumulate in float32 and round once, as XLA's do."""
+  out = r.outvars[0].aval
+  wide = out.dtype
+  if r.primitive in (lax.reduce_sum_p, lax.reduce_prod_p) and \
+      jnp.issubdtype(out.dtype, jnp.floating) and jnp.dtype(out.dtype).itemsize < 4:
+    wide = jnp.dtype(jnp.float32)
+  combine = _COMBINE[r.primitive]
+
+  def step(i, acc):
+    with ji.source_info_util.user_context(r.source_info.traceback):
+      return combine(acc, r.primitive.bind(tile(i).astype(wide), **r.params))
+
+  init = jnp.full(out.shape, _identity(r.primitive, wide), wide)
+  return lax.fori_loop(_i32(0), n, step, init).astype(out.dtype)
+
+
+def _literal(v):
+  # typed NumPy scalars: rules tell literals from traced values by them
+  return np.array(v.val, v.aval.dtype)[()] if np.ndim(v.val) == 0 else v.val
+
+
+def _retrace(jaxpr, emitters: dict, skip, spread: bool, sub):
+  """``jaxpr`` traced again: ``emitters[eqn](read, tile)`` replaces ``eqn`` (and returns its
+  outputs), equations in ``skip`` go, sub-jaxprs become ``sub(jaxpr)``. With ``spread``, the
+  jaxpr takes a tile index as a new first argument (the ``tile`` the emitters get)."""
+  def run(*args):
+    tile = None
+    if spread:
+      tile, args = args[0], args[1:]
+    env = dict(zip(jaxpr.all_invars, [*jaxpr.consts, *args]))
+    read = lambda v: _literal(v) if isinstance(v, ji.Literal) else env[v]
+    for e in jaxpr.eqns:
+      if e in emitters:
+        with ji.source_info_util.user_context(e.source_info.traceback):
+          env.update(zip(e.outvars, emitters[e](read, tile)))
+      elif e not in skip:
+        params = jaxpr_util.map_sub_jaxprs(e.params, sub)
+        env.update(zip(e.outvars, jaxpr_util.rebind(e, [read(v) for v in e.invars], params)))
     return [read(v) for v in jaxpr.outvars]
 
   run.__name__ = "tiled"
-  avals = ([ji.ShapedArray((), jnp.int32)] if whole is not None else []) + list(jaxpr.in_avals)
-  new, _, consts = ji.trace_to_jaxpr(lambda *a: run(*a), avals)
+  avals = ([ji.ShapedArray((), jnp.int32)] if spread else []) + list(jaxpr.in_avals)
+  new, _, consts = ji.trace_to_jaxpr(run, avals)
   return ji.closed(new, consts)
 
 
+def _rewrite_products(jaxpr, spread=False):
+  """``jaxpr`` with its too-large plain products tiled (sub-jaxprs too). With ``spread``, the
+  jaxpr takes the tile index as a new first argument and computes that tile only."""
+  found = {t.store: t for t in find(jaxpr)}
+  emitters = {e: (lambda read, tile, t=t: _emit(t, read, tile) or [None]) for e, t in found.items()}
+  skip = {e for t in found.values() for e in t.replaced}
+  return _retrace(jaxpr, emitters, skip, spread, rewrite_products)
+
+
+def rewrite_products(jaxpr):
+  return _rewrite_products(jaxpr) if _needs_rewrite(jaxpr) else jaxpr
+
+
+def _rewrite_regions(jaxpr, found, spread=False):
+  """``jaxpr`` with each region of ``found`` run where its last equation was (a reduction
+  where it was: its result is that of the reduction)."""
+  emitters, members = {}, set()
+  for region in found if isinstance(found, tuple) else ():
+    anchor = region.reduction or [e for e in jaxpr.eqns if e in region.members][-1]
+    emitters[anchor] = lambda read, tile, region=region: _emit_region(region, read, tile)
+    members |= region.members
+  # a small value a region computes that other code uses whole is computed there too
+  uses = regions.consumers(jaxpr)
+  skip = {e for e in members if all(u in members for v in e.outvars for u in uses.get(v, []))}
+  return _retrace(jaxpr, emitters, skip, spread, rewrite_regions)
+
+
+def _has_region(jaxpr) -> bool:
+  return isinstance(regions.analyze(inline_calls(jaxpr)), tuple) or any(
+      _has_region(s) for e in jaxpr.eqns for s in jaxpr_util.sub_jaxprs(e.params))
+
+
+def rewrite_regions(jaxpr):
+  """``jaxpr`` with the large values of each of its (sub)jaxprs computed tile by tile, where
+  regions.py finds how (``refusal`` says why not)."""
+  if not _has_region(jaxpr):
+    return jaxpr
+  jaxpr = inline_calls(jaxpr)
+  return _rewrite_regions(jaxpr, regions.analyze(jaxpr))
+
+
 def rewrite_jaxpr(jaxpr):
-  return _rewrite_jaxpr(jaxpr) if _needs_rewrite(jaxpr) else jaxpr
+  return rewrite_regions(rewrite_products(jaxpr))
+
+
+# --- calls that hold large values are inlined (their bodies' equations join the region) ------
+
+def _call_body(eqn):
+  return next(v for k, v in jaxpr_util.sub_jaxpr_params(eqn.params) if k in ("jaxpr", "call_jaxpr"))
+
+
+def _inlined(jaxpr, args) -> list:
+  """The body of a call, traced at the caller's source line where the body's own equations
+  have none outside JAX (``jnp.cumsum``'s body: its user is the caller's line)."""
+  env = dict(zip(jaxpr.all_invars, [*jaxpr.consts, *args]))
+  read = lambda v: _literal(v) if isinstance(v, ji.Literal) else env[v]
+  for e in jaxpr.eqns:
+    invals = [read(v) for v in e.invars]
+    if e.primitive in ji.CALL_PRIMITIVES:
+      outs = _inlined(_call_body(e), invals)
+    elif ji.user_location(e.source_info) is None:   # the caller's user_context stays
+      outs = e.primitive.bind(*invals, **e.primitive.get_bind_params(e.params))
+      outs = list(outs) if e.primitive.multiple_results else [outs]
+    else:
+      outs = jaxpr_util.rebind(e, invals)
+    env.update(zip(e.outvars, outs))
+  return [read(v) for v in jaxpr.outvars]
+
+
+def _large_call(e) -> bool:
+  return e.primitive in ji.CALL_PRIMITIVES and any(
+      regions.is_large(v) for v in [*e.invars, *e.outvars])
+
+
+def inline_calls(jaxpr):
+  """``jaxpr`` with calls (jit, custom_jvp, ...) that take or give large values inlined: on the
+  GPU a call is its body (the Triton backend inlines them too)."""
+  return jaxpr_util.retrace(jaxpr, lambda e, invals, params: _inlined(_call_body(e), invals),
+                            _large_call)
+
+
+def refusal(jaxpr) -> str | None:
+  """Why a value of ``jaxpr`` (or of a sub-jaxpr) too large for one program stays whole."""
+  found = regions.analyze(inline_calls(jaxpr))
+  if isinstance(found, regions.Refusal):
+    return found.message()
+  return next((r for e in jaxpr.eqns for s in jaxpr_util.sub_jaxprs(e.params)
+               if (r := refusal(s)) is not None), None)
+
+
+def _spreads(jaxpr, members) -> bool:
+  """Whether all ``jaxpr`` does besides ``members`` is index arithmetic (then its tiles are
+  independent and can run as programs of their own)."""
+  rest = [e for e in jaxpr.eqns if e not in members]
+  return not any(e.effects or any(ji.is_ref_aval(v.aval) for v in e.invars) for e in rest)
 
 
 def rewrite(params, sequential_axes: bool):
-  """``params`` with too-large block products tiled. Unless the grid has axes that run in order
-  inside a program, a kernel that is just one such product gets a new first grid axis over its
-  output tiles (programs compute one tile each)."""
-  jaxpr = params.jaxpr
-  if not _needs_rewrite(jaxpr):
+  """``params`` with too-large block values tiled: plain products first, then regions of
+  separable code (with products as leaves). Unless the grid has axes that run in order inside a
+  program, a kernel that is just one such product or region gets a new first grid axis over its
+  tiles (programs compute one tile each)."""
+  jaxpr, gm = params.jaxpr, params.grid_mapping
+  if _needs_rewrite(jaxpr):
+    whole = None if sequential_axes else _whole_kernel(jaxpr)
+    if whole is None:
+      jaxpr = _rewrite_products(jaxpr)
+    else:
+      gm = with_leading_grid_axis(gm, math.prod(whole.tile_counts()), [False] * len(gm.block_mappings),
+                                  vmapped=False)
+      jaxpr = _rewrite_products(jaxpr, spread=True)
+  jaxpr = inline_calls(jaxpr)
+  found = regions.analyze(jaxpr)
+  if isinstance(found, tuple) and len(found) == 1 and found[0].reduction is None and \
+      not sequential_axes and gm is params.grid_mapping and _spreads(jaxpr, found[0].members):
+    gm = with_leading_grid_axis(gm, math.prod(found[0].counts()), [False] * len(gm.block_mappings),
+                                vmapped=False)
+    jaxpr = _rewrite_regions(jaxpr, found, spread=True)
+  elif _has_region(jaxpr):
+    jaxpr = _rewrite_regions(jaxpr, found)
+  if jaxpr is params.jaxpr:
     return params
-  whole = None if sequential_axes else _whole_kernel(jaxpr)
-  if whole is None:
-    return dataclasses.replace(params, jaxpr=_rewrite_jaxpr(jaxpr))
-  gm = params.grid_mapping
-  n_tiles = math.prod(whole.tile_counts())
-  new_gm = with_leading_grid_axis(gm, n_tiles, [False] * len(gm.block_mappings),
-                                        vmapped=False)
-  return dataclasses.replace(params, jaxpr=_rewrite_jaxpr(jaxpr, whole=whole), grid_mapping=new_gm)
+  return dataclasses.replace(params, jaxpr=jaxpr, grid_mapping=gm)

@@ -1,6 +1,6 @@
 """Kernel jaxpr + GridMapping -> the source of one ``@triton.jit`` function.
 
-The pipeline: tile block products too large for one program (``gpu/tiling.py``), write out the
+The pipeline: tile block values too large for one program (``gpu/tiling.py``), write out the
 dot algorithms (``gpu/dot_algorithms.py``), legalize lax's semantics (``gpu/legalize.py``), then
 write the statements with the rule table of this package (``rules``, ``shapes``, ``reductions``,
 ``memory``, ``movement``, ``control``, and the Triton module's own primitives in ``api``).
@@ -123,6 +123,7 @@ def _check_supported(params, compute_capability: int):
 
 def generate(params, compute_capability: int = 90) -> KernelSource:
   _check_supported(params, compute_capability)
+  written = params
   params, plan = prepare(params, compute_capability)
   gm, jaxpr = params.grid_mapping, params.jaxpr
   gen = Writer(params.name, compute_capability, memory.load_constant)
@@ -136,9 +137,12 @@ def generate(params, compute_capability: int = 90) -> KernelSource:
   gen.read_back |= {refs[k].ptr.name for k in plan.read if k < len(refs)}
   gen.lower_jaxpr(jaxpr, ids + refs)
   if gen.max_numel > MAX_VALUE_ELEMENTS:
+    why = tiling.refusal(written.jaxpr)
     raise Unsupported(
         f"pallas_call {params.name}: a value of {gen.max_numel} elements is too large for one "
-        f"Triton program (at most {MAX_VALUE_ELEMENTS} fit its registers); use smaller blocks")
+        f"Triton program (at most {MAX_VALUE_ELEMENTS} fit its registers)"
+        + (f", and pallax cannot split it into tiles: {why}" if why else "")
+        + "; use smaller blocks (a grid over BlockSpecs), or run it with interpret=True")
   return _source(gen, params, ptrs, math.prod(gm.grid[a] for a in par))
 
 
