@@ -48,9 +48,10 @@ def hoist_nested(gen, jaxpr, nested: bool = False) -> None:
 def allocate(gen, kind, aval):
   shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
   if isinstance(kind, mc.WGMMAAccumulatorRef):
-    layout = gen.layout(L.wgmma(shape[1], gen.mma_bits))
+    layout = gen.declared(L.wgmma(shape[1], gen.mma_bits))
     name = gen.fresh("acc")
-    gen.emit(f"{name} = gl.zeros({list(L.padded(shape))}, {ex.dtype_name(dtype, 'gl')}, layout={layout})")
+    gen.emit(f"{name} = gl.zeros({list(L.padded(shape))}, {ex.dtype_name(dtype, 'gl')}, "
+             f"layout={gen.layout(layout)})")
     gen.accs.append(AccRef(name, shape, layout))
     return gen.accs[-1]
   if gen.depth != 1:
@@ -90,7 +91,7 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
       continue
     if x is None or len(shape) != 2:
       gen.unsupported("pl.run_state over values other than (ACC.init of) 2-D float32 arrays")
-    layout = gen.layout(L.wgmma(shape[1], gen.mma_bits))
+    layout = gen.declared(L.wgmma(shape[1], gen.mma_bits))
     name = gen.fresh("acc")
     gen.emit(f"{name} = {gen.render(to_layout(gen, x, layout, shape, x.dtype))}")
     gen.accs.append(AccRef(name, shape, layout))

@@ -78,8 +78,8 @@ def generate(params) -> GluonSource:
     hoist_nested(gen, jaxpr)
     gen.lower_jaxpr(jaxpr, [*ids, *refs])
   try:
-    for text in gen.smem_layouts:
-      gen.layout_text(text)
+    for layout in gen.smem_layouts:
+      gen.layout_text(layout)
   except NotImplementedError as e:
     raise src.Unsupported(f"pallas_call {params.name}: {e}; run it with interpret=True") from None
   signature, host = _signature(gen, refs)
@@ -108,7 +108,7 @@ def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
       host.append(None)
       continue
     (box, desc), = uses
-    layout = gen.layout_text(gen.layout_key(gen.descriptor_layouts[desc])).removeprefix("gl.")
+    layout = gen.layout_text(gen.descriptor_layouts[desc]).removeprefix("gl.")
     signature[desc] = f"tensordesc<{dtype}[{', '.join(map(str, L.padded(box)))}],{layout}>"
     del gen.descriptor_lines[desc]
     strides = tuple(int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape)))
@@ -135,8 +135,9 @@ def _block_indexer(gen: Writer, bm, ids) -> tuple:
 def layout_report(gen: Writer, kernel: str) -> str:
   """The layouts chosen (``debug=True``) and each conversion between them, with its line."""
   lines = [f"Gluon layouts of {kernel}:"]
-  lines += [f"  {n} = {gen.layout_text(text)}" for text, n in gen.constexprs.items()]
+  lines += [f"  {n} = {gen.layout_text(layout)}" for layout, n in gen.constexprs.items()]
   for src_l, dst_l, shape, frame in gen.conversions:
+    src_l, dst_l = gen.constexprs.get(src_l), gen.constexprs.get(dst_l)
     lines.append(f"  convert_layout {src_l} -> {dst_l} of a {list(shape)} tile at {frame or 'library code'}"
                  " (may cost a round trip through shared memory)")
   if not gen.conversions:
@@ -169,7 +170,7 @@ NAN = gl.constexpr(float("nan"))
 
 
 def _constexprs(gen: Writer) -> list[str]:
-  return [f"    {n}: gl.constexpr = {gen.layout_text(text)}" for text, n in gen.constexprs.items()]
+  return [f"    {n}: gl.constexpr = {gen.layout_text(layout)}" for layout, n in gen.constexprs.items()]
 
 
 def _module(gen: Writer, name: str, params: list[str]) -> str:

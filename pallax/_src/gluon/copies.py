@@ -48,21 +48,22 @@ def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:
   return starts, tuple(box)
 
 
-def _box_view(gen, smem: SmemRef, box) -> tuple[str, str]:
+def _box_view(gen, smem: SmemRef, box) -> tuple[str, L.Layout]:
   """(the SMEM expression a TMA copy of ``box`` reads or writes, the descriptor's layout): a box
   with more dimensions than the buffer (unit ones) sees it through a reshape."""
   if tuple(box) == tuple(smem.shape) and smem.reshaped:   # Gluon infers the reshape's layout
-    return smem.text, gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
+    return smem.text, gen.declared(L.shared(smem.shape, smem.dtype, len(box)))
   if tuple(box) == tuple(smem.shape):   # the buffer's layout may have a lower rank (its views')
     if len(box) <= 2 and not gen.is_whole(smem):
       return smem.text, smem.layout
-    layout = gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
+    layout = gen.declared(L.shared(smem.shape, smem.dtype, len(box)))
     if gen.is_whole(smem):
       return gen.whole_view(smem), layout
-    return f"{smem.text}._reinterpret({ex.dtype_name(smem.dtype, 'gl')}, {list(L.padded(box))}, {layout})", layout
+    return (f"{smem.text}._reinterpret({ex.dtype_name(smem.dtype, 'gl')}, {list(L.padded(box))}, "
+            f"{gen.layout(layout)})", layout)
   if tuple(d for d in box if d != 1) != tuple(d for d in smem.shape if d != 1):
     gen.unsupported(f"a TMA box {tuple(box)} for an SMEM buffer of shape {smem.shape}")
-  return f"{smem.text}.reshape({list(L.padded(box))})", gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
+  return f"{smem.text}.reshape({list(L.padded(box))})", gen.declared(L.shared(smem.shape, smem.dtype, len(box)))
 
 
 # --- copies and barriers ---------------------------------------------------------------------
@@ -189,7 +190,7 @@ def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef,
     mask = binary("&", mask, cond, dtype=b)
   view = register_view(gen, smem, [])
   value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
-                           ex.Token(layout)), layout)
+                           ex.Token(gen.layout(layout))), layout)
   rows = gen.render(gen.bind(mask, "rows"))
   gen.emit(f"gl.store({gen.render(ptrs)}, {gen.render(value)}, mask={rows})")
 
@@ -215,7 +216,7 @@ def _reduce_through_registers(gen, src, dst, op: str):
     mask = inside if mask is None else binary("&", mask, inside, dtype=b)
   view = register_view(gen, *src)
   value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
-                           ex.Token(layout)), layout)
+                           ex.Token(gen.layout(layout))), layout)
   masks = "" if mask is None else f", mask={gen.render(gen.bind(mask, 'inside'))}"
   gen.emit(f"{_ATOMICS[op]}({gen.render(ptrs)}, {gen.render(value)}{masks})")
 

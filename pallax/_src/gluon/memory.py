@@ -143,10 +143,10 @@ def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple[ex.Name, tuple, str | 
     return ptr, shape, None, None
   if len(shape) > 2:
     gen.unsupported("register accesses of GMEM views of rank 3 or more")
-  layout = gen.layout(L.blocked(shape, ref.dtype))
+  layout = gen.declared(L.blocked(shape, ref.dtype))
   for j, (d, n) in enumerate(zip(dims, shape)):
     lane = layout if len(shape) == 1 else slice_layout(gen, layout, 1 - j)
-    ar = call("gl.arange", i32(0), i32(ex.pow2(n)), layout=ex.Token(lane), dtype=I32, shape=(n,))
+    ar = call("gl.arange", i32(0), i32(ex.pow2(n)), layout=ex.Token(gen.layout(lane)), dtype=I32, shape=(n,))
     if len(shape) == 2:
       ar = call("gl.expand_dims", ar, i32(1 - j), dtype=I32, shape=(n, 1) if j == 0 else (1, n))
     ptr = gen.bind(ex.binary("+", ptr, ex.mul(gen.bind(ar, "offs"), strides[d])), "ptrs")
@@ -178,9 +178,9 @@ def _get(ctx, *invals, **_):
   if (rows := _unaligned_rows(a.ref, a.transforms)) is not None:
     return _load_rows_in_pieces(gen, a.ref, a.transforms[0], *rows)
   view = register_view(gen, a.ref, a.transforms)
-  layout = _vector_layout(ctx, view.shape) or gen.layout(L.blocked(view.shape, view.dtype))
+  layout = _vector_layout(ctx, view.shape) or gen.declared(L.blocked(view.shape, view.dtype))
   smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
-  return gen.value(method(smem, "load", ex.Token(layout)), layout)
+  return gen.value(method(smem, "load", ex.Token(gen.layout(layout))), layout)
 
 
 def register_view(gen, ref: SmemRef, transforms) -> SmemRef:
@@ -230,9 +230,9 @@ def _load_rows_in_pieces(gen, ref: SmemRef, t, start: int, size: int, piece: int
   for o in range(start, start + size, piece):
     idx = ji.NDIndexer((ji.Slice(o, piece, 1), *rest), t.shape, t.int_indexer_shape)
     view = register_view(gen, ref, [idx])
-    layout = gen.layout(L.blocked(view.shape, view.dtype))
+    layout = gen.declared(L.blocked(view.shape, view.dtype))
     smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
-    parts.append(gen.value(method(smem, "load", ex.Token(layout)), layout))
+    parts.append(gen.value(method(smem, "load", ex.Token(gen.layout(layout))), layout))
   while len(parts) > 1:   # join pairs: (r, ...) and (r, ...) -> (2, r, ...) -> (2r, ...)
     a, b = parts[0], parts[1]
     rank, padded = len(a.shape), L.padded(a.shape)
@@ -240,14 +240,14 @@ def _load_rows_in_pieces(gen, ref: SmemRef, t, start: int, size: int, piece: int
     joined = gen.fresh("rows")
     gen.emit(f"{joined} = gl.join({gen.render(a)}, {gen.render(b)}).permute({(rank, *range(rank))})"
              f".reshape({[2 * padded[0], *padded[1:]]})")
-    layout = gen.layout(L.blocked(shape, a.dtype))
-    merged = gen.value(call("gl.convert_layout", ex.Name(joined), ex.Token(layout), dtype=a.dtype,
+    layout = gen.declared(L.blocked(shape, a.dtype))
+    merged = gen.value(call("gl.convert_layout", ex.Name(joined), ex.Token(gen.layout(layout)), dtype=a.dtype,
                             shape=shape), layout)
     parts = parts[2:] + [merged]
   return parts[0]
 
 
-def _vector_layout(ctx, shape) -> str | None:
+def _vector_layout(ctx, shape) -> L.Layout | None:
   """The layout to read a vector from SMEM in when it is only broadcast into tiles that wgmma
   accumulators fill (softmax statistics in attention), or cast to a wgmma slice layout: a slice
   of the accumulators' layout, so that no conversion through shared memory follows the load.
@@ -267,7 +267,7 @@ def _vector_layout(ctx, shape) -> str | None:
   (dim, n), *others = tiles
   if others or e.params["shape"][0] % (16 * L.WARPS):
     return None
-  return slice_layout(gen, gen.layout(L.wgmma(n, gen.mma_bits)), dim)
+  return slice_layout(gen, L.wgmma(n, gen.mma_bits), dim)
 
 
 @rule(ji.swap_p)
@@ -292,9 +292,9 @@ def _swap(ctx, ref, value, *leaves, **_):
     gen.unsupported(f"register stores to {a.ref}")
   view = register_view(gen, a.ref, a.transforms)
   if not value.shape:
-    layout = gen.layout(L.blocked(view.shape, view.dtype))
+    layout = gen.declared(L.blocked(view.shape, view.dtype))
     value = gen.value(call("gl.full", shape_token(view.shape), value, dtype_token(view.dtype),
-                           layout=ex.Token(layout), dtype=view.dtype, shape=view.shape), layout)
+                           layout=ex.Token(gen.layout(layout)), dtype=view.dtype, shape=view.shape), layout)
   value = masked(gen, value, range(len(view.shape)), i32(0))   # SMEM padding stays zero
   gen.emit(f"{view.text}.store({gen.render(value)})")
   return None

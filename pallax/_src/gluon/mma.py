@@ -23,10 +23,9 @@ def _wgmma(ctx, *invals, trees):
   if a is None:   # a register operand: in the layout wgmma reads registers in
     value = masked(gen, rest[0], [1], i32(0))   # padding along K adds nothing
     bits = value.dtype.itemsize * 8
-    dot = gen.layout(f"gl.DotOperandLayout(operand_index=0, parent={gen.layout(L.wgmma(acc_ref.shape[1], bits))}, "
-                     f"k_width={32 // bits})")
+    dot = gen.declared(L.DotOperand(L.wgmma(acc_ref.shape[1], bits), 32 // bits))
     gen.conversions.append((gen.layout_of(value), dot, tuple(value.shape), gen.last_frame))
-    a_view = SmemRef(gen.render(gen.value(call("gl.convert_layout", value, ex.Token(dot),
+    a_view = SmemRef(gen.render(gen.value(call("gl.convert_layout", value, ex.Token(gen.layout(dot)),
                                                   dtype=value.dtype, shape=value.shape), dot, "a_op")),
                      value.shape, value.dtype, dot)
   else:
@@ -36,9 +35,9 @@ def _wgmma(ctx, *invals, trees):
     raise NotImplementedError(
         "wgmma of float32 operands (tf32) reads b in K-major order only: keep b as an (N, K) SMEM "
         "buffer and pass b_smem.transpose((1, 0)), or use 16-bit operands")
-  layout = gen.layout(L.wgmma(acc_ref.shape[1], bits))
+  layout = gen.declared(L.wgmma(acc_ref.shape[1], bits))
   if layout != acc_ref.layout:
-    gen.emit(f"{acc_ref.name} = gl.convert_layout({acc_ref.name}, {layout})")
+    gen.emit(f"{acc_ref.name} = gl.convert_layout({acc_ref.name}, {gen.layout(layout)})")
     acc_ref.layout = layout
   gen.emit(f"{acc_ref.name} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc_ref.name}, is_async=True)")
   # plgpu.wgmma returns with at most this wgmma in flight.

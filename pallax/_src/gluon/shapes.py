@@ -11,8 +11,8 @@ import numpy as np
 from jax import lax
 
 from pallax._src.gluon import layouts as L
-from pallax._src.gluon.values import (convert_layout, expand, i32, iota_in, layout_kind, slice_layout,
-                                      to_layout, wgmma_vector)
+from pallax._src.gluon.values import (convert_layout, expand, i32, iota_in, slice_layout, to_layout,
+                                      wgmma_vector)
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import call
@@ -32,10 +32,10 @@ def _broadcast_tile(ctx, x, shape, broadcast_dimensions):
 def _slice_of(gen, x, dim: int, shape):
   """(``dim``, parent layout) of vector ``x`` as a slice of a tile of ``shape``: converted to a
   slice of a coalesced layout unless it is a slice along ``dim`` already."""
-  sliced = gen.slices.get(gen.layout_of(x))
-  if sliced is not None and sliced[0] == dim:
-    return x, sliced[1]
-  parent = gen.layout(L.blocked(shape, x.dtype))
+  sliced = gen.layout_of(x)
+  if isinstance(sliced, L.Slice) and sliced.dim == dim:
+    return x, sliced.parent
+  parent = gen.declared(L.blocked(shape, x.dtype))
   return gen.convert(x, slice_layout(gen, parent, dim)), parent
 
 
@@ -43,7 +43,7 @@ def _slice_of(gen, x, dim: int, shape):
 def _broadcast(ctx, x, *, shape, broadcast_dimensions, **_):
   if x.shape:
     return _broadcast_tile(ctx, x, tuple(shape), tuple(broadcast_dimensions))
-  return ctx.gen.splat(x, tuple(shape), ctx.gen.layout(L.blocked(shape, x.dtype)))
+  return ctx.gen.splat(x, tuple(shape), ctx.gen.declared(L.blocked(shape, x.dtype)))
 
 
 @rule(lax.iota_p)
@@ -52,7 +52,7 @@ def _iota(ctx, *, dtype, shape, dimension, **_):
   shape = tuple(shape)
   if len(shape) > 2:
     ctx.gen.unsupported("iotas of rank 3 or more")
-  return iota_in(ctx.gen, np.dtype(dtype), shape, dimension, ctx.gen.layout(L.blocked(shape, dtype)))
+  return iota_in(ctx.gen, np.dtype(dtype), shape, dimension, ctx.gen.declared(L.blocked(shape, dtype)))
 
 
 
@@ -72,22 +72,21 @@ def _half(gen, x, dim: int, upper: bool):
 def _halve(gen, v, dim: int, upper: bool):
   """One halving of a 2-D tile, in a layout that keeps both halves in each thread's registers
   (a wgmma accumulator stays one while it has more rows than a warpgroup covers)."""
-  kind = layout_kind(gen, gen.layout_of(v))
-  if kind == "other" or L.coverage(kind, v.shape, v.dtype)[dim] * 2 > v.shape[dim]:
+  layout = gen.layout_of(v)
+  if layout.kind == "other" or L.coverage(layout, v.shape, v.dtype)[dim] * 2 > v.shape[dim]:
     # The layout of a half-size tile: on the whole tile it repeats once along ``dim``.
     half_shape = tuple(n // 2 if d == dim else n for d, n in enumerate(v.shape))
-    kind = "blocked"
-    v = convert_layout(gen, v, gen.layout(L.blocked(half_shape, v.dtype)))
-    if L.coverage(kind, half_shape, v.dtype)[dim] > half_shape[dim]:
+    layout = gen.declared(L.blocked(half_shape, v.dtype))
+    v = convert_layout(gen, v, layout)
+    if L.coverage(layout, half_shape, v.dtype)[dim] > half_shape[dim]:
       gen.unsupported(f"slicing a register tile of shape {v.shape} along dimension {dim} into "
                       "pieces smaller than a warp's rows or a thread's vector")
   half = _half(gen, v, dim, upper)
-  if kind == "wgmma" and half.shape[0] >= 16 * L.WARPS:
-    k = int(gen.layout_key(gen.layout_of(v)).rsplit(",", 1)[1].strip(" ])"))   # instr_shape's K
-    layout = gen.layout(L.wgmma(half.shape[1], 256 // k))
+  if layout.kind == "wgmma" and half.shape[0] >= 16 * L.WARPS:
+    layout = gen.declared(L.wgmma(half.shape[1], L.in_bits(layout)))
   else:
-    layout = gen.layout(L.blocked(half.shape, half.dtype))
-  return gen.value(call("gl.convert_layout", half, ex.Token(layout), dtype=half.dtype,
+    layout = gen.declared(L.blocked(half.shape, half.dtype))
+  return gen.value(call("gl.convert_layout", half, ex.Token(gen.layout(layout)), dtype=half.dtype,
                         shape=half.shape), layout)
 
 
@@ -121,7 +120,7 @@ def _layout_cast(ctx, x, *, new_layout):
   carries in the layout the loop computes in); other layouts are hints Gluon chooses itself."""
   gen = ctx.gen
   if new_layout == mc.Layout.WGMMA and len(x.shape) == 2:
-    layout = gen.layout(L.wgmma(x.shape[1], gen.mma_bits))
+    layout = gen.declared(L.wgmma(x.shape[1], gen.mma_bits))
   else:
     layout = wgmma_vector(gen, new_layout, x.shape)
     if layout is None:

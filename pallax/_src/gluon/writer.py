@@ -37,7 +37,7 @@ class SmemRef:
   text: str
   shape: tuple
   dtype: np.dtype
-  layout: str
+  layout: L.Layout
   swizzle: int = 0        # bytes (the buffer's): where it may be sliced
   lead: tuple = ()        # leading dimensions stored flattened into one (buffers of rank > 3)
   reshaped: bool = False  # such a buffer seen whole, unflattened
@@ -55,7 +55,7 @@ class BarrierRef:
 class AccRef:
   name: str               # the register variable holding the accumulator
   shape: tuple
-  layout: str
+  layout: L.Layout
 
 
 @dataclasses.dataclass
@@ -76,8 +76,13 @@ class GluonSource:
   host_descriptors: tuple = ()
 
 
-# Layouts of SMEM and barriers (the others are layouts of register tensors).
-_MEMORY_LAYOUTS = ("gl.NVMMASharedLayout", "<smem ", L.BARRIER)
+@dataclasses.dataclass(frozen=True)
+class BufferLayout(L.Layout):
+  """The layout of one SMEM buffer: an NVMMA shared layout of the rank its views need, known
+  once they all are (``Writer.layout_text``)."""
+  buffer: str
+  registers = False
+
 
 
 class Writer(src.Source):
@@ -86,20 +91,19 @@ class Writer(src.Source):
 
   def __init__(self, kernel_name: str):
     super().__init__(kernel_name, TABLE, ex.Renderer("gl"))
-    self.layouts: dict[str, str] = {}        # register value name -> layout source
+    self.layouts: dict = {}                  # register value name -> its Layout
     self.remat: dict = {}                    # register value name -> layout -> the value
                                              # computed again in it (or None): splats, iotas,
                                              # broadcasts are rebuilt rather than converted
-    self.smem_layouts: dict[str, list] = {}  # SMEM buffer layout key -> [shape, dtype, view ranks]
+    self.smem_layouts: dict = {}             # BufferLayout -> [shape, dtype, view ranks]
     self.accs: list = []                     # every AccRef (probe restores their layouts)
     self.tentative: set = set()              # probe carries: their layout is not chosen yet
-    self.constexprs: dict[str, str] = {}     # layout source -> constexpr name
+    self.constexprs: dict = {}               # Layout -> its constexpr name
     self.descriptors: dict = {}              # (ptr, box) -> descriptor name
     self.descriptor_lines: dict = {}         # descriptor name -> its line (made in the kernel)
     self.pointer_uses: set = set()           # GMEM operands accessed through registers
-    self.descriptor_layouts: dict = {}       # descriptor name -> its SMEM layout name
+    self.descriptor_layouts: dict = {}       # descriptor name -> its SMEM Layout
     self.axes: dict = {}                     # axis name -> index expression
-    self.slices: dict = {}                   # slice layout name -> (dim, parent layout name)
     self.mma_bits = 16                       # the operand width of the kernel's wgmmas
     self.wgmma = False                       # whether the kernel has wgmmas
     self.conversions: list = []              # (from, to, shape, line) of each layout conversion
@@ -118,15 +122,22 @@ class Writer(src.Source):
     return [r.text if isinstance(r, SmemRef) else r.name
             for refs in self.hoisted.values() for r in refs if not isinstance(r, AccRef)]
 
-  def layout(self, text: str) -> str:
-    """A name for a layout (``L0: gl.constexpr = ...`` in the prologue)."""
-    if not text.startswith(_MEMORY_LAYOUTS):
+  def layout(self, layout: L.Layout) -> str:
+    """The name of a layout (``L0: gl.constexpr = ...`` in the prologue)."""
+    if layout.registers:
       self.register_tensors = True
-    if text not in self.constexprs:
-      self.constexprs[text] = f"L{len(self.constexprs)}"
-    return self.constexprs[text]
+    if layout not in self.constexprs:
+      if isinstance(layout, (L.Slice, L.DotOperand)):
+        self.layout(layout.parent)   # declared first: its name is in this one's text
+      self.constexprs[layout] = f"L{len(self.constexprs)}"
+    return self.constexprs[layout]
 
-  def value(self, e: ex.Expr, layout: str | None, hint="v") -> ex.Name:
+  def declared(self, layout: L.Layout) -> L.Layout:
+    """``layout``, declared (named) now."""
+    self.layout(layout)
+    return layout
+
+  def value(self, e: ex.Expr, layout: L.Layout | None, hint="v") -> ex.Name:
     name = self.bind(e, hint)
     if layout is not None and isinstance(name, ex.Name):
       self.layouts[name.name] = layout
@@ -152,21 +163,21 @@ class Writer(src.Source):
     values = [self.in_layout(v, self.layout_of(t)) for t, v in zip(targets, values)]
     super().assign(targets, values)
 
-  def in_layout(self, v, layout: str | None):
+  def in_layout(self, v, layout: L.Layout | None):
     have = self.layout_of(v)
     if layout is None or have is None or have == layout or not getattr(v, "shape", ()):
       return v
     return self.convert(v, layout)
 
-  def splat(self, x, shape: tuple, layout: str) -> ex.Name:
+  def splat(self, x, shape: tuple, layout: L.Layout) -> ex.Name:
     """A tile of ``shape`` filled with scalar ``x``, in ``layout``."""
     v = self.value(ex.call("gl.full", ex.Token(str(list(L.padded(shape)))), x, ex.Token(ex.dtype_name(x.dtype, "gl")),
-                           layout=ex.Token(layout), dtype=x.dtype, shape=shape), layout)
+                           layout=ex.Token(self.layout(layout)), dtype=x.dtype, shape=shape), layout)
     if isinstance(v, ex.Name):
       self.remat[v.name] = lambda new: self.splat(x, shape, new)
     return v
 
-  def convert(self, v, layout: str) -> ex.Name:
+  def convert(self, v, layout: L.Layout) -> ex.Name:
     """``v`` converted to ``layout`` (each conversion is listed by ``debug=True``), or computed
     again in it where that is cheaper."""
     again = self.remat.get(getattr(v, "name", None))
@@ -175,29 +186,24 @@ class Writer(src.Source):
       if new is not None:
         return new
     self.conversions.append((self.layout_of(v), layout, tuple(v.shape), self.last_frame))
-    return self.value(ex.call("gl.convert_layout", v, ex.Token(layout), dtype=v.dtype, shape=v.shape),
-                      layout)
+    return self.value(ex.call("gl.convert_layout", v, ex.Token(self.layout(layout)), dtype=v.dtype,
+                              shape=v.shape), layout)
 
-  def layout_key(self, name: str | None) -> str:
-    """The source a layout name was made from ("" for none): the layout's own text, or an SMEM
-    buffer's key (``layout_text`` resolves it)."""
-    return next((t for t, n in self.constexprs.items() if n == name), "")
-
-  def smem_layout(self, buffer: str, shape: tuple, dtype) -> str:
-    """The layout name of an SMEM buffer: written once its views are known (a Gluon shared
+  def smem_layout(self, buffer: str, shape: tuple, dtype) -> BufferLayout:
+    """The layout of an SMEM buffer: written once its views are known (a Gluon shared
     layout has one rank, which must be its views' rank or one less)."""
-    key = f"<smem {buffer}>"
+    key = BufferLayout(buffer)
     self.smem_layouts[key] = [tuple(shape), dtype, set(), set()]
-    return self.layout(key)
+    self.layout(key)
+    return key
 
-  def note_view(self, layout: str, rank: int, registers: bool = False):
+  def note_view(self, layout: L.Layout, rank: int, registers: bool = False):
     """A view of rank ``rank`` of the buffer of ``layout``; register loads and stores need the
     buffer's layout of exactly their rank."""
-    key = self.layout_key(layout)
-    if key in self.smem_layouts:
-      self.smem_layouts[key][3 if registers else 2].add(rank)
+    if layout in self.smem_layouts:
+      self.smem_layouts[layout][3 if registers else 2].add(rank)
 
-  def smem_rank(self, key: str) -> int:
+  def smem_rank(self, key: BufferLayout) -> int:
     """The rank of an SMEM buffer's layout: that of the lowest-rank views (a leading dimension
     beyond it is only ever indexed)."""
     shape, _, ranks, exact = self.smem_layouts[key]
@@ -207,19 +213,20 @@ class Writer(src.Source):
                        f"register loads or stores of rank {sorted(exact)} among them")
     return max(1, rank)
 
-  def layout_text(self, text: str) -> str:
+  def layout_text(self, layout: L.Layout) -> str:
     """A layout's source (an SMEM buffer's: of the lowest rank of its views)."""
-    if text not in self.smem_layouts:
-      return text
-    shape, dtype, _, _ = self.smem_layouts[text]
-    return L.shared(shape, dtype, self.smem_rank(text))
+    if layout not in self.smem_layouts:
+      return layout.text(self.layout)
+    shape, dtype, _, _ = self.smem_layouts[layout]
+    return L.shared(shape, dtype, self.smem_rank(layout)).text()
 
   def allocate_smem(self, name: str, shape: tuple, dtype) -> str:
     """Allocates an SMEM buffer; returns its layout name. Its stored shape is written when its
     views are known (``resolve``): the dimensions they keep padded, the others as they are."""
     layout = self.smem_layout(name, shape, dtype)
     self.register_tensors = True   # its padding may be zeroed from registers (resolve)
-    self.emit(f"{name} = gl.allocate_shared_memory({ex.dtype_name(dtype, 'gl')}, @shape {name}@, {layout})")
+    self.emit(f"{name} = gl.allocate_shared_memory({ex.dtype_name(dtype, 'gl')}, @shape {name}@, "
+              f"{self.layout(layout)})")
     self.emit(f"@zero {name}@")
     return layout
 
@@ -235,14 +242,14 @@ class Writer(src.Source):
         shape, _, rank, stored = self._stored(m.group(2))
         if stored != tuple(shape):
           indent = line[:m.start()]
-          out += [indent + z for z in self._zeroing(m.group(2), f"<smem {m.group(2)}>", stored, rank)]
+          out += [indent + z for z in self._zeroing(m.group(2), BufferLayout(m.group(2)), stored, rank)]
       else:   # every placeholder of the line: shapes and views are written in place
         out.append(_PLACEHOLDER.sub(lambda m: self._in_place(m.group(1), m.group(2)), line))
     return out
 
   def _stored(self, buffer: str) -> tuple:
     """(shape, dtype, layout rank, stored shape) of an SMEM buffer."""
-    key = f"<smem {buffer}>"
+    key = BufferLayout(buffer)
     shape, dtype = self.smem_layouts[key][:2]
     rank = self.smem_rank(key)
     # Beside a layout of rank 1 the leading dimension is padded too: seen with a layout of
@@ -263,7 +270,7 @@ class Writer(src.Source):
 
   def is_whole(self, ref) -> bool:
     """Whether ``ref`` is an SMEM buffer itself, not a view of one."""
-    return not ref.lead and self.layout_key(ref.layout) == f"<smem {ref.text}>"
+    return not ref.lead and ref.layout == BufferLayout(ref.text)
 
   def whole_view(self, ref) -> str:
     """The text of a whole SMEM buffer read or written by registers or a TMA box of its own
@@ -272,7 +279,7 @@ class Writer(src.Source):
     with one when the buffer's is known (``resolve``)."""
     return f"{ref.text}@view{len(ref.shape)} {ref.text}@"
 
-  def _zeroing(self, name: str, key: str, stored: tuple, rank: int) -> list[str]:
+  def _zeroing(self, name: str, key: BufferLayout, stored: tuple, rank: int) -> list[str]:
     dtype = self.smem_layouts[key][1]
     zeros = (f"gl.zeros({list(stored[-rank:])}, {ex.dtype_name(dtype, 'gl')}, "
              f"layout={self.layout(L.blocked(stored[-rank:], dtype))})")
@@ -282,10 +289,10 @@ class Writer(src.Source):
       lines = [f"for _s in gl.static_range({stored[0]}):", f"    {name}.index(_s).store({zeros})"]
     return lines + ["hopper.fence_async_shared()"]   # before TMA writes the buffer
 
-  def layout_of(self, e) -> str | None:
+  def layout_of(self, e) -> L.Layout | None:
     return self.layouts.get(e.name) if isinstance(e, ex.Name) else None
 
-  def descriptor(self, ref: GmemRef, box: tuple, smem_layout: str) -> str:
+  def descriptor(self, ref: GmemRef, box: tuple, smem_layout: L.Layout) -> str:
     key = (ref.ptr, box)
     itemsize = ref.dtype.itemsize
     for k in range(len(ref.shape) - 1):
@@ -304,7 +311,7 @@ class Writer(src.Source):
       self.descriptors[key] = name
       self.descriptor_lines[name] = (
           f"{name} = tma.make_tensor_descriptor({ref.ptr}, {list(ref.shape)}, {strides}, "
-          f"{list(padded)}, {smem_layout})")
+          f"{list(padded)}, {self.layout(smem_layout)})")
       self.descriptor_layouts[name] = smem_layout
     return self.descriptors[key]
 
