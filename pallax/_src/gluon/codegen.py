@@ -24,7 +24,8 @@ from pallax._src.gluon import copies, memory  # noqa: F401 (their rules register
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon import order
 from pallax._src.gluon import threads as warp_specialize
-from pallax._src.gluon.allocation import allocate, hoist_nested
+from pallax._src.gluon.allocation import allocate, allocate_layouts, hoist_nested
+from pallax._src.gluon.assign import Assigner, Assignment, Gmem, Val
 from pallax._src.gluon.writer import GluonSource, GmemRef, Writer
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import source as src
@@ -58,30 +59,27 @@ def generate(params) -> GluonSource:
   with ji.extend_axis_env_nd(axes):   # legalizing retraces lax.axis_index
     jaxpr = order.hoist_reads(legalize(params.jaxpr, 90))
   gen.mma_bits, gen.wgmma = _mma_bits(jaxpr)
+  gen.assignment = _assign(gen, jaxpr, gm, info)
   ids = _grid_ids(gen, gm.grid)
-  gen.axes = dict(zip(names, ids))
-  if info is not None:
-    gen.axes.update({n: ex.Lit(0, dtype=np.dtype(np.int32)) for n, _ in info.cluster})
-    if info.thread_name is not None:
-      gen.axes[info.thread_name] = ex.Lit(0, dtype=np.dtype(np.int32))
+  gen.axes = {**dict(zip(names, ids)), **_fixed_axes(info)}
   refs = []
   for k, bm in enumerate(gm.block_mappings):
     ptr = src.identifier(f"{'in' if bm.origin.startswith('args') else 'out'}{k}_ptr")
     refs.append(GmemRef(ptr, tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), bm.origin,
                         _block_indexer(gen, bm, ids)))
+  allocate_now = lambda kind, aval: allocate(gen, kind, aval)
   if threads:
     gen.thread_name = info.thread_name
-    warp_specialize.hoist(gen, jaxpr, info.thread_name, allocate)
+    warp_specialize.hoist(jaxpr, info.thread_name, allocate_now, gen.hoisted)
     main = gen.lines
     parts = warp_specialize.partitions(gen, jaxpr, [*ids, *refs], info)
   else:
-    hoist_nested(gen, jaxpr)
+    hoist_nested(jaxpr, allocate_now, gen.hoisted)
     gen.lower_jaxpr(jaxpr, [*ids, *refs])
-  try:
-    for layout in gen.smem_layouts:
-      gen.layout_text(layout)
-  except NotImplementedError as e:
-    raise src.Unsupported(f"pallas_call {params.name}: {e}; run it with interpret=True") from None
+  for buffer in gen.assignment.buffers:
+    if buffer.problem():
+      raise src.Unsupported(f"pallas_call {params.name}: {buffer.problem()}: not supported by the "
+                            "Gluon backend yet; run it with interpret=True")
   signature, host = _signature(gen, refs)
   if threads:
     source = _threaded_module(gen, name, list(signature), main, parts, ids)
@@ -90,6 +88,44 @@ def generate(params) -> GluonSource:
   if params.debug:
     print(layout_report(gen, params.name))
   return GluonSource(name, source, signature, (math.prod(gm.grid), 1, 1), host_descriptors=host)
+
+
+def _fixed_axes(info) -> dict:
+  """Axes whose index is known when the code is written: cluster axes (clusters of one block),
+  the thread axis (each thread's partition sets its own)."""
+  zero = ex.Lit(0, dtype=np.dtype(np.int32))
+  axes = {n: zero for n, _ in info.cluster} if info is not None else {}
+  if info is not None and info.thread_name is not None:
+    axes[info.thread_name] = zero
+  return axes
+
+
+def _assign(gen: Writer, jaxpr, gm, info) -> Assignment:
+  """The layout assignment of the kernel: the jaxprs ``generate`` lowers, analysed in the
+  same order (index maps, then the body, once per thread)."""
+  a = Assigner(gen)
+  ids = [Val((), np.dtype(np.int32)) for _ in gm.grid]
+  a.axes = {**dict(zip(tuple(gm.grid_names or ()), ids)), **_fixed_axes(info)}
+  refs = []
+  for bm in gm.block_mappings:
+    lead = _squeezed_lead(bm)
+    pre = ()
+    if lead:
+      idx = a.lower(bm.index_map_jaxpr, list(ids))
+      shape = tuple(bm.array_aval.shape)
+      pre = (ji.NDIndexer(tuple(idx[:lead]) + tuple(ji.Slice(0, n, 1) for n in shape[lead:]), shape, ()),)
+    refs.append(Gmem(tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), pre))
+  allocate_now = lambda kind, aval: allocate_layouts(a, kind, aval)
+  if info is not None and info.num_threads > 1:
+    a.thread_name = info.thread_name
+    warp_specialize.hoist(jaxpr, info.thread_name, allocate_now, a.hoisted)
+    for t in range(info.num_threads):
+      a.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
+      a.lower(jaxpr, [*ids, *refs])
+  else:
+    hoist_nested(jaxpr, allocate_now, a.hoisted)
+    a.lower(jaxpr, [*ids, *refs])
+  return a.result()
 
 
 def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
@@ -116,15 +152,26 @@ def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
   return signature, tuple(host)
 
 
-def _block_indexer(gen: Writer, bm, ids) -> tuple:
-  """The operand's block as a view of the whole array: squeezed leading dimensions indexed by
-  the index map (``jax.vmap`` of a kernel adds them); every other dimension whole."""
+def _squeezed_lead(bm) -> int | None:
+  """How many squeezed leading dimensions the operand's block indexes (``jax.vmap`` of a kernel
+  adds them; 0: the block is the whole array; None: a block the backend does not take)."""
   shape = tuple(bm.array_aval.shape)
   if tuple(bm.ref_aval.shape) == shape:
-    return ()
+    return 0
   lead = len(shape) - len(bm.ref_aval.shape)
   if tuple(bm.ref_aval.shape) != shape[lead:] or not all(
       isinstance(d, pc.Squeezed) for d in bm.block_shape[:lead]):
+    return None
+  return lead
+
+
+def _block_indexer(gen: Writer, bm, ids) -> tuple:
+  """The operand's block as a view of the whole array: squeezed leading dimensions indexed by
+  the index map; every other dimension whole."""
+  shape, lead = tuple(bm.array_aval.shape), _squeezed_lead(bm)
+  if lead == 0:
+    return ()
+  if lead is None:
     gen.unsupported(f"the blocked operand {bm.origin} (blocks other than squeezed leading "
                     "dimensions of whole arrays)")
   idx = gen.lower_jaxpr(bm.index_map_jaxpr, list(ids))
@@ -174,7 +221,7 @@ def _constexprs(gen: Writer) -> list[str]:
 
 
 def _module(gen: Writer, name: str, params: list[str]) -> str:
-  body = gen.resolve(gen.lines)
+  body = gen.lines
   lines = [_HEADER, "@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
   lines += [f"    {d}" for d in gen.descriptor_lines.values()]
   lines += body
@@ -186,7 +233,7 @@ def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids
   shared = list(dict.fromkeys(
       params + list(gen.descriptors.values()) + [i.name for i in ids if isinstance(i, ex.Name)]
       + gen.hoisted_names()))
-  bodies, main = [gen.resolve(body) for body, _, _ in parts], gen.resolve(main)
+  bodies = [body for body, _, _ in parts]
   lines = [_HEADER]
   for t, body in enumerate(bodies):
     lines += ["@gluon.jit", f"def {name}_t{t}({', '.join(shared)}):"] + _constexprs(gen)

@@ -16,7 +16,9 @@ from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import binary, method
 from pallax._src.gluon import layouts as L
 from pallax._src.mosaic_gpu import primitives as mp
-from pallax._src.gluon.memory import barrier_view, gmem_pointers, register_view, row_slice, smem_view
+from pallax._src.gluon.assign import Gmem, Smem, layout_rule
+from pallax._src.gluon.memory import (barrier_view, gmem_pointers, register_view, register_view_layouts,
+                                      row_slice, smem_view, smem_view_layouts)
 from pallax._src.gluon.values import I32, i32, iota_in
 from pallax._src.gluon.writer import GmemRef, SmemRef, rule
 
@@ -158,11 +160,11 @@ def _copy_gmem_to_smem(ctx, *invals, **params):
   return []
 
 
-def _dynamic_rows(smem: SmemRef, transforms) -> tuple[ex.Expr, int] | None:
+def _dynamic_rows(smem, transforms) -> tuple[ex.Expr, int] | None:
   """(start, size) where ``transforms`` take rows of a 2-D SMEM buffer from a start known only
   at run time (and whole columns); None otherwise."""
   rows = row_slice(smem, transforms)
-  return rows if rows is not None and len(smem.shape) == 2 and isinstance(rows[0], ex.Expr) else None
+  return rows if rows is not None and len(smem.shape) == 2 and not isinstance(rows[0], int) else None
 
 
 def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef, transforms):
@@ -295,3 +297,28 @@ def _wait_smem_to_gmem(ctx, *, n, wait_read_only):
              "[], dtype=gl.int32, is_pure=False, pack=1)")
     gen.emit("gl.thread_barrier()")
   return []
+
+
+# --- layout assignment (assign.py) ------------------------------------------------------------
+
+@layout_rule(mp.copy_gmem_to_smem_p)
+def _copy_gmem_to_smem_layouts(ctx, *invals, **params):
+  (src, dst, bar), _ = _refs(ctx, invals)
+  if not params["collective_axes"] and bar is not None and isinstance(dst[0], Smem):
+    smem_view_layouts(*dst)
+  return None
+
+
+@layout_rule(mp.copy_smem_to_gmem_p)
+def _copy_smem_to_gmem_layouts(ctx, *invals, **params):
+  (src, dst, _), _ = _refs(ctx, invals)
+  if not isinstance(src[0], Smem) or not isinstance(dst[0], Gmem):
+    return None
+  if params["reduction_op"] is not None:
+    if params["reduction_op"] in _ATOMICS:
+      register_view_layouts(*src)
+  elif _dynamic_rows(*src) is not None:
+    register_view_layouts(src[0], [])
+  else:
+    smem_view_layouts(*src)
+  return None

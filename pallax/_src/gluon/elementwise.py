@@ -8,6 +8,8 @@ from jax import lax
 
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
+from pallax._src.gluon import layouts as L
+from pallax._src.gluon.assign import Val, layout_rule
 from pallax._src.gluon.values import common_layout, dtype_token, i32, masked, slice_layout
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
@@ -123,3 +125,29 @@ for _p, _fn in _UNARY.items():
 @rule(prims.hint_p)
 def _hint(ctx, x, **_):
   return x
+
+
+# --- layout assignment (assign.py): operations without a rule here take their operands' common
+# layout (``assign.elementwise``) ------------------------------------------------------------------
+
+@layout_rule(lax.convert_element_type_p)
+def _convert_layouts(ctx, x, *, new_dtype, **_):
+  if np.dtype(new_dtype) == x.dtype:
+    return x
+  return Val(tuple(x.shape), np.dtype(new_dtype), getattr(x, "layout", None))
+
+
+@layout_rule(prims.hint_p)
+def _hint_layouts(ctx, x, **_):
+  return x
+
+
+def _reduce_layouts(ctx, x, *, axes, **_):
+  layout = getattr(x, "layout", None)
+  if len(axes) != 1 or layout is None:
+    return None
+  return Val(tuple(ctx.out.shape), np.dtype(ctx.out.dtype), L.Slice(axes[0], layout))
+
+
+for _p in (lax.reduce_max_p, lax.reduce_min_p, lax.reduce_sum_p):
+  layout_rule(_p)(_reduce_layouts)

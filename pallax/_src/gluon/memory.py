@@ -11,8 +11,10 @@ from jax import lax
 from pallax._src import jax_internals as ji
 from pallax._src import ref_access
 from pallax._src.gluon import layouts as L
+from pallax._src.gluon.assign import Acc, Closed, Gmem, Smem, Val, layout_rule
 from pallax._src.gluon.values import (I32, dtype_token, i32, masked, same_layout, shape_token,
-                                      slice_layout, to_layout, valid_lanes, wait_all, wgmma_vector)
+                                      slice_layout, to_layout, valid_lanes, wait_all, wgmma_vector,
+                                      wgmma_vector_of)
 from pallax._src.gluon.writer import AccRef, BarrierRef, GmemRef, SmemRef, ValueRef, rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import Lit, call, method
@@ -57,8 +59,7 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
       else:
         gen.unsupported("gathers from SMEM")
     shape = new_shape
-  gen.note_view(ref.layout, len(shape))
-  return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle)
+  return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle, buffer=ref.buffer)
 
 
 def _flat_index(gen, ref: SmemRef, t):
@@ -175,7 +176,7 @@ def _get(ctx, *invals, **_):
     return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape, **masks), layout)
   if not isinstance(a.ref, SmemRef):
     gen.unsupported(f"register loads from {a.ref}")
-  if (rows := _unaligned_rows(a.ref, a.transforms)) is not None:
+  if (rows := unaligned_rows(a.ref, a.transforms)) is not None:
     return _load_rows_in_pieces(gen, a.ref, a.transforms[0], *rows)
   view = register_view(gen, a.ref, a.transforms)
   layout = _vector_layout(ctx, view.shape) or gen.declared(L.blocked(view.shape, view.dtype))
@@ -188,8 +189,6 @@ def register_view(gen, ref: SmemRef, transforms) -> SmemRef:
   view = smem_view(gen, ref, transforms)
   if gen.is_whole(view):
     return dataclasses.replace(view, text=gen.whole_view(view))
-  if not view.reshaped:
-    gen.note_view(ref.layout, len(view.shape), registers=True)
   return view
 
 
@@ -207,7 +206,7 @@ def row_slice(ref: SmemRef, transforms) -> tuple[int | ex.Expr, int] | None:
   return (rows.start.value if isinstance(rows.start, Lit) else rows.start), rows.size
 
 
-def _unaligned_rows(ref: SmemRef, transforms) -> tuple[int, int, int] | None:
+def unaligned_rows(ref: SmemRef, transforms) -> tuple[int, int, int] | None:
   """(start, size, piece) where ``transforms`` take SMEM rows [start, start + size) that do not
   start at a multiple of their size (Gluon's slices must), but do at a multiple of ``piece``
   rows, a power of two that a swizzled buffer can be sliced at (8 rows or more)."""
@@ -301,3 +300,113 @@ def _swap(ctx, ref, value, *leaves, **_):
 
 
 # --- wgmma -----------------------------------------------------------------------------------
+
+
+# --- layout assignment (assign.py) ------------------------------------------------------------
+
+def smem_view_layouts(ref: Smem, transforms) -> Smem:
+  """``smem_view`` as the assignment sees it: the view's shape, whether it is still the whole
+  buffer; its rank noted on the buffer."""
+  shape, transforms, whole = list(ref.shape), list(transforms), True
+  if ref.lead:
+    if not transforms:
+      return dataclasses.replace(ref, lead=(), whole=False, reshaped=True)
+    n, t = len(ref.lead), transforms[0]
+    if not isinstance(t, ji.NDIndexer) or len(t.indices) < n:
+      return dataclasses.replace(ref, lead=(), whole=False)   # the writer refuses it
+    shape, whole = shape[n:], False
+    transforms[0] = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
+  for t in transforms:
+    if isinstance(t, ji.TransposeRef):
+      shape, whole = [shape[p] for p in t.permutation], False
+      continue
+    new_shape = []
+    for idx, size in zip(getattr(t, "indices", ()), shape):
+      if isinstance(idx, ji.Slice):
+        whole = whole and (getattr(idx.start, "value", idx.start), idx.size) == (0, size)
+        new_shape.append(idx.size)
+      else:
+        whole = False
+    shape = new_shape
+  ref.buffer.ranks.add(len(shape))
+  return Smem(ref.buffer, tuple(shape), ref.dtype, ref.swizzle, whole=whole)
+
+
+def register_view_layouts(ref: Smem, transforms) -> Smem:
+  """``register_view`` as the assignment sees it: a view that is not the whole buffer needs a
+  layout of its own rank."""
+  view = smem_view_layouts(ref, transforms)
+  if not view.whole and not view.reshaped:
+    ref.buffer.registers.add(len(view.shape))
+  return view
+
+
+def gmem_view_shape(ref: Gmem, transforms) -> tuple:
+  """The shape of a GMEM view: the sizes of the slices of each indexer."""
+  shape = ref.shape
+  for t in (*ref.pre, *transforms):
+    shape = tuple(i.size for i in getattr(t, "indices", ()) if isinstance(i, ji.Slice))
+  return shape
+
+
+def vector_layout(ctx, shape) -> L.Layout | None:
+  """The layout to read a vector from SMEM in when it is only broadcast into tiles that wgmma
+  accumulators fill (softmax statistics in attention), or cast to a wgmma slice layout: a slice
+  of the accumulators' layout, so that no conversion through shared memory follows the load.
+  None: choose locally."""
+  gen = ctx.a.gen
+  uses = ctx.uses(ctx.eqn.outvars[0])
+  if len(shape) != 1 or not uses or not gen.wgmma:
+    return None
+  if len(uses) == 1 and uses[0].primitive is mp.layout_cast_p:   # plgpu.load(..., layout=)
+    return wgmma_vector_of(uses[0].params["new_layout"], shape, gen.mma_bits)
+  tiles = set()
+  for e in uses:
+    if e.primitive is not lax.broadcast_in_dim_p or len(e.params["shape"]) != 2:
+      return None
+    (new,) = {0, 1} - set(e.params["broadcast_dimensions"])
+    tiles.add((new, e.params["shape"][1]))
+  (dim, n), *others = tiles
+  if others or e.params["shape"][0] % (16 * L.WARPS):
+    return None
+  return L.Slice(dim, L.wgmma(n, gen.mma_bits))
+
+
+@layout_rule(ji.get_p)
+def _get_layouts(ctx, *invals, **_):
+  a = ref_access.split(ctx.eqn, invals)
+  ref, out = a.ref, ctx.out
+  if isinstance(ref, Acc):
+    return Val(ref.shape, np.dtype(out.dtype), ref.layout)
+  if isinstance(ref, Closed):
+    return ref.value
+  if isinstance(ref, Gmem):
+    shape = gmem_view_shape(ref, a.transforms)
+    return Val(shape, ref.dtype, L.blocked(shape, ref.dtype) if shape else None)
+  if not isinstance(ref, Smem):
+    return None
+  if (rows := unaligned_rows(ref, a.transforms)) is not None:
+    start, size, piece = rows
+    t = a.transforms[0]
+    for o in range(start, start + size, piece):
+      view = register_view_layouts(ref, [ji.NDIndexer((ji.Slice(o, piece, 1), *t.indices[1:]), t.shape,
+                                                      t.int_indexer_shape)])
+    shape = (size, *view.shape[1:])
+    return Val(shape, ref.dtype, L.blocked(shape, ref.dtype))
+  view = register_view_layouts(ref, a.transforms)
+  layout = vector_layout(ctx, view.shape) or L.blocked(view.shape, view.dtype)
+  return Val(view.shape, view.dtype, layout)
+
+
+@layout_rule(ji.swap_p)
+def _swap_layouts(ctx, ref, value, *leaves, **_):
+  a = ref_access.split(ctx.eqn, [ref, value, *leaves])
+  if isinstance(a.ref, Acc):
+    ctx.a.same_layout(a.ref, value)
+  elif isinstance(a.ref, Gmem):
+    shape = gmem_view_shape(a.ref, a.transforms)
+    if shape and getattr(value, "shape", ()):
+      ctx.a.to_layout(value, L.blocked(shape, a.ref.dtype), shape, a.ref.dtype)
+  elif isinstance(a.ref, Smem):
+    register_view_layouts(a.ref, a.transforms)
+  return None

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from pallax._src import jax_internals as ji
 from pallax._src.gluon import layouts as L
-from pallax._src.gluon.memory import smem_view
+from pallax._src.gluon.assign import Acc, Conversion, Smem, layout_rule
+from pallax._src.gluon.memory import smem_view, smem_view_layouts
 from pallax._src.gluon.values import i32, masked, wait_all
 from pallax._src.gluon.writer import SmemRef, rule
 from pallax._src.gpu import expr as ex
@@ -57,3 +58,32 @@ def _wgmma_wait(ctx, *, n):
   if n == 0:
     wait_all(ctx.gen, list(ctx.gen.pending_accs))
   return []
+
+
+# --- layout assignment (assign.py) ------------------------------------------------------------
+
+@layout_rule(mp.wgmma_p)
+def _wgmma_layouts(ctx, *invals, trees):
+  """The register operand in wgmma's operand layout; the accumulator in the layout of the
+  wgmma's operand width (converted if it was in another)."""
+  a = ctx.a
+  (acc, lhs, rhs), rest = mp.split_refs(invals, trees)
+  if acc[1] or not isinstance(acc[0], Acc) or not isinstance(rhs[0], Smem):
+    return None   # the writer refuses it
+  smem_view_layouts(*rhs)
+  if lhs is None:
+    value = rest[0]
+    bits = value.dtype.itemsize * 8
+    dot = L.DotOperand(L.wgmma(acc[0].shape[1], bits), 32 // bits)
+    a.conversions.append(Conversion(getattr(value, "layout", None), dot, tuple(value.shape), a.last_frame))
+  elif isinstance(lhs[0], Smem):
+    bits = lhs[0].dtype.itemsize * 8
+    smem_view_layouts(*lhs)
+  else:
+    return None
+  layout = L.wgmma(acc[0].shape[1], bits)
+  if layout != acc[0].layout:
+    a.conversions.append(Conversion(acc[0].layout, layout, tuple(acc[0].shape), a.last_frame))
+    acc[0].layout = layout
+  ctx.facts(layout)
+  return None

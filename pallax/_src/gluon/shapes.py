@@ -11,8 +11,9 @@ import numpy as np
 from jax import lax
 
 from pallax._src.gluon import layouts as L
+from pallax._src.gluon.assign import Conversion, Val, layout_rule
 from pallax._src.gluon.values import (convert_layout, expand, i32, iota_in, slice_layout, to_layout,
-                                      wgmma_vector)
+                                      wgmma_vector, wgmma_vector_of)
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import call
@@ -161,3 +162,93 @@ def _one_row_update_jaxpr(avals, add: bool, clip: bool):
   maybe more often)."""
   fn = functools.partial(_one_row_update, add=add, clip=clip)
   return jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(s, d) for s, d in avals)).jaxpr
+
+
+# --- layout assignment (assign.py) ------------------------------------------------------------
+
+@layout_rule(lax.broadcast_in_dim_p)
+def _broadcast_layouts(ctx, x, *, shape, broadcast_dimensions, **_):
+  """A scalar is splatted in a coalesced layout; a vector is broadcast from a slice of the tile's
+  layout (converted to a slice of a coalesced layout unless it is a slice along that dimension
+  already). Both can be rebuilt in another layout rather than converted."""
+  shape = tuple(shape)
+  if not getattr(x, "shape", ()):
+    return Val(shape, x.dtype, L.blocked(shape, x.dtype), ("splat",))
+  new_dims = [d for d in range(len(shape)) if d not in broadcast_dimensions]
+  if len(new_dims) != 1 or len(shape) != 2 or not isinstance(x, Val):
+    return None   # the writer refuses it
+  (dim,) = new_dims
+  if isinstance(x.layout, L.Slice) and x.layout.dim == dim:
+    parent = x.layout.parent
+  else:
+    parent = L.blocked(shape, x.dtype)
+    x = ctx.a.convert(x, L.Slice(dim, parent))
+  return Val(shape, x.dtype, parent, ("expand", x, dim))
+
+
+@layout_rule(lax.iota_p)
+def _iota_layouts(ctx, *, dtype, shape, dimension, **_):
+  shape = tuple(shape)
+  return Val(shape, np.dtype(dtype), L.blocked(shape, dtype), ("iota",)) if len(shape) <= 2 else None
+
+
+def halving(layout: L.Layout, shape, dtype, dim: int) -> tuple[L.Layout | None, L.Layout]:
+  """(the layout a 2-D tile is converted to before it is halved along ``dim`` or None, the
+  layout of the half): a wgmma accumulator stays one while it has more rows than a warpgroup
+  covers and its halves sit in the same threads; anything else is halved in a coalesced layout
+  that repeats along ``dim``."""
+  before = None
+  if layout.kind == "other" or L.coverage(layout, shape, dtype)[dim] * 2 > shape[dim]:
+    half_shape = tuple(n // 2 if d == dim else n for d, n in enumerate(shape))
+    layout = before = L.blocked(half_shape, dtype)
+  half = tuple(n // 2 if d == dim else n for d, n in enumerate(shape))
+  if layout.kind == "wgmma" and half[0] >= 16 * L.WARPS:
+    return before, L.wgmma(half[1], L.in_bits(layout))
+  return before, L.blocked(half, dtype)
+
+
+@layout_rule(lax.slice_p)
+def _slice_layouts(ctx, x, *, start_indices, limit_indices, strides):
+  """The halvings of ``_slice``: per halving (dim, upper half, layout before, layout of the half)."""
+  if not isinstance(x, Val) or x.layout is None or len(x.shape) != 2:
+    return None
+  steps, v = [], x
+  for d, (lo, hi, n) in enumerate(zip(start_indices, limit_indices, x.shape)):
+    size = hi - lo
+    if size == n:
+      continue
+    if not (L.is_pow2(n) and L.is_pow2(size) and lo % size == 0):
+      return None   # the writer refuses it
+    while v.shape[d] > size:
+      half = v.shape[d] // 2
+      before, after = halving(v.layout, v.shape, v.dtype, d)
+      if before is not None:
+        v = ctx.a.convert(v, before)
+      steps.append((d, (lo // half) % 2 == 1, before, after))
+      v = Val(tuple(half if k == d else s for k, s in enumerate(v.shape)), v.dtype, after)
+  ctx.facts(steps)
+  return v
+
+
+@layout_rule(mp.layout_cast_p)
+def _layout_cast_layouts(ctx, x, *, new_layout):
+  a = ctx.a
+  if new_layout == mc.Layout.WGMMA and len(x.shape) == 2:
+    layout = L.wgmma(x.shape[1], a.gen.mma_bits)
+  else:
+    layout = wgmma_vector_of(new_layout, x.shape, a.gen.mma_bits)
+  ctx.facts(layout)
+  return x if layout is None else a.to_layout(x, layout, x.shape, x.dtype)
+
+
+@layout_rule(lax.scatter_p, lax.scatter_add_p)
+def _scatter_layouts(ctx, operand, indices, updates, *, dimension_numbers, mode, **_):
+  dn, rank = dimension_numbers, len(operand.shape)
+  if (indices.shape != (1,) or dn.inserted_window_dims != (0,) or
+      dn.scatter_dims_to_operand_dims != (0,) or dn.update_window_dims != tuple(range(rank - 1)) or
+      dn.operand_batching_dims):
+    return None
+  avals = tuple((tuple(v.aval.shape), np.dtype(v.aval.dtype)) for v in ctx.eqn.invars)
+  jaxpr = _one_row_update_jaxpr(avals, ctx.eqn.primitive is lax.scatter_add_p,
+                                mode == lax.GatherScatterMode.CLIP)
+  return ctx.lower(jaxpr, [operand, indices, updates])

@@ -27,20 +27,20 @@ SCALAR_WORKER_WARPS = 1
 DEFAULT_WORKER_REGISTERS = 232
 
 
-def hoist(gen, jaxpr, thread_name, allocate) -> None:
+def hoist(jaxpr, thread_name, allocate, hoisted: dict) -> None:
   """Allocates the collective scratch of straight-line code (not inside loops or branches) now,
-  recording it by equation in ``gen.hoisted``; a thread's own scopes may hold some (a pipeline
-  inside the scope of an accumulator)."""
+  with ``allocate(kind, aval)``, recording it by equation in ``hoisted``; a thread's own scopes
+  may hold some (a pipeline inside the scope of an accumulator)."""
   for eqn in jaxpr.eqns:
     p = eqn.params
     if eqn.primitive is prims.run_scoped_p:
       body = p["jaxpr"]
       if thread_name in p.get("collective_axes", ()):
-        gen.hoisted[eqn] = [allocate(gen, t, v.aval.inner_aval)
-                            for t, v in zip(p["scratch_types"], body.invars[p["num_consts"]:])]
-      hoist(gen, body, thread_name, allocate)
+        hoisted[eqn] = [allocate(t, v.aval.inner_aval)
+                        for t, v in zip(p["scratch_types"], body.invars[p["num_consts"]:])]
+      hoist(body, thread_name, allocate, hoisted)
     elif eqn.primitive in ji.CALL_PRIMITIVES:
-      hoist(gen, p.get("jaxpr", p.get("call_jaxpr")), thread_name, allocate)
+      hoist(p.get("jaxpr", p.get("call_jaxpr")), thread_name, allocate, hoisted)
 
 
 def partitions(gen, jaxpr, args, info) -> list[tuple[list[str], int | None, int]]:

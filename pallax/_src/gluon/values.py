@@ -142,7 +142,7 @@ def iota_nd(gen, dtype, shape, dimension: int, layout: L.Layout):
 ROW_VECTOR_N = 64
 
 
-def wgmma_vector(gen, layout, shape) -> L.Layout | None:
+def wgmma_vector_of(layout, shape, mma_bits: int) -> L.Layout | None:
   """``Layout.WGMMA.reduce(axis)`` of a vector as a Gluon slice layout (None: another layout):
   a column vector (axis 1) sits in the same threads whatever the tile's width; a row vector
   (axis 0) spans a tile as wide as itself."""
@@ -151,7 +151,12 @@ def wgmma_vector(gen, layout, shape) -> L.Layout | None:
     return None
   (axis,) = layout.axes
   n = ROW_VECTOR_N if axis == 1 else shape[0]
-  return slice_layout(gen, L.wgmma(n, gen.mma_bits), axis)
+  return L.Slice(axis, L.wgmma(n, mma_bits))
+
+
+def wgmma_vector(gen, layout, shape) -> L.Layout | None:
+  found = wgmma_vector_of(layout, shape, gen.mma_bits)
+  return None if found is None else gen.declared(found)
 
 
 

@@ -7,16 +7,15 @@ the TMA descriptors the body asks for (made in the prologue).
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 
 from pallax._src.gluon import layouts as L
+from pallax._src.gluon.assign import Buffer
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import source as src
 
 TABLE = src.RuleTable({}, {})
-_PLACEHOLDER = re.compile(r"@(shape|zero|view\d) (\w+)@")
 rule = TABLE.register
 
 
@@ -41,6 +40,7 @@ class SmemRef:
   swizzle: int = 0        # bytes (the buffer's): where it may be sliced
   lead: tuple = ()        # leading dimensions stored flattened into one (buffers of rank > 3)
   reshaped: bool = False  # such a buffer seen whole, unflattened
+  buffer: Buffer | None = None   # what the layout assignment found for the buffer
 
 
 @dataclasses.dataclass
@@ -78,10 +78,14 @@ class GluonSource:
 
 @dataclasses.dataclass(frozen=True)
 class BufferLayout(L.Layout):
-  """The layout of one SMEM buffer: an NVMMA shared layout of the rank its views need, known
-  once they all are (``Writer.layout_text``)."""
+  """The layout of one SMEM buffer (declared once per buffer): an NVMMA shared layout of the
+  rank its views need."""
   buffer: str
+  shared: L.Shared
   registers = False
+
+  def text(self, name=None) -> str:
+    return self.shared.text()
 
 
 
@@ -95,7 +99,8 @@ class Writer(src.Source):
     self.remat: dict = {}                    # register value name -> layout -> the value
                                              # computed again in it (or None): splats, iotas,
                                              # broadcasts are rebuilt rather than converted
-    self.smem_layouts: dict = {}             # BufferLayout -> [shape, dtype, view ranks]
+    self.assignment = None                   # the layout assignment (assign.py)
+    self.allocated = 0                       # how many of its SMEM buffers are allocated
     self.accs: list = []                     # every AccRef (probe restores their layouts)
     self.tentative: set = set()              # probe carries: their layout is not chosen yet
     self.constexprs: dict = {}               # Layout -> its constexpr name
@@ -189,105 +194,48 @@ class Writer(src.Source):
     return self.value(ex.call("gl.convert_layout", v, ex.Token(self.layout(layout)), dtype=v.dtype,
                               shape=v.shape), layout)
 
-  def smem_layout(self, buffer: str, shape: tuple, dtype) -> BufferLayout:
-    """The layout of an SMEM buffer: written once its views are known (a Gluon shared
-    layout has one rank, which must be its views' rank or one less)."""
-    key = BufferLayout(buffer)
-    self.smem_layouts[key] = [tuple(shape), dtype, set(), set()]
-    self.layout(key)
-    return key
-
-  def note_view(self, layout: L.Layout, rank: int, registers: bool = False):
-    """A view of rank ``rank`` of the buffer of ``layout``; register loads and stores need the
-    buffer's layout of exactly their rank."""
-    if layout in self.smem_layouts:
-      self.smem_layouts[layout][3 if registers else 2].add(rank)
-
-  def smem_rank(self, key: BufferLayout) -> int:
-    """The rank of an SMEM buffer's layout: that of the lowest-rank views (a leading dimension
-    beyond it is only ever indexed)."""
-    shape, _, ranks, exact = self.smem_layouts[key]
-    rank = min(ranks | {len(shape)})
-    if rank < len(shape) - 1 or max(ranks | {rank}) > rank + 1 or exact - {rank}:
-      self.unsupported(f"SMEM views of ranks {sorted(ranks)} of one buffer of shape {list(shape)}, "
-                       f"register loads or stores of rank {sorted(exact)} among them")
-    return max(1, rank)
-
   def layout_text(self, layout: L.Layout) -> str:
-    """A layout's source (an SMEM buffer's: of the lowest rank of its views)."""
-    if layout not in self.smem_layouts:
-      return layout.text(self.layout)
-    shape, dtype, _, _ = self.smem_layouts[layout]
-    return L.shared(shape, dtype, self.smem_rank(layout)).text()
+    return layout.text(self.layout)
 
-  def allocate_smem(self, name: str, shape: tuple, dtype) -> str:
-    """Allocates an SMEM buffer; returns its layout name. Its stored shape is written when its
-    views are known (``resolve``): the dimensions they keep padded, the others as they are."""
-    layout = self.smem_layout(name, shape, dtype)
-    self.register_tensors = True   # its padding may be zeroed from registers (resolve)
-    self.emit(f"{name} = gl.allocate_shared_memory({ex.dtype_name(dtype, 'gl')}, @shape {name}@, "
-              f"{self.layout(layout)})")
-    self.emit(f"@zero {name}@")
-    return layout
-
-  def resolve(self, lines: list[str]) -> list[str]:
-    """``lines`` with the stored shapes of SMEM buffers written in; a padded buffer is zeroed
-    where it is allocated, so that its padding is zero until TMA or registers write it."""
-    out = []
-    for line in lines:
-      m = _PLACEHOLDER.search(line)
-      if m is None:
-        out.append(line)
-      elif m.group(1) == "zero":
-        shape, _, rank, stored = self._stored(m.group(2))
-        if stored != tuple(shape):
-          indent = line[:m.start()]
-          out += [indent + z for z in self._zeroing(m.group(2), BufferLayout(m.group(2)), stored, rank)]
-      else:   # every placeholder of the line: shapes and views are written in place
-        out.append(_PLACEHOLDER.sub(lambda m: self._in_place(m.group(1), m.group(2)), line))
-    return out
-
-  def _stored(self, buffer: str) -> tuple:
-    """(shape, dtype, layout rank, stored shape) of an SMEM buffer."""
-    key = BufferLayout(buffer)
-    shape, dtype = self.smem_layouts[key][:2]
-    rank = self.smem_rank(key)
-    # Beside a layout of rank 1 the leading dimension is padded too: seen with a layout of
-    # rank 2 (a TMA box of the whole buffer), it must be a power of two.
-    stored = L.padded(shape) if rank == 1 else tuple(shape[:-rank]) + L.padded(shape[-rank:])
-    return shape, dtype, rank, stored
-
-  def _in_place(self, kind: str, buffer: str) -> str:
-    """The text of a ``@shape buf@`` or ``@viewK buf@`` placeholder."""
-    shape, dtype, rank, stored = self._stored(buffer)
-    if kind == "shape":
-      return str(list(stored))
-    k = int(kind[len("view"):])   # the whole buffer, seen with a layout of rank k
-    if k == rank:
-      return ""
-    return (f"._reinterpret({ex.dtype_name(dtype, 'gl')}, {list(stored)}, "
-            f"{self.layout(L.shared(shape, dtype, k))})")
+  def allocate_smem(self, name: str, shape: tuple, dtype) -> tuple[BufferLayout, Buffer]:
+    """Allocates the next SMEM buffer the layout assignment found (its stored shape and layout
+    rank come from the ranks of all its views); returns its layout and the buffer. A padded
+    buffer is zeroed where it is allocated, so that its padding is zero until TMA or registers
+    write it."""
+    buffer = self.assignment.buffers[self.allocated]
+    if (buffer.shape, buffer.dtype) != (tuple(shape), np.dtype(dtype)):
+      raise AssertionError("internal error: the Gluon writer allocates SMEM the layout "
+                           "assignment did not find")
+    self.allocated += 1
+    layout = BufferLayout(name, buffer.layout)
+    self.register_tensors = True   # its padding may be zeroed from registers
+    stored, rank, gl_dtype = buffer.stored, buffer.rank, ex.dtype_name(dtype, "gl")
+    self.emit(f"{name} = gl.allocate_shared_memory({gl_dtype}, {list(stored)}, {self.layout(layout)})")
+    if stored != tuple(shape):
+      zeros = (f"gl.zeros({list(stored[-rank:])}, {gl_dtype}, "
+               f"layout={self.layout(L.blocked(stored[-rank:], dtype))})")
+      if len(stored) == rank:
+        self.emit(f"{name}.store({zeros})")
+      else:
+        self.emit(f"for _s in gl.static_range({stored[0]}):")
+        self.emit(f"    {name}.index(_s).store({zeros})")
+      self.emit("hopper.fence_async_shared()")   # before TMA writes the buffer
+    return layout, buffer
 
   def is_whole(self, ref) -> bool:
     """Whether ``ref`` is an SMEM buffer itself, not a view of one."""
-    return not ref.lead and ref.layout == BufferLayout(ref.text)
+    return not ref.lead and isinstance(ref.layout, BufferLayout) and ref.layout.buffer == ref.text
 
   def whole_view(self, ref) -> str:
     """The text of a whole SMEM buffer read or written by registers or a TMA box of its own
     rank: the buffer's layout may have a lower rank (its other views index the leading
     dimension), and those accesses need a layout of their rank, so the bytes are reinterpreted
-    with one when the buffer's is known (``resolve``)."""
-    return f"{ref.text}@view{len(ref.shape)} {ref.text}@"
-
-  def _zeroing(self, name: str, key: BufferLayout, stored: tuple, rank: int) -> list[str]:
-    dtype = self.smem_layouts[key][1]
-    zeros = (f"gl.zeros({list(stored[-rank:])}, {ex.dtype_name(dtype, 'gl')}, "
-             f"layout={self.layout(L.blocked(stored[-rank:], dtype))})")
-    if len(stored) == rank:
-      lines = [f"{name}.store({zeros})"]
-    else:
-      lines = [f"for _s in gl.static_range({stored[0]}):", f"    {name}.index(_s).store({zeros})"]
-    return lines + ["hopper.fence_async_shared()"]   # before TMA writes the buffer
+    with one."""
+    buffer, k = ref.buffer, len(ref.shape)
+    if k == buffer.rank:
+      return ref.text
+    return (f"{ref.text}._reinterpret({ex.dtype_name(buffer.dtype, 'gl')}, {list(buffer.stored)}, "
+            f"{self.layout(L.shared(buffer.shape, buffer.dtype, k))})")
 
   def layout_of(self, e) -> L.Layout | None:
     return self.layouts.get(e.name) if isinstance(e, ex.Name) else None
