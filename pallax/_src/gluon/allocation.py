@@ -52,8 +52,7 @@ def allocate(gen, kind, aval):
     name = gen.fresh("acc")
     gen.emit(f"{name} = gl.zeros({list(L.padded(shape))}, {ex.dtype_name(dtype, 'gl')}, "
              f"layout={gen.layout(layout)})")
-    gen.accs.append(AccRef(name, shape, layout))
-    return gen.accs[-1]
+    return AccRef(name, shape, layout)
   if gen.depth != 1:
     gen.unsupported("SMEM or barrier allocations inside loops or branches")
   if isinstance(kind, mc.Barrier):
@@ -94,8 +93,7 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
     layout = gen.declared(L.wgmma(shape[1], gen.mma_bits))
     name = gen.fresh("acc")
     gen.emit(f"{name} = {gen.render(to_layout(gen, x, layout, shape, x.dtype))}")
-    gen.accs.append(AccRef(name, shape, layout))
-    refs.append(gen.accs[-1])
+    refs.append(AccRef(name, shape, layout))
   gen.lower_jaxpr(jaxpr, refs)
   outs = []
   for r, v in zip(refs, ctx.eqn.outvars):

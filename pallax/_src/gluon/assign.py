@@ -311,12 +311,15 @@ class Assigner:
       return self.convert(v, layout)
     return v
 
-  def same_layout(self, acc: Acc, v):
-    """``v`` stored into accumulator ``acc``'s variable: in the layout of the value the variable
-    holds, if one was stored before."""
+  def same_layout(self, acc: Acc, v) -> L.Layout | None:
+    """The layout ``v`` is converted to when stored into accumulator ``acc``'s variable (None:
+    none): that of the value the variable holds, if one was stored before."""
+    target = None
     if acc.stored is not None and isinstance(v, Val) and v.layout not in (None, acc.stored) and v.shape:
-      self.convert(v, acc.stored)
+      target = acc.stored
+      self.convert(v, target)
     acc.stored = acc.layout
+    return target
 
 
 def elementwise(ctx, *xs, **_):

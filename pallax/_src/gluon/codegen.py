@@ -60,6 +60,7 @@ def generate(params) -> GluonSource:
     jaxpr = order.hoist_reads(legalize(params.jaxpr, 90))
   gen.mma_bits, gen.wgmma = _mma_bits(jaxpr)
   gen.assignment = _assign(gen, jaxpr, gm, info)
+  gen.scope = gen.assignment.top
   ids = _grid_ids(gen, gm.grid)
   gen.axes = {**dict(zip(names, ids)), **_fixed_axes(info)}
   refs = []
@@ -76,10 +77,7 @@ def generate(params) -> GluonSource:
   else:
     hoist_nested(jaxpr, allocate_now, gen.hoisted)
     gen.lower_jaxpr(jaxpr, [*ids, *refs])
-  for buffer in gen.assignment.buffers:
-    if buffer.problem():
-      raise src.Unsupported(f"pallas_call {params.name}: {buffer.problem()}: not supported by the "
-                            "Gluon backend yet; run it with interpret=True")
+  _check(gen, params.name)
   signature, host = _signature(gen, refs)
   if threads:
     source = _threaded_module(gen, name, list(signature), main, parts, ids)
@@ -134,8 +132,8 @@ def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
   block, no scratch memory for it); the others as pointers."""
   signature, host = {}, []
   boxes = {}
-  for (ptr, box), desc in gen.descriptors.items():
-    boxes.setdefault(ptr, []).append((box, desc))
+  for d in gen.descriptors.values():
+    boxes.setdefault(d.ptr, []).append(d)
   for ref in refs:
     dtype = ex.SIGNATURE[ref.dtype.name]
     uses = boxes.get(ref.ptr, [])
@@ -143,13 +141,15 @@ def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
       signature[ref.ptr] = "*" + dtype
       host.append(None)
       continue
-    (box, desc), = uses
-    layout = gen.layout_text(gen.descriptor_layouts[desc]).removeprefix("gl.")
-    signature[desc] = f"tensordesc<{dtype}[{', '.join(map(str, L.padded(box)))}],{layout}>"
-    del gen.descriptor_lines[desc]
-    strides = tuple(int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape)))
-    host.append((tuple(ref.shape), strides))
+    (d,) = uses
+    signature[d.name] = f"tensordesc<{dtype}[{', '.join(map(str, d.box))}],{d.layout.text(module='')}>"
+    host.append((d.shape, d.strides))
   return signature, tuple(host)
+
+
+def _kernel_made(gen: Writer, signature: dict) -> list[str]:
+  """The statements that make the descriptors not passed as parameters."""
+  return [f"    {d.line(gen)}" for d in gen.descriptors.values() if d.name not in signature]
 
 
 def _squeezed_lead(bm) -> int | None:
@@ -179,15 +179,29 @@ def _block_indexer(gen: Writer, bm, ids) -> tuple:
   return (ji.NDIndexer(indices, shape, ()),)
 
 
+def _check(gen: Writer, kernel: str):
+  """What only the whole kernel tells: whether one layout serves every view of each SMEM buffer;
+  and that the code written made exactly the conversions the layout assignment found."""
+  for buffer in gen.assignment.buffers:
+    if buffer.problem():
+      raise src.Unsupported(f"pallas_call {kernel}: {buffer.problem()}: not supported by the "
+                            "Gluon backend yet; run it with interpret=True")
+  found = [(c.source, c.target, c.shape) for c in gen.assignment.conversions]
+  if found != [c[:3] for c in gen.conversions]:
+    raise AssertionError(f"internal error in the Gluon backend, kernel {kernel}: the layout "
+                         "assignment and the code written disagree on the layout conversions")
+
+
 def layout_report(gen: Writer, kernel: str) -> str:
-  """The layouts chosen (``debug=True``) and each conversion between them, with its line."""
+  """The layouts chosen (``debug=True``) and each conversion between them, with its line (from
+  the layout assignment)."""
   lines = [f"Gluon layouts of {kernel}:"]
   lines += [f"  {n} = {gen.layout_text(layout)}" for layout, n in gen.constexprs.items()]
-  for src_l, dst_l, shape, frame in gen.conversions:
-    src_l, dst_l = gen.constexprs.get(src_l), gen.constexprs.get(dst_l)
-    lines.append(f"  convert_layout {src_l} -> {dst_l} of a {list(shape)} tile at {frame or 'library code'}"
-                 " (may cost a round trip through shared memory)")
-  if not gen.conversions:
+  for c in gen.assignment.conversions:
+    source, target = gen.constexprs.get(c.source), gen.constexprs.get(c.target)
+    lines.append(f"  convert_layout {source} -> {target} of a {list(c.shape)} tile at "
+                 f"{c.frame or 'library code'} (may cost a round trip through shared memory)")
+  if not gen.assignment.conversions:
     lines.append("  no layout conversions")
   return "\n".join(lines)
 
@@ -221,17 +235,15 @@ def _constexprs(gen: Writer) -> list[str]:
 
 
 def _module(gen: Writer, name: str, params: list[str]) -> str:
-  body = gen.lines
   lines = [_HEADER, "@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
-  lines += [f"    {d}" for d in gen.descriptor_lines.values()]
-  lines += body
+  lines += _kernel_made(gen, params) + gen.lines
   return "\n".join(lines) + "\n"
 
 
 def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids) -> str:
   """One function per thread, and the kernel: descriptors, collective scratch, the split."""
   shared = list(dict.fromkeys(
-      params + list(gen.descriptors.values()) + [i.name for i in ids if isinstance(i, ex.Name)]
+      params + [d.name for d in gen.descriptors.values()] + [i.name for i in ids if isinstance(i, ex.Name)]
       + gen.hoisted_names()))
   bodies = [body for body, _, _ in parts]
   lines = [_HEADER]
@@ -239,6 +251,6 @@ def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids
     lines += ["@gluon.jit", f"def {name}_t{t}({', '.join(shared)}):"] + _constexprs(gen)
     lines += body + ["    pass", ""]   # a thread may have nothing to do
   lines += ["@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
-  lines += [f"    {d}" for d in gen.descriptor_lines.values()] + main
+  lines += _kernel_made(gen, params) + main
   lines += warp_specialize.split(name, shared, parts)
   return "\n".join(lines) + "\n"

@@ -26,18 +26,10 @@ def _identity(ctx, *xs, **_):
 
 
 
-def _settled(gen, init: list, body) -> list:
-  """Loop carries that start as constants (splats, iotas) written in the layouts the loop body
-  produces for them: ``body(carries)`` is lowered once, as a probe, to learn those."""
-  if not any(getattr(v, "name", None) in gen.remat and v.shape for v in init):
-    return init
-  def probe():
-    carries = [_carry(gen, v) for v in init]
-    gen.tentative.update(c.name for c, v in zip(carries, init) if getattr(v, "name", None) in gen.remat)
-    return body(carries)
-  outs = gen.probe(probe)
-  return [gen.in_layout(v, gen.layout_of(o)) if getattr(v, "name", None) in gen.remat else v
-          for v, o in zip(init, outs)]
+def _settled(gen, eqn, init: list) -> list:
+  """The loop's initial values in the layouts the assignment gave its carries (a carry that
+  starts as a splat or an iota takes the layout the loop body computes it in)."""
+  return [gen.in_layout(v, layout) for v, layout in zip(init, gen.facts(eqn))]
 
 
 def _carry(gen, v: ex.Expr, hint="c") -> ex.Name:
@@ -60,7 +52,7 @@ def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
   consts, init = list(invals[:nc]), list(invals[nc:])
   if ncarry and jaxpr_util.fori_index(body, nc):
     i = gen.fresh_name("i", I32, ())
-    init[1:] = _settled(gen, init[1:], lambda c: gen.lower_jaxpr(body, [*consts, i, *c])[1:])
+    init[1:] = _settled(gen, ctx.eqn, init[1:])
     carry = [_carry(gen, v) for v in init[1:]]
     stop = ex.add(init[0], i32(length))
     gen.emit(f"for {i.name} in range({gen.render(init[0])}, {gen.render(stop)}):")
@@ -69,7 +61,7 @@ def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
     gen.assign(carry, new[1:])
     gen.depth -= 1
     return [gen.bind(stop, "i_end"), *carry]
-  init = _settled(gen, init, lambda c: gen.lower_jaxpr(body, [*consts, *c]))
+  init = _settled(gen, ctx.eqn, init)
   carry = [_carry(gen, v) for v in init]
   gen.emit(f"for _ in range({length}):")
   gen.depth += 1
@@ -83,7 +75,7 @@ def _while(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
   """``while go: carry = body(carry); go = cond(carry)``: the flag is a carry like the others."""
   gen, cn, bn = ctx.gen, cond_nconsts, body_nconsts
   cconsts, bconsts, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
-  init = _settled(gen, list(init), lambda c: gen.lower_jaxpr(body_jaxpr, [*bconsts, *c]))
+  init = _settled(gen, ctx.eqn, list(init))
   carry = [_carry(gen, v) for v in init]
   (go,) = gen.lower_jaxpr(cond_jaxpr, [*cconsts, *carry])
   flag = _carry(gen, go, "go")
@@ -106,18 +98,13 @@ def _cond(ctx, index, *ops, branches, **_):
     gen.unsupported("lax.switch with more than two branches")
   results = [gen.fresh_name("r", a.dtype, a.shape) for a in ctx.avals_out]
   idx = index if index.dtype != np.bool_ else method(index, "to", dtype_token(np.int32), dtype=I32)
-  for head, k in ((f"if {gen.render(binary('!=', idx, i32(0)))}:", 1), ("else:", 0)):
-    gen.emit(head)
-    gen.depth += 1
-    before = len(gen.lines)
-    gen.assign(results, gen.lower_jaxpr(branches[k], list(ops)))
-    if len(gen.lines) == before:
-      if k == 0:   # an empty else (pl.when): leave it out
-        del gen.lines[-1]
-        gen.depth -= 1
-        break
-      gen.emit("pass")
-    gen.depth -= 1
+  then, other = (gen.block(lambda k=k: gen.assign(results, gen.lower_jaxpr(branches[k], list(ops))))
+                 for k in (1, 0))
+  gen.emit(f"if {gen.render(binary('!=', idx, i32(0)))}:")
+  gen.lines += then or gen.block(lambda: gen.emit("pass"))
+  if other:   # an empty else (pl.when) is left out
+    gen.emit("else:")
+    gen.lines += other
   return results
 
 

@@ -24,7 +24,7 @@ _COMPARE = {lax.eq_p: "==", lax.ne_p: "!=", lax.lt_p: "<", lax.le_p: "<=", lax.g
 def _binary_rule(op, compare=False):
   def lower(ctx, x, y, **_):
     gen = ctx.gen
-    (x, y), layout = common_layout(gen, x, y)
+    (x, y), layout = common_layout(ctx, x, y)
     dtype = np.dtype(np.bool_) if compare else None
     return gen.value(binary(op, x, y, dtype=dtype), layout)
   return lower
@@ -39,7 +39,7 @@ for _p, _op in _COMPARE.items():
 
 @rule(lax.div_p)
 def _div(ctx, x, y):
-  (x, y), layout = common_layout(ctx.gen, x, y)
+  (x, y), layout = common_layout(ctx, x, y)
   return ctx.gen.value(binary("/" if np.issubdtype(x.dtype, np.floating) else "//", x, y), layout)
 
 
@@ -47,13 +47,13 @@ def _div(ctx, x, y):
 def _rem(ctx, x, y):
   if np.issubdtype(x.dtype, np.floating):
     ctx.gen.unsupported("floating-point rem")
-  (x, y), layout = common_layout(ctx.gen, x, y)
+  (x, y), layout = common_layout(ctx, x, y)
   return ctx.gen.value(binary("%", x, y), layout)
 
 
 @rule(lax.max_p, lax.min_p)
 def _max_min(ctx, x, y):
-  (x, y), layout = common_layout(ctx.gen, x, y)
+  (x, y), layout = common_layout(ctx, x, y)
   fn = "gl.maximum" if ctx.eqn.primitive is lax.max_p else "gl.minimum"
   return ctx.gen.value(call(fn, x, y, dtype=x.dtype, shape=ctx.out.shape), layout)
 
@@ -73,7 +73,7 @@ def _select(ctx, pred, *cases):
   if len(cases) != 2:
     ctx.gen.unsupported("select_n with more than two cases")
   gen = ctx.gen
-  (pred, a, b), layout = common_layout(gen, pred, *cases)
+  (pred, a, b), layout = common_layout(ctx, pred, *cases)
   return gen.value(call("gl.where", pred, b, a, dtype=a.dtype, shape=ctx.out.shape), layout)
 
 

@@ -94,9 +94,9 @@ class Shared(Layout):
   rank: int
   registers = False
 
-  def text(self, name=None) -> str:
-    return (f"gl.NVMMASharedLayout(swizzle_byte_width={self.swizzle}, element_bitwidth={self.bits}, "
-            f"rank={self.rank})")
+  def text(self, name=None, module: str = "gl.") -> str:
+    return (f"{module}NVMMASharedLayout(swizzle_byte_width={self.swizzle}, "
+            f"element_bitwidth={self.bits}, rank={self.rank})")
 
 
 def _blocked_params(shape, dtype):

@@ -12,9 +12,8 @@ from pallax._src import jax_internals as ji
 from pallax._src import ref_access
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Closed, Gmem, Smem, Val, layout_rule
-from pallax._src.gluon.values import (I32, dtype_token, i32, masked, same_layout, shape_token,
-                                      slice_layout, to_layout, valid_lanes, wait_all, wgmma_vector,
-                                      wgmma_vector_of)
+from pallax._src.gluon.values import (I32, dtype_token, i32, masked, shape_token, slice_layout,
+                                      to_layout, valid_lanes, wait_all, wgmma_vector_of)
 from pallax._src.gluon.writer import AccRef, BarrierRef, GmemRef, SmemRef, ValueRef, rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import Lit, call, method
@@ -163,7 +162,7 @@ def _get(ctx, *invals, **_):
     wait_all(gen, [a.ref])
     value = gen.fresh_name("acc_value", ctx.out.dtype, a.ref.shape)
     gen.emit(f"{value.name} = {a.ref.name}")   # a copy: later wgmmas reassign the accumulator
-    gen.layouts[value.name] = a.ref.layout
+    gen.layouts[value.name] = gen.assigned(ctx.eqn.outvars[0])
     return value
   if isinstance(a.ref, ValueRef):
     if any(not isinstance(t, ji.NDIndexer) or any(not isinstance(i, ji.Slice) or i.size != n
@@ -179,7 +178,7 @@ def _get(ctx, *invals, **_):
   if (rows := unaligned_rows(a.ref, a.transforms)) is not None:
     return _load_rows_in_pieces(gen, a.ref, a.transforms[0], *rows)
   view = register_view(gen, a.ref, a.transforms)
-  layout = _vector_layout(ctx, view.shape) or gen.declared(L.blocked(view.shape, view.dtype))
+  layout = gen.declared(gen.assigned(ctx.eqn.outvars[0]))   # (see vector_layout)
   smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
   return gen.value(method(smem, "load", ex.Token(gen.layout(layout))), layout)
 
@@ -246,36 +245,13 @@ def _load_rows_in_pieces(gen, ref: SmemRef, t, start: int, size: int, piece: int
   return parts[0]
 
 
-def _vector_layout(ctx, shape) -> L.Layout | None:
-  """The layout to read a vector from SMEM in when it is only broadcast into tiles that wgmma
-  accumulators fill (softmax statistics in attention), or cast to a wgmma slice layout: a slice
-  of the accumulators' layout, so that no conversion through shared memory follows the load.
-  None: choose locally."""
-  gen = ctx.gen
-  uses = gen.uses(ctx.eqn.outvars[0])
-  if len(shape) != 1 or not uses or not gen.wgmma:
-    return None
-  if len(uses) == 1 and uses[0].primitive is mp.layout_cast_p:   # plgpu.load(..., layout=)
-    return wgmma_vector(gen, uses[0].params["new_layout"], shape)
-  tiles = set()
-  for e in uses:
-    if e.primitive is not lax.broadcast_in_dim_p or len(e.params["shape"]) != 2:
-      return None
-    (new,) = {0, 1} - set(e.params["broadcast_dimensions"])
-    tiles.add((new, e.params["shape"][1]))
-  (dim, n), *others = tiles
-  if others or e.params["shape"][0] % (16 * L.WARPS):
-    return None
-  return slice_layout(gen, L.wgmma(n, gen.mma_bits), dim)
-
-
 @rule(ji.swap_p)
 def _swap(ctx, ref, value, *leaves, **_):
   gen = ctx.gen
   a = ref_access.split(ctx.eqn, [ref, value, *leaves])
   if isinstance(a.ref, AccRef):
-    v, _ = same_layout(gen, ex.Name(a.ref.name, dtype=value.dtype, shape=a.ref.shape), value)
-    gen.layouts[a.ref.name] = a.ref.layout
+    target = gen.facts(ctx.eqn)   # the layout of what the accumulator's variable holds
+    v = value if target is None else gen.convert(value, target)
     gen.emit(f"{a.ref.name} = {gen.render(v)}")
     return None
   if ctx.is_used(0):
@@ -402,7 +378,7 @@ def _get_layouts(ctx, *invals, **_):
 def _swap_layouts(ctx, ref, value, *leaves, **_):
   a = ref_access.split(ctx.eqn, [ref, value, *leaves])
   if isinstance(a.ref, Acc):
-    ctx.a.same_layout(a.ref, value)
+    ctx.facts(ctx.a.same_layout(a.ref, value))
   elif isinstance(a.ref, Gmem):
     shape = gmem_view_shape(a.ref, a.transforms)
     if shape and getattr(value, "shape", ()):

@@ -32,12 +32,14 @@ def _wgmma(ctx, *invals, trees):
   else:
     a_view = smem_view(gen, *a, k_last=not transposed(a))
   bits = a_view.dtype.itemsize * 8
-  if bits == 32 and ".permute((1, 0))" not in b_view.text:
+  k_major_b = any(isinstance(t, ji.TransposeRef) and tuple(t.permutation) == (1, 0) for t in b[1])
+  if bits == 32 and not k_major_b:
     raise NotImplementedError(
         "wgmma of float32 operands (tf32) reads b in K-major order only: keep b as an (N, K) SMEM "
         "buffer and pass b_smem.transpose((1, 0)), or use 16-bit operands")
-  layout = gen.declared(L.wgmma(acc_ref.shape[1], bits))
+  layout = gen.declared(gen.facts(ctx.eqn))   # the accumulator's layout for this operand width
   if layout != acc_ref.layout:
+    gen.conversions.append((acc_ref.layout, layout, tuple(acc_ref.shape), gen.last_frame))
     gen.emit(f"{acc_ref.name} = gl.convert_layout({acc_ref.name}, {gen.layout(layout)})")
     acc_ref.layout = layout
   gen.emit(f"{acc_ref.name} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc_ref.name}, is_async=True)")

@@ -13,7 +13,7 @@ from jax import lax
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Conversion, Val, layout_rule
 from pallax._src.gluon.values import (convert_layout, expand, i32, iota_in, slice_layout, to_layout,
-                                      wgmma_vector, wgmma_vector_of)
+                                      wgmma_vector_of)
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import call
@@ -21,30 +21,23 @@ from pallax._src.mosaic_gpu import core as mc
 from pallax._src.mosaic_gpu import primitives as mp
 
 def _broadcast_tile(ctx, x, shape, broadcast_dimensions):
-  """A reduced vector back to a tile: ``expand_dims`` undoes its slice layout."""
+  """A reduced vector back to a tile: ``expand_dims`` undoes its slice layout (the vector is
+  converted to a slice of the tile's layout unless it is one already)."""
   gen = ctx.gen
   new_dims = [d for d in range(len(shape)) if d not in broadcast_dimensions]
   if len(new_dims) != 1 or len(shape) != 2:
     gen.unsupported("broadcasts of register tiles other than vectors to 2-D tiles")
-  x, parent = _slice_of(gen, x, new_dims[0], shape)
-  return expand(gen, x, shape, new_dims[0], parent)
-
-
-def _slice_of(gen, x, dim: int, shape):
-  """(``dim``, parent layout) of vector ``x`` as a slice of a tile of ``shape``: converted to a
-  slice of a coalesced layout unless it is a slice along ``dim`` already."""
-  sliced = gen.layout_of(x)
-  if isinstance(sliced, L.Slice) and sliced.dim == dim:
-    return x, sliced.parent
-  parent = gen.declared(L.blocked(shape, x.dtype))
-  return gen.convert(x, slice_layout(gen, parent, dim)), parent
+  (dim,), parent = new_dims, gen.declared(gen.assigned(ctx.eqn.outvars[0]))
+  if gen.layout_of(x) != L.Slice(dim, parent):
+    x = gen.convert(x, slice_layout(gen, parent, dim))
+  return expand(gen, x, shape, dim, parent)
 
 
 @rule(lax.broadcast_in_dim_p)
 def _broadcast(ctx, x, *, shape, broadcast_dimensions, **_):
   if x.shape:
     return _broadcast_tile(ctx, x, tuple(shape), tuple(broadcast_dimensions))
-  return ctx.gen.splat(x, tuple(shape), ctx.gen.declared(L.blocked(shape, x.dtype)))
+  return ctx.gen.splat(x, tuple(shape), ctx.gen.declared(ctx.gen.assigned(ctx.eqn.outvars[0])))
 
 
 @rule(lax.iota_p)
@@ -53,7 +46,8 @@ def _iota(ctx, *, dtype, shape, dimension, **_):
   shape = tuple(shape)
   if len(shape) > 2:
     ctx.gen.unsupported("iotas of rank 3 or more")
-  return iota_in(ctx.gen, np.dtype(dtype), shape, dimension, ctx.gen.declared(L.blocked(shape, dtype)))
+  layout = ctx.gen.declared(ctx.gen.assigned(ctx.eqn.outvars[0]))
+  return iota_in(ctx.gen, np.dtype(dtype), shape, dimension, layout)
 
 
 
@@ -70,23 +64,18 @@ def _half(gen, x, dim: int, upper: bool):
 
 
 
-def _halve(gen, v, dim: int, upper: bool):
-  """One halving of a 2-D tile, in a layout that keeps both halves in each thread's registers
-  (a wgmma accumulator stays one while it has more rows than a warpgroup covers)."""
-  layout = gen.layout_of(v)
-  if layout.kind == "other" or L.coverage(layout, v.shape, v.dtype)[dim] * 2 > v.shape[dim]:
-    # The layout of a half-size tile: on the whole tile it repeats once along ``dim``.
+def _halve(gen, v, step):
+  """One halving of a 2-D tile (``halving`` chose the layouts): converted first to a layout that
+  keeps both halves in each thread's registers where it is not in one."""
+  dim, upper, before, after = step
+  if before is not None:
+    v = convert_layout(gen, v, gen.declared(before))
     half_shape = tuple(n // 2 if d == dim else n for d, n in enumerate(v.shape))
-    layout = gen.declared(L.blocked(half_shape, v.dtype))
-    v = convert_layout(gen, v, layout)
-    if L.coverage(layout, half_shape, v.dtype)[dim] > half_shape[dim]:
+    if L.coverage(before, half_shape, v.dtype)[dim] > half_shape[dim]:
       gen.unsupported(f"slicing a register tile of shape {v.shape} along dimension {dim} into "
                       "pieces smaller than a warp's rows or a thread's vector")
   half = _half(gen, v, dim, upper)
-  if layout.kind == "wgmma" and half.shape[0] >= 16 * L.WARPS:
-    layout = gen.declared(L.wgmma(half.shape[1], L.in_bits(layout)))
-  else:
-    layout = gen.declared(L.blocked(half.shape, half.dtype))
+  layout = gen.declared(after)
   return gen.value(call("gl.convert_layout", half, ex.Token(gen.layout(layout)), dtype=half.dtype,
                         shape=half.shape), layout)
 
@@ -100,33 +89,24 @@ def _slice(ctx, x, *, start_indices, limit_indices, strides):
     gen.unsupported("strided slices of register tiles")
   if len(x.shape) != 2:
     gen.unsupported("slices of register tiles other than 2-D ones")
-  v = x
-  for d, (lo, hi, n) in enumerate(zip(start_indices, limit_indices, x.shape)):
-    size = hi - lo
-    if size == n:
-      continue
-    if not (L.is_pow2(n) and L.is_pow2(size) and lo % size == 0):
+  for lo, hi, n in zip(start_indices, limit_indices, x.shape):
+    if hi - lo != n and not (L.is_pow2(n) and L.is_pow2(hi - lo) and lo % (hi - lo) == 0):
       gen.unsupported(f"a slice [{lo}:{hi}] of a register tile's dimension of {n} (pieces of "
                       "a power-of-two size at multiples of it only)")
-    while v.shape[d] > size:
-      half = v.shape[d] // 2
-      v = _halve(gen, v, d, upper=(lo // half) % 2 == 1)
+  v = x
+  for step in gen.facts(ctx.eqn):
+    v = _halve(gen, v, step)
   return v
-
 
 
 @rule(mp.layout_cast_p)
 def _layout_cast(ctx, x, *, new_layout):
   """``plgpu.layout_cast``: the wgmma layouts are Gluon's (choosing them before a loop keeps its
   carries in the layout the loop computes in); other layouts are hints Gluon chooses itself."""
-  gen = ctx.gen
-  if new_layout == mc.Layout.WGMMA and len(x.shape) == 2:
-    layout = gen.declared(L.wgmma(x.shape[1], gen.mma_bits))
-  else:
-    layout = wgmma_vector(gen, new_layout, x.shape)
-    if layout is None:
-      return x
-  return to_layout(gen, x, layout, x.shape, x.dtype)
+  layout = ctx.gen.facts(ctx.eqn)
+  if layout is None:
+    return x
+  return to_layout(ctx.gen, x, ctx.gen.declared(layout), x.shape, x.dtype)
 
 
 

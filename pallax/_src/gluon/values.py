@@ -54,24 +54,12 @@ def masked(gen, v, dims, fill: ex.Expr):
 
 
 
-def common_layout(gen, *vals):
-  """``vals`` in one layout (register tiles of two layouts cannot meet in one operation): the
-  first computed tile's; a splatted constant is written again in it rather than converted."""
-  tiles = [v for v in vals if v.shape and gen.layout_of(v) is not None]
-  if not tiles:
-    return list(vals), None
-  chosen = lambda v: getattr(v, "name", None) not in gen.remat and v.name not in gen.tentative
-  target = next((v for v in tiles if chosen(v)), tiles[0])
-  layout = gen.layout_of(target)
-  return [gen.in_layout(v, layout) for v in vals], layout
-
-
-def same_layout(gen, x, y):
-  """``y`` in ``x``'s layout (``x`` is an accumulator: its layout stays)."""
-  lx, ly = gen.layout_of(x), gen.layout_of(y)
-  if lx is None or ly is None or lx == ly or not y.shape:
-    return y, lx or ly
-  return convert_layout(gen, y, lx), lx
+def common_layout(ctx, *vals):
+  """``vals`` in the layout the assignment gave the operation's result (register tiles of two
+  layouts cannot meet in one operation): converted to it, or written again in it where they
+  are splats, iotas or broadcasts."""
+  layout = ctx.gen.assigned(ctx.eqn.outvars[0])
+  return [ctx.gen.in_layout(v, layout) for v in vals], layout
 
 
 def convert_layout(gen, v, layout):
@@ -152,11 +140,6 @@ def wgmma_vector_of(layout, shape, mma_bits: int) -> L.Layout | None:
   (axis,) = layout.axes
   n = ROW_VECTOR_N if axis == 1 else shape[0]
   return L.Slice(axis, L.wgmma(n, mma_bits))
-
-
-def wgmma_vector(gen, layout, shape) -> L.Layout | None:
-  found = wgmma_vector_of(layout, shape, gen.mma_bits)
-  return None if found is None else gen.declared(found)
 
 
 

@@ -64,6 +64,23 @@ class ValueRef:
   value: ex.Expr
 
 
+@dataclasses.dataclass(frozen=True)
+class Descriptor:
+  """A TMA descriptor of a GMEM operand for boxes of one shape (``box``: padded), and the layout
+  of the SMEM it copies to or from."""
+  name: str
+  ptr: str
+  shape: tuple
+  strides: tuple
+  box: tuple
+  layout: L.Layout
+
+  def line(self, gen) -> str:
+    """The statement that makes it in the kernel (when it is not made on the host)."""
+    return (f"{self.name} = tma.make_tensor_descriptor({self.ptr}, {list(self.shape)}, "
+            f"{list(self.strides)}, {list(self.box)}, {gen.layout(self.layout)})")
+
+
 @dataclasses.dataclass
 class GluonSource:
   name: str
@@ -84,8 +101,8 @@ class BufferLayout(L.Layout):
   shared: L.Shared
   registers = False
 
-  def text(self, name=None) -> str:
-    return self.shared.text()
+  def text(self, name=None, module: str = "gl.") -> str:
+    return self.shared.text(module=module)
 
 
 
@@ -101,21 +118,18 @@ class Writer(src.Source):
                                              # broadcasts are rebuilt rather than converted
     self.assignment = None                   # the layout assignment (assign.py)
     self.allocated = 0                       # how many of its SMEM buffers are allocated
-    self.accs: list = []                     # every AccRef (probe restores their layouts)
-    self.tentative: set = set()              # probe carries: their layout is not chosen yet
+    self.scope = None                        # the assignment's Scope of the jaxpr being lowered
     self.constexprs: dict = {}               # Layout -> its constexpr name
-    self.descriptors: dict = {}              # (ptr, box) -> descriptor name
-    self.descriptor_lines: dict = {}         # descriptor name -> its line (made in the kernel)
+    self.descriptors: dict = {}              # (ptr, box) -> its Descriptor
     self.pointer_uses: set = set()           # GMEM operands accessed through registers
-    self.descriptor_layouts: dict = {}       # descriptor name -> its SMEM Layout
     self.axes: dict = {}                     # axis name -> index expression
     self.mma_bits = 16                       # the operand width of the kernel's wgmmas
     self.wgmma = False                       # whether the kernel has wgmmas
     self.conversions: list = []              # (from, to, shape, line) of each layout conversion
     self.hoisted: dict = {}                  # collective run_scoped equation -> its Refs
+    self.grouped_stores = False              # copy_smem_to_gmem(commit_group=False) written
     self.registers = None                    # the running thread's set_max_registers
     self.pending_accs: list = []             # accumulators with a wgmma maybe in flight
-    self.grouped_stores = False              # copy_smem_to_gmem(commit_group=False) seen
     self.thread_name = None                  # the thread axis of a kernel with several threads
     self.register_tensors = False            # a register-tensor layout or an SMEM allocation
                                              # (zeroed from registers) was asked for
@@ -148,20 +162,33 @@ class Writer(src.Source):
       self.layouts[name.name] = layout
     return name
 
-  def probe(self, fn):
-    """``fn()``'s result, with what it wrote taken back: a loop body is lowered once to learn
-    the layouts it produces, then again for real."""
-    lines, conversions, pending = len(self.lines), len(self.conversions), list(self.pending_accs)
-    accs = [(a, a.layout) for a in self.accs]
-    frame, depth, registers = self.last_frame, self.depth, self.registers
+  def lower_jaxpr(self, jaxpr, args) -> list:
+    """Lowers ``jaxpr`` with what the layout assignment found for it (the next scope of the
+    current one: rules lower sub-jaxprs in the order the assignment analysed them)."""
+    outer, self.scope = self.scope, self.scope.take(jaxpr)
     try:
-      return fn()
+      return super().lower_jaxpr(jaxpr, args)
     finally:
-      del self.lines[lines:], self.conversions[conversions:]
-      self.pending_accs[:] = pending
-      for a, layout in accs:
-        a.layout = layout
-      self.last_frame, self.depth, self.registers = frame, depth, registers
+      self.scope = outer
+
+  def block(self, fn) -> list[str]:
+    """The statements ``fn()`` writes one level deeper, kept apart (a branch of an ``if``)."""
+    outer, self.lines = self.lines, []
+    self.depth += 1
+    try:
+      fn()
+      return self.lines
+    finally:
+      self.lines = outer
+      self.depth -= 1
+
+  def assigned(self, var) -> L.Layout | None:
+    """The layout the assignment gave ``var`` (a variable of the jaxpr being lowered)."""
+    return self.scope.layouts.get(var)
+
+  def facts(self, eqn):
+    """What the assignment found for ``eqn`` that its rule renders from (see the layout rule)."""
+    return self.scope.facts.get(eqn)
 
   def assign(self, targets, values):
     """Loop and branch carries keep the layout they entered with (Gluon requires it)."""
@@ -254,14 +281,11 @@ class Writer(src.Source):
       raise NotImplementedError(f"the TMA box {box} of {ref.origin}: at most 256 elements a "
                                 "dimension and rows of at least 16 bytes")
     if key not in self.descriptors:
-      name = self.fresh(f"{ref.ptr}_desc")
-      strides = [int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape))]
-      self.descriptors[key] = name
-      self.descriptor_lines[name] = (
-          f"{name} = tma.make_tensor_descriptor({ref.ptr}, {list(ref.shape)}, {strides}, "
-          f"{list(padded)}, {self.layout(smem_layout)})")
-      self.descriptor_layouts[name] = smem_layout
-    return self.descriptors[key]
+      strides = tuple(int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape)))
+      self.layout(smem_layout)   # declared with the descriptor
+      self.descriptors[key] = Descriptor(self.fresh(f"{ref.ptr}_desc"), ref.ptr, tuple(ref.shape),
+                                         strides, padded, smem_layout)
+    return self.descriptors[key].name
 
   def skips(self, eqn) -> bool:
     # Index arithmetic the kernel computes but never uses (a loop's next index, say).
