@@ -62,7 +62,8 @@ def allocate(gen, kind, aval):
     gen.emit(f"for _b in gl.static_range({n}):")
     gen.emit(f"    mbarrier.init({name}.index(_b), count={kind.num_arrivals})")
     gen.emit(f"{phase} = 0")
-    return BarrierRef(name, phase, n)
+    gen.barriers += 1
+    return BarrierRef(name, phase, n, id=gen.barriers - 1)
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
     # Rank > 3: the leading dimensions flattened into one, each padded to a power of two so
     # that the whole buffer can also be seen unflattened (a reshape).
@@ -70,7 +71,7 @@ def allocate(gen, kind, aval):
     name = gen.fresh("smem")
     layout, buffer = gen.allocate_smem(name, stored, dtype)
     return SmemRef(name, shape, dtype, layout, L.swizzle(shape[-2:], dtype),
-                   lead=shape[:-2] if len(shape) > 3 else (), buffer=buffer)
+                   lead=shape[:-2] if len(shape) > 3 else (), buffer=buffer, whole=True)
   gen.unsupported(f"scratch of type {kind}")
 
 

@@ -1,7 +1,9 @@
 """A Mosaic GPU kernel as ``@gluon.jit`` source for Hopper (sm_90a).
 
-The kernel jaxpr (legalized as for Triton, then reordered by ``order.py``) is walked once by the
-``Writer`` (``writer.py``) with the Gluon rule table, whose rules live by topic: ``elementwise``,
+The kernel jaxpr (legalized as for Triton, then reordered by ``order.py``) is first analysed by
+the layout assignment (``assign.py``: the layout of every value, loop carry and SMEM buffer),
+then walked once by the ``Writer`` (``writer.py``), which renders what the assignment decided,
+with the Gluon rule table, whose rules live by topic: ``elementwise``,
 ``shapes``, ``control``, ``allocation``, ``memory`` (views, register loads and stores), ``mma``
 (wgmma), ``copies`` (TMA and barriers), ``threads`` (warp specialization). Refs become objects the
 rules understand: GMEM operands (a pointer and a TMA descriptor per box shape, made in the
@@ -26,6 +28,7 @@ from pallax._src.gluon import order
 from pallax._src.gluon import threads as warp_specialize
 from pallax._src.gluon.allocation import allocate, allocate_layouts, hoist_nested
 from pallax._src.gluon.assign import Assigner, Assignment, Gmem, Val
+from pallax._src.gluon.events import Partition
 from pallax._src.gluon.writer import GluonSource, GmemRef, Writer
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import source as src
@@ -77,6 +80,7 @@ def generate(params) -> GluonSource:
   else:
     hoist_nested(jaxpr, allocate_now, gen.hoisted)
     gen.lower_jaxpr(jaxpr, [*ids, *refs])
+    parts = [Partition(gen.lines, None, L.WARPS, gen.events)]
   _check(gen, params.name)
   signature, host = _signature(gen, refs)
   if threads:
@@ -85,7 +89,10 @@ def generate(params) -> GluonSource:
     source = _module(gen, name, list(signature))
   if params.debug:
     print(layout_report(gen, params.name))
-  return GluonSource(name, source, signature, (math.prod(gm.grid), 1, 1), host_descriptors=host)
+  return GluonSource(name, source, signature, (math.prod(gm.grid), 1, 1), host_descriptors=host,
+                     partitions=tuple(parts), buffers=tuple(gen.assignment.buffers),
+                     layouts=tuple(gen.constexprs), conversions=tuple(gen.assignment.conversions),
+                     program_ids=tuple(ids))
 
 
 def _fixed_axes(info) -> dict:
@@ -245,7 +252,7 @@ def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids
   shared = list(dict.fromkeys(
       params + [d.name for d in gen.descriptors.values()] + [i.name for i in ids if isinstance(i, ex.Name)]
       + gen.hoisted_names()))
-  bodies = [body for body, _, _ in parts]
+  bodies = [p.lines for p in parts]
   lines = [_HEADER]
   for t, body in enumerate(bodies):
     lines += ["@gluon.jit", f"def {name}_t{t}({', '.join(shared)}):"] + _constexprs(gen)

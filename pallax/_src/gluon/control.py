@@ -1,5 +1,7 @@
 """Gluon rules of structured control flow (scan and fori loops, while loops, conds, calls
-inlined) and of the axis indices. Loop and branch carries keep the layout they enter with.
+inlined) and of the axis indices. Loop and branch carries keep the layout they enter with; a
+loop carry that starts as a splat or an iota starts in the layout the loop body computes it in
+(found by the layout assignment, which analyses the body with that carry undecided first).
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from pallax._src.gpu.expr import binary, method
 from pallax._src.gluon import layouts as L
 from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.gluon.assign import Gmem, Smem, layout_rule
+from pallax._src.gluon.events import Access, BarrierOp, Copy, SmemView
 from pallax._src.gluon.memory import (barrier_view, gmem_pointers, register_view, register_view_layouts,
                                       row_slice, smem_view, smem_view_layouts)
 from pallax._src.gluon.values import I32, i32, iota_in
@@ -70,6 +71,14 @@ def _box_view(gen, smem: SmemRef, box) -> tuple[str, L.Layout]:
 
 # --- copies and barriers ---------------------------------------------------------------------
 
+def _barrier_name(b) -> str:
+  """``barrier[k]`` (the k-th barrier allocation), or ``barrier[k][i]`` for a literal index i
+  into an array of barriers."""
+  if b.count == 1:
+    return f"barrier[{b.id}]"
+  return f"barrier[{b.id}][{b.index.value if isinstance(b.index, ex.Lit) else '?'}]"
+
+
 def _refs(ctx, invals):
   refs, rest = mp.split_refs(invals, ctx.eqn.params["trees"])
   return refs, rest
@@ -119,21 +128,24 @@ def _box_pieces(box, padded, gmem_shape, smem: SmemRef) -> list[list[tuple[int, 
   return out
 
 
-def _tma(gen, smem_ref, gmem_ref) -> tuple[list, int]:
-  """The boxes of a copy, each (the SMEM side's expression, the descriptor, the coordinates),
-  and their bytes (see ``_box_pieces``)."""
+def _tma(gen, smem_ref, gmem_ref, direction: str, barrier=None) -> tuple[list, int]:
+  """The boxes of a copy, each (the SMEM side's expression, the descriptor, the coordinates,
+  the box as data: ``events.Copy``), and their bytes (see ``_box_pieces``)."""
   smem = smem_view(gen, *smem_ref)
   starts, box = _gmem_coords(gen, *gmem_ref)
   text, layout = _box_view(gen, smem, box)
   padded = L.padded(box)
   pieces, nbytes = [], 0
   for piece in itertools.product(*_box_pieces(box, padded, gmem_ref[0].shape, smem)):
-    view = text + "".join(f".slice({o}, {L.pow2(q)}, dim={d})"
-                          for d, (o, q) in enumerate(piece) if L.pow2(q) < padded[d])
-    coords = ", ".join(gen.render(gen.bind(ex.add(s, i32(o)), "c") if o else s)
-                       for s, (o, _) in zip(starts, piece))
+    slices = [(o, L.pow2(q), d) for d, (o, q) in enumerate(piece) if L.pow2(q) < padded[d]]
+    view = text + "".join(f".slice({o}, {q}, dim={d})" for o, q, d in slices)
+    coords = [gen.bind(ex.add(s, i32(o)), "c") if o else s for s, (o, _) in zip(starts, piece)]
     piece_box = tuple(q for _, q in piece)
-    pieces.append((view, gen.descriptor(gmem_ref[0], piece_box, layout), coords))
+    steps = smem.steps + tuple(("slice", *s) for s in slices)
+    event = Copy(direction, gmem_ref[0].origin, SmemView(gen.smem_name(smem), steps),
+                 L.padded(piece_box), tuple(coords), barrier)
+    pieces.append((view, gen.descriptor(gmem_ref[0], piece_box, layout),
+                   ", ".join(map(gen.render, coords)), event))
     # The hardware counts each whole (padded) box's bytes, zeros past the array's end too.
     nbytes += int(np.prod(L.padded(piece_box))) * smem.dtype.itemsize
   return pieces, nbytes
@@ -149,12 +161,14 @@ def _copy_gmem_to_smem(ctx, *invals, **params):
     raise NotImplementedError("copy_gmem_to_smem needs a barrier on Hopper")
   if not isinstance(src[0], GmemRef) or not isinstance(dst[0], SmemRef):
     raise ValueError("copy_gmem_to_smem copies from GMEM to SMEM")
-  pieces, nbytes = _tma(gen, dst, src)
   barrier = barrier_view(gen, *bar)
+  pieces, nbytes = _tma(gen, dst, src, "in", _barrier_name(barrier))
   b = f"{barrier.name}.index({gen.render(barrier.index)})"
   opened = _predicated(gen, ctx.eqn, rest)
+  gen.events.append(BarrierOp("expect", _barrier_name(barrier), nbytes))
   gen.emit(f"mbarrier.expect({b}, {nbytes})")   # one arrival, whatever the number of boxes
-  for target, desc, coords in pieces:
+  for target, desc, coords, event in pieces:
+    gen.events.append(event)
     gen.emit(f"tma.async_copy_global_to_shared({desc}, [{coords}], {b}, {target})")
   _end(gen, opened)
   return []
@@ -180,7 +194,7 @@ def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef,
   c0 = gcols.start if isinstance(gcols.start, ex.Expr) else i32(gcols.start)
   first = gen.bind(binary("-", g0, start), "row0")   # the GMEM row of the buffer's row 0
   shifted = ji.NDIndexer((ji.Slice(first, smem.shape[0], 1), gcols), t.shape, t.int_indexer_shape)
-  ptrs, shape, layout, valid = gmem_pointers(gen, dst, [shifted])
+  ptrs, shape, layout, valid, offset = gmem_pointers(gen, dst, [shifted])
   r = iota_in(gen, I32, shape, 0, layout)
   c = iota_in(gen, I32, shape, 1, layout)
   b = np.dtype(np.bool_)
@@ -191,6 +205,7 @@ def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef,
   for cond in conds[1:]:
     mask = binary("&", mask, cond, dtype=b)
   view = register_view(gen, smem, [])
+  gen.events += [Access("load", gen.smem_view(view), view.shape), Access("store", dst.origin, shape, offset)]
   value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
                            ex.Token(gen.layout(layout))), layout)
   rows = gen.render(gen.bind(mask, "rows"))
@@ -207,7 +222,7 @@ def _reduce_through_registers(gen, src, dst, op: str):
   if op not in _ATOMICS:
     gen.unsupported(f"TMA reduce-stores with reduction_op={op!r}")
   starts, box = _gmem_coords(gen, *dst)
-  ptrs, shape, layout, mask = gmem_pointers(gen, *dst)
+  ptrs, shape, layout, mask, offset = gmem_pointers(gen, *dst)
   kept = [d for d, b in enumerate(box) if b != 1 or len(shape) == len(box)]
   if len(kept) != len(shape):
     gen.unsupported("TMA reduce-stores into GMEM views with indexed dimensions")
@@ -217,6 +232,7 @@ def _reduce_through_registers(gen, src, dst, op: str):
                     i32(dst[0].shape[d]), dtype=b)
     mask = inside if mask is None else binary("&", mask, inside, dtype=b)
   view = register_view(gen, *src)
+  gen.events += [Access("load", gen.smem_view(view), view.shape), Access("atomic", dst[0].origin, shape, offset)]
   value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
                            ex.Token(gen.layout(layout))), layout)
   masks = "" if mask is None else f", mask={gen.render(gen.bind(mask, 'inside'))}"
@@ -240,11 +256,12 @@ def _copy_smem_to_gmem(ctx, *invals, **params):
     _store_rows_through_registers(gen, src[0], *rows, dst[0], dst[1])
     _end(gen, opened)
     return []
-  pieces, _ = _tma(gen, src, dst)
+  pieces, _ = _tma(gen, src, dst, "out")
   if not params["commit_group"]:
     gen.grouped_stores = True   # Gluon groups each store alone: waits become waits for all
   opened = _predicated(gen, ctx.eqn, rest)
-  for source, desc, coords in pieces:
+  for source, desc, coords, event in pieces:
+    gen.events.append(event)
     gen.emit(f"tma.async_copy_shared_to_global({desc}, [{coords}], {source})")
   _end(gen, opened)
   return []
@@ -256,6 +273,7 @@ def _barrier_wait(ctx, *invals, **_):
   (bar,), _ = _refs(ctx, invals)
   b = barrier_view(gen, *bar)
   i = gen.render(b.index)
+  gen.events.append(BarrierOp("wait", _barrier_name(b)))
   gen.emit(f"mbarrier.wait({b.name}.index({i}), ({b.phase} >> {i}) & 1)")
   gen.emit(f"{b.phase} = {b.phase} ^ (1 << {i})")
   return []
@@ -267,6 +285,7 @@ def _barrier_arrive(ctx, *invals, **_):
   (bar,), rest = _refs(ctx, invals)
   b = barrier_view(gen, *bar)
   opened = _predicated(gen, ctx.eqn, rest)
+  gen.events.append(BarrierOp("arrive", _barrier_name(b)))
   gen.emit(f"mbarrier.arrive({b.name}.index({gen.render(b.index)}))")
   _end(gen, opened)
   return []

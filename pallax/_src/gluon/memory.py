@@ -12,6 +12,7 @@ from pallax._src import jax_internals as ji
 from pallax._src import ref_access
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Closed, Gmem, Smem, Val, layout_rule
+from pallax._src.gluon.events import Access
 from pallax._src.gluon.values import (I32, dtype_token, i32, masked, shape_token, slice_layout,
                                       to_layout, valid_lanes, wait_all, wgmma_vector_of)
 from pallax._src.gluon.writer import AccRef, BarrierRef, GmemRef, SmemRef, ValueRef, rule
@@ -23,18 +24,22 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
   """The view of ``ref`` that ``transforms`` take (``k_last``: a wgmma operand whose buffer's
   last dimension is K, which may be sliced inside a swizzle atom, as wgmma itself steps
   through it)."""
-  text, shape, permuted = ref.text, list(ref.shape), False
+  text, shape, permuted, steps = ref.text, list(ref.shape), False, list(ref.steps)
   transforms = list(transforms)
   if ref.lead:   # a buffer of rank > 3, stored with its leading dimensions flattened
     if not transforms:   # used whole: the flattened dimension split again
       return dataclasses.replace(ref, text=f"{ref.text}.reshape({list(L.padded(ref.shape))})",
-                                 lead=(), reshaped=True)
-    text, shape, transforms[0] = _flat_index(gen, ref, transforms[0])
+                                 lead=(), reshaped=True, whole=False,
+                                 steps=ref.steps + (("reshape", L.padded(ref.shape)),))
+    text, shape, transforms[0], flat = _flat_index(gen, ref, transforms[0])
+    steps.append(("index", flat))
+  whole = ref.whole and not ref.lead
   for t in transforms:
     if isinstance(t, ji.TransposeRef):
       text = f"{text}.permute({tuple(t.permutation)})"
       shape = [shape[p] for p in t.permutation]
-      permuted = True
+      permuted, whole = True, False
+      steps.append(("permute", tuple(t.permutation)))
       continue
     if not isinstance(t, ji.NDIndexer):
       gen.unsupported(f"the SMEM view {t}")
@@ -48,22 +53,26 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
           if permuted:
             gen.unsupported("partial slices of a transposed SMEM view")
           _check_smem_slice(gen, ref, start, idx.size, rank - dim, k_last)
-          text = f"{text}.slice({start}, {idx.size}, {dim})"
+          text, whole = f"{text}.slice({start}, {idx.size}, {dim})", False
+          steps.append(("slice", start, idx.size, dim))
         new_shape.append(idx.size)
         dim += 1
       elif not getattr(idx, "shape", ()):
         if dim != 0:
           gen.unsupported("indexing an inner dimension of SMEM")
-        text = f"{text}.index({gen.render(idx)})"
+        text, whole = f"{text}.index({gen.render(idx)})", False
+        steps.append(("index", idx))
       else:
         gen.unsupported("gathers from SMEM")
     shape = new_shape
-  return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle, buffer=ref.buffer)
+  return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle, buffer=ref.buffer,
+                 steps=tuple(steps), whole=whole)
 
 
 def _flat_index(gen, ref: SmemRef, t):
-  """(text, shape, the rest of indexer ``t``) after indexing every leading dimension of a
-  flattened buffer at once (Gluon's SMEM layouts describe at most one leading dimension)."""
+  """(text, shape, the rest of indexer ``t``, the flat index) after indexing every leading
+  dimension of a flattened buffer at once (Gluon's SMEM layouts describe at most one leading
+  dimension)."""
   n = len(ref.lead)
   if not isinstance(t, ji.NDIndexer) or len(t.indices) < n or any(
       isinstance(i, ji.Slice) or getattr(i, "shape", ()) for i in t.indices[:n]):
@@ -73,7 +82,7 @@ def _flat_index(gen, ref: SmemRef, t):
   for idx, size in zip(t.indices[1:n], L.padded(ref.lead[1:])):
     flat = gen.bind(ex.add(ex.mul(flat, i32(size)), idx), "slot")
   rest = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
-  return f"{ref.text}.index({gen.render(flat)})", list(ref.shape[n:]), rest
+  return f"{ref.text}.index({gen.render(flat)})", list(ref.shape[n:]), rest, flat
 
 
 def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int, k_last: bool):
@@ -103,17 +112,17 @@ def barrier_view(gen, ref: BarrierRef, transforms) -> BarrierRef:
   if not isinstance(ref, BarrierRef):
     raise ValueError(f"a barrier operation takes a plgpu.Barrier, not {type(ref).__name__}")
   if not transforms:
-    return BarrierRef(ref.name, ref.phase, ref.count, i32(0))
+    return dataclasses.replace(ref, index=i32(0))
   (t,) = transforms
   (idx,) = t.indices
-  return BarrierRef(ref.name, ref.phase, ref.count, idx)
+  return dataclasses.replace(ref, index=idx)
 
 
 
-def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple[ex.Name, tuple, str | None, ex.Expr | None]:
+def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple:
   """(the pointer tensor of a GMEM view, the view's shape, its layout, the mask of its padded
-  lanes or None): register accesses of GMEM read or write whole views; the interpreter checks
-  their bounds."""
+  lanes or None, its first element's offset): register accesses of GMEM read or write whole
+  views; the interpreter checks their bounds."""
   gen.pointer_uses.add(ref.ptr)
   rank = len(ref.shape)
   strides = [int(np.prod(ref.shape[k + 1:])) for k in range(rank)]
@@ -140,7 +149,7 @@ def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple[ex.Name, tuple, str | 
   shape = tuple(sizes)
   ptr = gen.bind(ex.binary("+", ex.Name(ref.ptr, dtype=ref.dtype), offset), "ptr")
   if not shape:
-    return ptr, shape, None, None
+    return ptr, shape, None, None, offset
   if len(shape) > 2:
     gen.unsupported("register accesses of GMEM views of rank 3 or more")
   layout = gen.declared(L.blocked(shape, ref.dtype))
@@ -150,7 +159,7 @@ def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple[ex.Name, tuple, str | 
     if len(shape) == 2:
       ar = call("gl.expand_dims", ar, i32(1 - j), dtype=I32, shape=(n, 1) if j == 0 else (1, n))
     ptr = gen.bind(ex.binary("+", ptr, ex.mul(gen.bind(ar, "offs"), strides[d])), "ptrs")
-  return ptr, shape, layout, valid_lanes(gen, shape, layout, range(len(shape)))
+  return ptr, shape, layout, valid_lanes(gen, shape, layout, range(len(shape))), offset
 
 
 
@@ -170,7 +179,8 @@ def _get(ctx, *invals, **_):
       gen.unsupported("indexing a value pl.run_state closes over")
     return a.ref.value
   if isinstance(a.ref, GmemRef):
-    ptrs, shape, layout, mask = gmem_pointers(gen, a.ref, a.transforms)
+    ptrs, shape, layout, mask, offset = gmem_pointers(gen, a.ref, a.transforms)
+    gen.events.append(Access("load", a.ref.origin, shape, offset))
     masks = {} if mask is None else {"mask": mask}
     return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape, **masks), layout)
   if not isinstance(a.ref, SmemRef):
@@ -179,6 +189,7 @@ def _get(ctx, *invals, **_):
     return _load_rows_in_pieces(gen, a.ref, a.transforms[0], *rows)
   view = register_view(gen, a.ref, a.transforms)
   layout = gen.declared(gen.assigned(ctx.eqn.outvars[0]))   # (see vector_layout)
+  gen.events.append(Access("load", gen.smem_view(view), view.shape))
   smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
   return gen.value(method(smem, "load", ex.Token(gen.layout(layout))), layout)
 
@@ -229,6 +240,7 @@ def _load_rows_in_pieces(gen, ref: SmemRef, t, start: int, size: int, piece: int
     idx = ji.NDIndexer((ji.Slice(o, piece, 1), *rest), t.shape, t.int_indexer_shape)
     view = register_view(gen, ref, [idx])
     layout = gen.declared(L.blocked(view.shape, view.dtype))
+    gen.events.append(Access("load", gen.smem_view(view), view.shape))
     smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
     parts.append(gen.value(method(smem, "load", ex.Token(gen.layout(layout))), layout))
   while len(parts) > 1:   # join pairs: (r, ...) and (r, ...) -> (2, r, ...) -> (2r, ...)
@@ -257,7 +269,8 @@ def _swap(ctx, ref, value, *leaves, **_):
   if ctx.is_used(0):
     gen.unsupported("using the old value of a store")
   if isinstance(a.ref, GmemRef):
-    ptrs, shape, layout, mask = gmem_pointers(gen, a.ref, a.transforms)
+    ptrs, shape, layout, mask, offset = gmem_pointers(gen, a.ref, a.transforms)
+    gen.events.append(Access("store", a.ref.origin, shape, offset))
     if shape:
       value = to_layout(gen, value, layout, shape, a.ref.dtype)
     masks = "" if mask is None else f", mask={gen.render(mask)}"
@@ -271,11 +284,9 @@ def _swap(ctx, ref, value, *leaves, **_):
     value = gen.value(call("gl.full", shape_token(view.shape), value, dtype_token(view.dtype),
                            layout=ex.Token(gen.layout(layout)), dtype=view.dtype, shape=view.shape), layout)
   value = masked(gen, value, range(len(view.shape)), i32(0))   # SMEM padding stays zero
+  gen.events.append(Access("store", gen.smem_view(view), view.shape))
   gen.emit(f"{view.text}.store({gen.render(value)})")
   return None
-
-
-# --- wgmma -----------------------------------------------------------------------------------
 
 
 # --- layout assignment (assign.py) ------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pallax._src import jax_internals as ji
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Conversion, Smem, layout_rule
+from pallax._src.gluon.events import Wgmma
 from pallax._src.gluon.memory import smem_view, smem_view_layouts
 from pallax._src.gluon.values import i32, masked, wait_all
 from pallax._src.gluon.writer import SmemRef, rule
@@ -42,6 +43,8 @@ def _wgmma(ctx, *invals, trees):
     gen.conversions.append((acc_ref.layout, layout, tuple(acc_ref.shape), gen.last_frame))
     gen.emit(f"{acc_ref.name} = gl.convert_layout({acc_ref.name}, {gen.layout(layout)})")
     acc_ref.layout = layout
+  gen.events.append(Wgmma(tuple(acc_ref.shape), "registers" if a is None else gen.smem_view(a_view),
+                          gen.smem_view(b_view)))
   gen.emit(f"{acc_ref.name} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc_ref.name}, is_async=True)")
   # plgpu.wgmma returns with at most this wgmma in flight.
   # The operands stay alive (and unwritten) while the wgmma may read them.

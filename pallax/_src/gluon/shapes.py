@@ -11,7 +11,8 @@ import numpy as np
 from jax import lax
 
 from pallax._src.gluon import layouts as L
-from pallax._src.gluon.assign import Conversion, Val, layout_rule
+from pallax._src.gluon.assign import Val, layout_rule
+from pallax._src.gluon.events import Halve
 from pallax._src.gluon.values import (convert_layout, expand, i32, iota_in, slice_layout, to_layout,
                                       wgmma_vector_of)
 from pallax._src.gluon.writer import rule
@@ -58,6 +59,7 @@ def _half(gen, x, dim: int, upper: bool):
   split = padded[:dim] + [2, padded[dim] // 2] + padded[dim + 1:]
   order = [d for d in range(len(shape) + 1) if d != dim] + [dim]
   pair = gen.fresh("halves")
+  gen.events.append(Halve(tuple(x.shape), dim))
   gen.emit(f"{pair} = {gen.render(x)}.reshape({split}).permute({tuple(order)}).split()")
   shape[dim] //= 2
   return ex.Subscript(ex.Name(pair), (i32(int(upper)),), dtype=x.dtype, shape=tuple(shape))

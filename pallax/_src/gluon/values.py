@@ -1,6 +1,6 @@
-"""Helpers the Gluon rules share: literals and type tokens, the layouts of register values
-(meeting in one layout, conversions, slices), masks of padded lanes, iotas and broadcasts rebuilt
-in the layout they meet, and waiting for wgmmas.
+"""Helpers the Gluon rules share: literals and type tokens, operands in the layout the layout
+assignment gave their operation (converted, or rebuilt where they are splats, iotas and
+broadcasts), slices of layouts, masks of padded lanes, iotas, and waiting for wgmmas.
 
 Values and SMEM buffers whose shapes are not powers of two live in padded tensors (see
 ``layouts.py``). What sits in the padding never reaches a result: reductions set it to their

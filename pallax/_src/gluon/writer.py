@@ -1,8 +1,9 @@
 """The Gluon kernel being written: the Refs the rules see (GMEM operands, SMEM buffers and their
 views, barriers, wgmma accumulators) and the ``Writer``, the shared ``gpu/source.py`` statement
-writer with the Gluon rule table and what Gluon needs beyond it: a layout for every register
-value, SMEM buffers whose stored shape and layout rank are known once all their views are, and
-the TMA descriptors the body asks for (made in the prologue).
+writer with the Gluon rule table and what Gluon needs beyond it: the layout assignment it
+renders (``assign.py``: each jaxpr is lowered with its ``Scope``), the layout of every register
+value written, the named layouts, the TMA descriptors the body asks for (made in the prologue
+or passed by the host), and what the kernel does as data (``events.py``).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Buffer
+from pallax._src.gluon.events import SmemView
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import source as src
 
@@ -41,6 +43,8 @@ class SmemRef:
   lead: tuple = ()        # leading dimensions stored flattened into one (buffers of rank > 3)
   reshaped: bool = False  # such a buffer seen whole, unflattened
   buffer: Buffer | None = None   # what the layout assignment found for the buffer
+  steps: tuple = ()       # the view's steps from the buffer (see events.SmemView)
+  whole: bool = False     # the buffer itself, unindexed
 
 
 @dataclasses.dataclass
@@ -49,6 +53,7 @@ class BarrierRef:
   phase: str              # the phase bitfield variable
   count: int
   index: ex.Expr | None = None
+  id: int = 0             # which allocation of barriers (``barrier[id]`` in events)
 
 
 @dataclasses.dataclass
@@ -91,6 +96,13 @@ class GluonSource:
   # Per operand: None (a pointer) or (shape, strides) of the host-side TMA descriptor passed in
   # its place (its box and swizzle come from the compiled kernel's metadata).
   host_descriptors: tuple = ()
+  # What the kernel does, as data (``events.py``): per thread its operations; the SMEM buffers
+  # (assign.Buffer), the layouts declared, the conversions made, the program ids (expressions).
+  partitions: tuple = ()
+  buffers: tuple = ()
+  layouts: tuple = ()
+  conversions: tuple = ()
+  program_ids: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +131,8 @@ class Writer(src.Source):
     self.assignment = None                   # the layout assignment (assign.py)
     self.allocated = 0                       # how many of its SMEM buffers are allocated
     self.scope = None                        # the assignment's Scope of the jaxpr being lowered
+    self.events: list = []                   # what the running thread does (events.py)
+    self.barriers = 0                        # how many barrier allocations were made
     self.constexprs: dict = {}               # Layout -> its constexpr name
     self.descriptors: dict = {}              # (ptr, box) -> its Descriptor
     self.pointer_uses: set = set()           # GMEM operands accessed through registers
@@ -127,9 +141,9 @@ class Writer(src.Source):
     self.wgmma = False                       # whether the kernel has wgmmas
     self.conversions: list = []              # (from, to, shape, line) of each layout conversion
     self.hoisted: dict = {}                  # collective run_scoped equation -> its Refs
-    self.grouped_stores = False              # copy_smem_to_gmem(commit_group=False) written
     self.registers = None                    # the running thread's set_max_registers
     self.pending_accs: list = []             # accumulators with a wgmma maybe in flight
+    self.grouped_stores = False              # copy_smem_to_gmem(commit_group=False) seen
     self.thread_name = None                  # the thread axis of a kernel with several threads
     self.register_tensors = False            # a register-tensor layout or an SMEM allocation
                                              # (zeroed from registers) was asked for
@@ -251,7 +265,7 @@ class Writer(src.Source):
 
   def is_whole(self, ref) -> bool:
     """Whether ``ref`` is an SMEM buffer itself, not a view of one."""
-    return not ref.lead and isinstance(ref.layout, BufferLayout) and ref.layout.buffer == ref.text
+    return ref.whole and not ref.lead
 
   def whole_view(self, ref) -> str:
     """The text of a whole SMEM buffer read or written by registers or a TMA box of its own
@@ -263,6 +277,13 @@ class Writer(src.Source):
       return ref.text
     return (f"{ref.text}._reinterpret({ex.dtype_name(buffer.dtype, 'gl')}, {list(buffer.stored)}, "
             f"{self.layout(L.shared(buffer.shape, buffer.dtype, k))})")
+
+  def smem_name(self, ref: SmemRef) -> str:
+    """``smem[k]``: the k-th SMEM buffer allocated."""
+    return f"smem[{next(k for k, b in enumerate(self.assignment.buffers) if b is ref.buffer)}]"
+
+  def smem_view(self, ref: SmemRef) -> SmemView:
+    return SmemView(self.smem_name(ref), ref.steps)
 
   def layout_of(self, e) -> L.Layout | None:
     return self.layouts.get(e.name) if isinstance(e, ex.Name) else None
