@@ -1,7 +1,8 @@
-"""The Gluon backend for one-warpgroup Mosaic GPU kernels: generated source and sm_90a PTX on any
-machine (``plgpu.lower``), and on a Hopper GPU the same results as the interpreter."""
+"""The Gluon backend for one-warpgroup Mosaic GPU kernels: generated kernels and sm_90a PTX on any
+machine (``plgpu.lower``), and on a Hopper GPU the same results as the interpreter. What a kernel
+does is checked through the data the backend records (``gluon/events.py``: copies, barriers,
+accesses per thread; the SMEM buffers and layouts), not through the names it generates."""
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
@@ -12,8 +13,15 @@ from jax import lax
 
 import pallax as pl
 import pallax.mosaic_gpu as plgpu
+from pallax._src.gluon import events as ev
+from pallax._src.gluon import layouts as L
 
 BLOCK = 64
+
+
+def events(k, *kinds, thread: int = 0) -> list:
+  """The operations of thread ``thread`` of compiled kernel ``k`` of the given event classes."""
+  return [e for e in k.generated.partitions[thread].events if not kinds or isinstance(e, kinds)]
 
 
 def _scale_rows(x_ref, o_ref, smem, bar):
@@ -70,7 +78,15 @@ def test_lowers_to_sm90a_ptx_without_a_gpu():
   x = jax.ShapeDtypeStruct((192, 64), jnp.float16)
   (k,) = plgpu.lower(scale_rows, x)
   assert ".target sm_90a" in k.ptx and all(s in k.ptx for s in PTX_MUST_HAVE)
-  assert "tma.async_copy_global_to_shared" in k.source and "mbarrier.wait" in k.source
+  # TMA in (one box of the whole buffer), a wait, registers, TMA out.
+  whole = ev.SmemView("smem[0]")
+  assert [type(e).__name__ for e in events(k)] == ["BarrierOp", "Copy", "BarrierOp", "Access", "Access", "Copy"]
+  expect, copy_in, wait, load, store, copy_out = events(k)
+  assert (expect.kind, expect.barrier, expect.nbytes) == ("expect", "barrier[0]", BLOCK * 64 * 2)
+  assert (copy_in.direction, copy_in.gmem, copy_in.smem, copy_in.box) == ("in", "args[0]", whole, (BLOCK, 64))
+  assert (wait.kind, wait.barrier) == ("wait", "barrier[0]")
+  assert (load.kind, load.ref, store.kind, store.ref) == ("load", whole, "store", whole)
+  assert (copy_out.direction, copy_out.gmem, copy_out.box) == ("out", "out[0]", (BLOCK, 64))
   assert "test_mosaic_gpu_gluon.py" in k.source   # comments name the kernel's lines
   assert k.num_warps == 4 and k.shared_mem_bytes >= BLOCK * 64 * 2
   a = jax.ShapeDtypeStruct((128, 192), jnp.bfloat16)
@@ -122,11 +138,16 @@ def test_shapes_that_are_not_powers_of_two_are_padded():
   next block's rows): it is copied as boxes of 16 and 8 rows. Blocks of 20 rows would need a
   box of 4 rows inside a swizzle pattern, which Gluon cannot slice: an error."""
   (k,) = plgpu.lower(copy_rows, jax.ShapeDtypeStruct((128, 48), jnp.float16), rows=64)
-  assert "gl.allocate_shared_memory(gl.float16, [64, 64]" in k.source
-  assert "mbarrier.expect(bar.index(0), 8192)" in k.source   # the padded box's bytes
+  (buffer,) = k.generated.buffers
+  assert (buffer.shape, buffer.stored) == ((64, 48), (64, 64))
+  (expect,) = events(k, ev.BarrierOp)[:1]
+  assert expect.nbytes == 64 * 64 * 2   # the padded box's bytes
   (k,) = plgpu.lower(copy_rows, jax.ShapeDtypeStruct((96, 48), jnp.float16), rows=24)
-  assert "mbarrier.expect(bar.index(0), 3072)" in k.source   # (16 + 8) x 64 columns
-  assert ".slice(16, 8, dim=0)" in k.source
+  assert events(k, ev.BarrierOp)[0].nbytes == (16 + 8) * 64 * 2
+  for direction in ("in", "out"):
+    copies = [e for e in events(k, ev.Copy) if e.direction == direction]
+    assert [(c.box, c.smem.steps) for c in copies] == [
+        ((16, 64), (("slice", 0, 16, 0),)), ((8, 64), (("slice", 16, 8, 0),))]
   with pytest.raises(NotImplementedError, match=r"pads the box to \(32, 64\).*dimension 0.*next block"):
     plgpu.lower(copy_rows, jax.ShapeDtypeStruct((80, 48), jnp.float16), rows=20)
 
@@ -297,11 +318,16 @@ def softmax_of_product(a, b, interpret=False, causal=False, debug=False):
 def test_register_operands_and_reductions_lower_to_sm90a_ptx():
   x = jax.ShapeDtypeStruct((64, 64), jnp.float32)
   (k,) = plgpu.lower(fill_and_scale, x)
-  assert "gl.load(" in k.source and "gl.store(" in k.source
+  assert [(e.kind, e.ref, e.shape) for e in events(k)] == [
+      ("load", "args[0]", (8, 64)), ("store", "out[0]", (8, 64)), ("store", "out[1]", (128,))]
   a = jax.ShapeDtypeStruct((64, 64), jnp.float16)
   b = jax.ShapeDtypeStruct((64, 128), jnp.float16)
   (k,) = plgpu.lower(softmax_of_product, a, b)
-  assert "DotOperandLayout" in k.source and "gl.max(" in k.source
+  (wgmma,) = events(k, ev.Wgmma)
+  assert wgmma.a == "registers" and wgmma.b == ev.SmemView("smem[1]")
+  # a goes to wgmma's operand layout; the row max and sum are slices of the accumulator's layout.
+  assert any(isinstance(c.target, L.DotOperand) for c in k.generated.conversions)
+  assert any(isinstance(x, L.Slice) and x.parent.kind == "wgmma" for x in k.generated.layouts)
   assert "wgmma.mma_async" in k.ptx and all(s in k.ptx for s in PTX_MUST_HAVE)
 
 
@@ -375,7 +401,8 @@ def per_head(x, interpret=False):
 
 def test_tma_boxes_with_unit_dimensions_lower():
   (k,) = plgpu.lower(per_head, jax.ShapeDtypeStruct((2, 128, 3, 64), jnp.float16))
-  assert ".reshape([1, 64, 1, 64])" in k.source and "cp.async.bulk.tensor.4d" in k.ptx
+  assert [(c.direction, c.box) for c in events(k, ev.Copy)] == [("in", (1, 64, 1, 64)), ("out", (1, 64, 1, 64))]
+  assert "cp.async.bulk.tensor.4d" in k.ptx
 
 
 @pytest.mark.gpu
@@ -428,13 +455,18 @@ def producer_consumer(x, interpret=False):
 
 def test_threads_lower_to_warp_specialized_ptx():
   (k,) = plgpu.lower(producer_consumer, jax.ShapeDtypeStruct((320, 64), jnp.float16))
-  assert "gl.warp_specialize(" in k.source and "_t1(" in k.source
+  consumer, producer = k.generated.partitions
   assert "setmaxnreg" in k.ptx and all(s in k.ptx for s in PTX_MUST_HAVE[:2])
   assert k.num_warps == 8   # two warpgroups
   # The producer holds no register tensors: its partition is one warp (Gluon pads the launch to
   # whole warpgroups), so that its TMA copies and barrier operations need no cross-warp barrier.
-  assert re.search(r"gl\.warp_specialize\(.*\], \[1\], \[40\]\)", k.source)
+  assert (consumer.warps, producer.warps, producer.registers) == (4, 1, 40)
   assert "bar.sync \t1, 128" not in k.ptx and "bar.sync \t2, 128" not in k.ptx
+  # Each thread does its own part: the producer copies in, the consumer reads and stores.
+  assert [type(e).__name__ for e in producer.events] == ["BarrierOp", "BarrierOp", "Copy"]
+  assert [(e.kind, e.barrier[:10]) for e in events(k, ev.BarrierOp)] == [
+      ("wait", "barrier[0]"), ("arrive", "barrier[1]")]
+  assert [e.kind for e in events(k, ev.Access)] == ["load", "store"]
 
 
 def test_the_interpreter_runs_the_producer_consumer_kernel():
@@ -466,9 +498,24 @@ def scale_blocks(x, interpret=False):
                       interpret=interpret)(x)
 
 
+def _terms(e) -> list:
+  """The products summed by an index expression, each as (program id or None, factor)."""
+  if getattr(e, "op", None) == "+":
+    return [t for a in e.args for t in _terms(a)]
+  if getattr(e, "op", None) == "*":
+    return [(e.args[0], e.args[1].value)]
+  return [(e, 1)]
+
+
 def test_vmap_adds_a_grid_axis_that_indexes_the_operands_when_lowered():
   (k,) = plgpu.lower(jax.vmap(scale_blocks), jax.ShapeDtypeStruct((5, 192), jnp.float32))
-  assert "id0 * 192" in k.source and "tma.async_copy_global_to_shared(in0_ptr_desc, [id0," in k.source
+  batch, _ = k.generated.program_ids   # the axis vmap added is the first, the slowest
+  (copy,) = events(k, ev.Copy)
+  assert copy.gmem == "args[0]" and copy.box == (1, 64)
+  assert copy.coords[0].name == batch.name   # the box's row is the batch element
+  (store,) = events(k, ev.Access)[1:]
+  assert store.ref == "out[0]" and (batch.name, 192) in [
+      (getattr(x, "name", None), f) for x, f in _terms(store.offset)]   # a row of 192 per element
 
 
 @pytest.mark.gpu

@@ -9,6 +9,7 @@ from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import primitives as prims
 from pallax._src.gluon import layouts as L
+from pallax._src.gluon.assign import Acc, Buffer, Closed, Opaque, Smem, Val, layout_rule
 from pallax._src.gluon.values import to_layout, wait_all
 from pallax._src.gluon.writer import AccRef, BarrierRef, SmemRef, ValueRef, rule
 from pallax._src.gpu import expr as ex
@@ -27,32 +28,31 @@ def _run_scoped(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
   return gen.lower_jaxpr(jaxpr, [*consts, *refs])
 
 
-def hoist_nested(gen, jaxpr, nested: bool = False) -> None:
-  """Allocates now (at the kernel's top) the SMEM buffers and barriers of scopes inside loops
-  and branches, recording them by equation in ``gen.hoisted`` (None for accumulators, which
-  are registers made at the scope). Each entry to such a scope reuses them: SMEM holds
-  whatever the last entry left (as a fresh buffer holds anything), and a barrier goes on from
-  the phase its last completion left, which the interpreter's checks make its initial one
-  (every completion is awaited before the scope ends)."""
+def hoist_nested(jaxpr, allocate, hoisted: dict, nested: bool = False) -> None:
+  """Allocates now (at the kernel's top, with ``allocate(kind, aval)``) the SMEM buffers and
+  barriers of scopes inside loops and branches, recording them by equation in ``hoisted`` (None
+  for accumulators, which are registers made at the scope). Each entry to such a scope reuses
+  them: SMEM holds whatever the last entry left (as a fresh buffer holds anything), and a
+  barrier goes on from the phase its last completion left, which the interpreter's checks make
+  its initial one (every completion is awaited before the scope ends)."""
   for eqn in jaxpr.eqns:
     p = eqn.params
     if eqn.primitive is prims.run_scoped_p and nested:
-      gen.hoisted[eqn] = [None if isinstance(t, mc.WGMMAAccumulatorRef) else
-                          allocate(gen, t, v.aval.inner_aval)
-                          for t, v in zip(p["scratch_types"], p["jaxpr"].invars[p["num_consts"]:])]
+      hoisted[eqn] = [None if isinstance(t, mc.WGMMAAccumulatorRef) else allocate(t, v.aval.inner_aval)
+                      for t, v in zip(p["scratch_types"], p["jaxpr"].invars[p["num_consts"]:])]
     inner = nested or eqn.primitive not in (prims.run_scoped_p, *ji.CALL_PRIMITIVES)
     for sub in jaxpr_util.sub_jaxprs(p):
-      hoist_nested(gen, sub, inner)
+      hoist_nested(sub, allocate, hoisted, inner)
 
 
 def allocate(gen, kind, aval):
   shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
   if isinstance(kind, mc.WGMMAAccumulatorRef):
-    layout = gen.layout(L.wgmma(shape[1], gen.mma_bits))
+    layout = gen.declared(L.wgmma(shape[1], gen.mma_bits))
     name = gen.fresh("acc")
-    gen.emit(f"{name} = gl.zeros({list(L.padded(shape))}, {ex.dtype_name(dtype, 'gl')}, layout={layout})")
-    gen.accs.append(AccRef(name, shape, layout))
-    return gen.accs[-1]
+    gen.emit(f"{name} = gl.zeros({list(L.padded(shape))}, {ex.dtype_name(dtype, 'gl')}, "
+             f"layout={gen.layout(layout)})")
+    return AccRef(name, shape, layout)
   if gen.depth != 1:
     gen.unsupported("SMEM or barrier allocations inside loops or branches")
   if isinstance(kind, mc.Barrier):
@@ -62,15 +62,16 @@ def allocate(gen, kind, aval):
     gen.emit(f"for _b in gl.static_range({n}):")
     gen.emit(f"    mbarrier.init({name}.index(_b), count={kind.num_arrivals})")
     gen.emit(f"{phase} = 0")
-    return BarrierRef(name, phase, n)
+    gen.barriers += 1
+    return BarrierRef(name, phase, n, id=gen.barriers - 1)
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
     # Rank > 3: the leading dimensions flattened into one, each padded to a power of two so
     # that the whole buffer can also be seen unflattened (a reshape).
     stored = shape if len(shape) <= 3 else (int(np.prod(L.padded(shape[:-2]))),) + shape[-2:]
     name = gen.fresh("smem")
-    layout = gen.allocate_smem(name, stored, dtype)
+    layout, buffer = gen.allocate_smem(name, stored, dtype)
     return SmemRef(name, shape, dtype, layout, L.swizzle(shape[-2:], dtype),
-                   lead=shape[:-2] if len(shape) > 3 else ())
+                   lead=shape[:-2] if len(shape) > 3 else (), buffer=buffer, whole=True)
   gen.unsupported(f"scratch of type {kind}")
 
 
@@ -90,11 +91,10 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
       continue
     if x is None or len(shape) != 2:
       gen.unsupported("pl.run_state over values other than (ACC.init of) 2-D float32 arrays")
-    layout = gen.layout(L.wgmma(shape[1], gen.mma_bits))
+    layout = gen.declared(L.wgmma(shape[1], gen.mma_bits))
     name = gen.fresh("acc")
     gen.emit(f"{name} = {gen.render(to_layout(gen, x, layout, shape, x.dtype))}")
-    gen.accs.append(AccRef(name, shape, layout))
-    refs.append(gen.accs[-1])
+    refs.append(AccRef(name, shape, layout))
   gen.lower_jaxpr(jaxpr, refs)
   outs = []
   for r, v in zip(refs, ctx.eqn.outvars):
@@ -109,3 +109,56 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
     else:
       outs.append(r)
   return outs
+
+
+# --- layout assignment (assign.py) ------------------------------------------------------------
+
+def allocate_layouts(a, kind, aval):
+  """What the assignment knows of a scratch Ref: an accumulator's layout, an SMEM buffer."""
+  shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
+  if isinstance(kind, mc.WGMMAAccumulatorRef):
+    a.accs.append(Acc(shape, L.wgmma(shape[1], a.gen.mma_bits)))
+    return a.accs[-1]
+  if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
+    stored = shape if len(shape) <= 3 else (int(np.prod(L.padded(shape[:-2]))),) + shape[-2:]
+    a.buffers.append(Buffer(stored, dtype))
+    return Smem(a.buffers[-1], shape, dtype, L.swizzle(shape[-2:], dtype),
+                lead=shape[:-2] if len(shape) > 3 else ())
+  return Opaque()   # a barrier (or what the writer refuses)
+
+
+@layout_rule(prims.run_scoped_p)
+def _run_scoped_layouts(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
+  a = ctx.a
+  refs = a.hoisted.get(ctx.eqn)
+  if refs is None and a.thread_name in ctx.eqn.params.get("collective_axes", ()):
+    return None   # the writer refuses it
+  avals = [v.aval.inner_aval for v in jaxpr.invars[num_consts:]]
+  refs = [r if r is not None else allocate_layouts(a, t, v)
+          for r, t, v in zip(refs or [None] * len(avals), scratch_types, avals)]
+  return ctx.lower(jaxpr, [*consts, *refs])
+
+
+@layout_rule(ji.run_state_p)
+def _run_state_layouts(ctx, *invals, jaxpr, is_initialized, **_):
+  """As ``_run_state``: values of float32 become accumulators, others read-only Refs."""
+  a, given, refs = ctx.a, iter(invals), []
+  for init, v in zip(is_initialized, jaxpr.invars):
+    x = next(given) if init else None
+    if x is not None and not isinstance(x, (Val, ex.Lit)):
+      refs.append(x)
+      continue
+    shape = tuple(v.aval.inner_aval.shape)
+    if x is not None and x.dtype != np.float32:
+      refs.append(Closed(x))
+      continue
+    if x is None or len(shape) != 2:
+      return None   # the writer refuses it
+    layout = L.wgmma(shape[1], a.gen.mma_bits)
+    a.to_layout(x, layout, shape, x.dtype)
+    a.accs.append(Acc(shape, layout))
+    refs.append(a.accs[-1])
+  ctx.lower(jaxpr, refs)
+  return [r.value if isinstance(r, Closed) else
+          Val(r.shape, np.dtype(v.aval.dtype), r.layout) if isinstance(r, Acc) else r
+          for r, v in zip(refs, ctx.eqn.outvars)]

@@ -1,7 +1,9 @@
 """A Mosaic GPU kernel as ``@gluon.jit`` source for Hopper (sm_90a).
 
-The kernel jaxpr (legalized as for Triton, then reordered by ``order.py``) is walked once by the
-``Writer`` (``writer.py``) with the Gluon rule table, whose rules live by topic: ``elementwise``,
+The kernel jaxpr (legalized as for Triton, then reordered by ``order.py``) is first analysed by
+the layout assignment (``assign.py``: the layout of every value, loop carry and SMEM buffer),
+then walked once by the ``Writer`` (``writer.py``), which renders what the assignment decided,
+with the Gluon rule table, whose rules live by topic: ``elementwise``,
 ``shapes``, ``control``, ``allocation``, ``memory`` (views, register loads and stores), ``mma``
 (wgmma), ``copies`` (TMA and barriers), ``threads`` (warp specialization). Refs become objects the
 rules understand: GMEM operands (a pointer and a TMA descriptor per box shape, made in the
@@ -24,7 +26,9 @@ from pallax._src.gluon import copies, memory  # noqa: F401 (their rules register
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon import order
 from pallax._src.gluon import threads as warp_specialize
-from pallax._src.gluon.allocation import allocate, hoist_nested
+from pallax._src.gluon.allocation import allocate, allocate_layouts, hoist_nested
+from pallax._src.gluon.assign import Assigner, Assignment, Gmem, Val
+from pallax._src.gluon.events import Partition
 from pallax._src.gluon.writer import GluonSource, GmemRef, Writer
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import source as src
@@ -60,30 +64,26 @@ def generate(params) -> GluonSource:
   with ji.extend_axis_env_nd(axes):   # legalizing retraces lax.axis_index
     jaxpr = order.hoist_reads(legalize(params.jaxpr, 90))
   gen.mma_bits, gen.wgmma = _mma_bits(jaxpr)
+  gen.assignment = _assign(gen, jaxpr, gm, info)
+  gen.scope = gen.assignment.top
   ids = _grid_ids(gen, gm.grid)
-  gen.axes = dict(zip(names, ids))
-  if info is not None:
-    gen.axes.update({n: ex.Lit(0, dtype=np.dtype(np.int32)) for n, _ in info.cluster})
-    if info.thread_name is not None:
-      gen.axes[info.thread_name] = ex.Lit(0, dtype=np.dtype(np.int32))
+  gen.axes = {**dict(zip(names, ids)), **_fixed_axes(info)}
   refs = []
   for k, bm in enumerate(gm.block_mappings):
     ptr = src.identifier(f"{'in' if bm.origin.startswith('args') else 'out'}{k}_ptr")
     refs.append(GmemRef(ptr, tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), bm.origin,
                         _block_indexer(gen, bm, ids)))
+  allocate_now = lambda kind, aval: allocate(gen, kind, aval)
   if threads:
     gen.thread_name = info.thread_name
-    warp_specialize.hoist(gen, jaxpr, info.thread_name, allocate)
+    warp_specialize.hoist(jaxpr, info.thread_name, allocate_now, gen.hoisted)
     main = gen.lines
     parts = warp_specialize.partitions(gen, jaxpr, [*ids, *refs], info)
   else:
-    hoist_nested(gen, jaxpr)
+    hoist_nested(jaxpr, allocate_now, gen.hoisted)
     gen.lower_jaxpr(jaxpr, [*ids, *refs])
-  try:
-    for text in gen.smem_layouts:
-      gen.layout_text(text)
-  except NotImplementedError as e:
-    raise src.Unsupported(f"pallas_call {params.name}: {e}; run it with interpret=True") from None
+    parts = [Partition(gen.lines, None, L.WARPS, gen.events)]
+  _check(gen, params.name)
   signature, host = _signature(gen, refs)
   if threads:
     source = _threaded_module(gen, name, list(signature), main, parts, ids)
@@ -91,7 +91,48 @@ def generate(params) -> GluonSource:
     source = _module(gen, name, list(signature))
   if params.debug:
     print(layout_report(gen, params.name))
-  return GluonSource(name, source, signature, (math.prod(gm.grid), 1, 1), host_descriptors=host)
+  return GluonSource(name, source, signature, (math.prod(gm.grid), 1, 1), host_descriptors=host,
+                     partitions=tuple(parts), buffers=tuple(gen.assignment.buffers),
+                     layouts=tuple(gen.constexprs), conversions=tuple(gen.assignment.conversions),
+                     program_ids=tuple(ids))
+
+
+def _fixed_axes(info) -> dict:
+  """Axes whose index is known when the code is written: cluster axes (clusters of one block),
+  the thread axis (each thread's partition sets its own)."""
+  zero = ex.Lit(0, dtype=np.dtype(np.int32))
+  axes = {n: zero for n, _ in info.cluster} if info is not None else {}
+  if info is not None and info.thread_name is not None:
+    axes[info.thread_name] = zero
+  return axes
+
+
+def _assign(gen: Writer, jaxpr, gm, info) -> Assignment:
+  """The layout assignment of the kernel: the jaxprs ``generate`` lowers, analysed in the
+  same order (index maps, then the body, once per thread)."""
+  a = Assigner(gen)
+  ids = [Val((), np.dtype(np.int32)) for _ in gm.grid]
+  a.axes = {**dict(zip(tuple(gm.grid_names or ()), ids)), **_fixed_axes(info)}
+  refs = []
+  for bm in gm.block_mappings:
+    lead = _squeezed_lead(bm)
+    pre = ()
+    if lead:
+      idx = a.lower(bm.index_map_jaxpr, list(ids))
+      shape = tuple(bm.array_aval.shape)
+      pre = (ji.NDIndexer(tuple(idx[:lead]) + tuple(ji.Slice(0, n, 1) for n in shape[lead:]), shape, ()),)
+    refs.append(Gmem(tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), pre))
+  allocate_now = lambda kind, aval: allocate_layouts(a, kind, aval)
+  if info is not None and info.num_threads > 1:
+    a.thread_name = info.thread_name
+    warp_specialize.hoist(jaxpr, info.thread_name, allocate_now, a.hoisted)
+    for t in range(info.num_threads):
+      a.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
+      a.lower(jaxpr, [*ids, *refs])
+  else:
+    hoist_nested(jaxpr, allocate_now, a.hoisted)
+    a.lower(jaxpr, [*ids, *refs])
+  return a.result()
 
 
 def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
@@ -100,8 +141,8 @@ def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
   block, no scratch memory for it); the others as pointers."""
   signature, host = {}, []
   boxes = {}
-  for (ptr, box), desc in gen.descriptors.items():
-    boxes.setdefault(ptr, []).append((box, desc))
+  for d in gen.descriptors.values():
+    boxes.setdefault(d.ptr, []).append(d)
   for ref in refs:
     dtype = ex.SIGNATURE[ref.dtype.name]
     uses = boxes.get(ref.ptr, [])
@@ -109,24 +150,37 @@ def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
       signature[ref.ptr] = "*" + dtype
       host.append(None)
       continue
-    (box, desc), = uses
-    layout = gen.layout_text(gen.layout_key(gen.descriptor_layouts[desc])).removeprefix("gl.")
-    signature[desc] = f"tensordesc<{dtype}[{', '.join(map(str, L.padded(box)))}],{layout}>"
-    del gen.descriptor_lines[desc]
-    strides = tuple(int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape)))
-    host.append((tuple(ref.shape), strides))
+    (d,) = uses
+    signature[d.name] = f"tensordesc<{dtype}[{', '.join(map(str, d.box))}],{d.layout.text(module='')}>"
+    host.append((d.shape, d.strides))
   return signature, tuple(host)
+
+
+def _kernel_made(gen: Writer, signature: dict) -> list[str]:
+  """The statements that make the descriptors not passed as parameters."""
+  return [f"    {d.line(gen)}" for d in gen.descriptors.values() if d.name not in signature]
+
+
+def _squeezed_lead(bm) -> int | None:
+  """How many squeezed leading dimensions the operand's block indexes (``jax.vmap`` of a kernel
+  adds them; 0: the block is the whole array; None: a block the backend does not take)."""
+  shape = tuple(bm.array_aval.shape)
+  if tuple(bm.ref_aval.shape) == shape:
+    return 0
+  lead = len(shape) - len(bm.ref_aval.shape)
+  if tuple(bm.ref_aval.shape) != shape[lead:] or not all(
+      isinstance(d, pc.Squeezed) for d in bm.block_shape[:lead]):
+    return None
+  return lead
 
 
 def _block_indexer(gen: Writer, bm, ids) -> tuple:
   """The operand's block as a view of the whole array: squeezed leading dimensions indexed by
-  the index map (``jax.vmap`` of a kernel adds them); every other dimension whole."""
-  shape = tuple(bm.array_aval.shape)
-  if tuple(bm.ref_aval.shape) == shape:
+  the index map; every other dimension whole."""
+  shape, lead = tuple(bm.array_aval.shape), _squeezed_lead(bm)
+  if lead == 0:
     return ()
-  lead = len(shape) - len(bm.ref_aval.shape)
-  if tuple(bm.ref_aval.shape) != shape[lead:] or not all(
-      isinstance(d, pc.Squeezed) for d in bm.block_shape[:lead]):
+  if lead is None:
     gen.unsupported(f"the blocked operand {bm.origin} (blocks other than squeezed leading "
                     "dimensions of whole arrays)")
   idx = gen.lower_jaxpr(bm.index_map_jaxpr, list(ids))
@@ -134,14 +188,29 @@ def _block_indexer(gen: Writer, bm, ids) -> tuple:
   return (ji.NDIndexer(indices, shape, ()),)
 
 
+def _check(gen: Writer, kernel: str):
+  """What only the whole kernel tells: whether one layout serves every view of each SMEM buffer;
+  and that the code written made exactly the conversions the layout assignment found."""
+  for buffer in gen.assignment.buffers:
+    if buffer.problem():
+      raise src.Unsupported(f"pallas_call {kernel}: {buffer.problem()}: not supported by the "
+                            "Gluon backend yet; run it with interpret=True")
+  found = [(c.source, c.target, c.shape) for c in gen.assignment.conversions]
+  if found != [c[:3] for c in gen.conversions]:
+    raise AssertionError(f"internal error in the Gluon backend, kernel {kernel}: the layout "
+                         "assignment and the code written disagree on the layout conversions")
+
+
 def layout_report(gen: Writer, kernel: str) -> str:
-  """The layouts chosen (``debug=True``) and each conversion between them, with its line."""
+  """The layouts chosen (``debug=True``) and each conversion between them, with its line (from
+  the layout assignment)."""
   lines = [f"Gluon layouts of {kernel}:"]
-  lines += [f"  {n} = {gen.layout_text(text)}" for text, n in gen.constexprs.items()]
-  for src_l, dst_l, shape, frame in gen.conversions:
-    lines.append(f"  convert_layout {src_l} -> {dst_l} of a {list(shape)} tile at {frame or 'library code'}"
-                 " (may cost a round trip through shared memory)")
-  if not gen.conversions:
+  lines += [f"  {n} = {gen.layout_text(layout)}" for layout, n in gen.constexprs.items()]
+  for c in gen.assignment.conversions:
+    source, target = gen.constexprs.get(c.source), gen.constexprs.get(c.target)
+    lines.append(f"  convert_layout {source} -> {target} of a {list(c.shape)} tile at "
+                 f"{c.frame or 'library code'} (may cost a round trip through shared memory)")
+  if not gen.assignment.conversions:
     lines.append("  no layout conversions")
   return "\n".join(lines)
 
@@ -171,28 +240,26 @@ NAN = gl.constexpr(float("nan"))
 
 
 def _constexprs(gen: Writer) -> list[str]:
-  return [f"    {n}: gl.constexpr = {gen.layout_text(text)}" for text, n in gen.constexprs.items()]
+  return [f"    {n}: gl.constexpr = {gen.layout_text(layout)}" for layout, n in gen.constexprs.items()]
 
 
 def _module(gen: Writer, name: str, params: list[str]) -> str:
-  body = gen.resolve(gen.lines)
   lines = [_HEADER, "@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
-  lines += [f"    {d}" for d in gen.descriptor_lines.values()]
-  lines += body
+  lines += _kernel_made(gen, params) + gen.lines
   return "\n".join(lines) + "\n"
 
 
 def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids) -> str:
   """One function per thread, and the kernel: descriptors, collective scratch, the split."""
   shared = list(dict.fromkeys(
-      params + list(gen.descriptors.values()) + [i.name for i in ids if isinstance(i, ex.Name)]
+      params + [d.name for d in gen.descriptors.values()] + [i.name for i in ids if isinstance(i, ex.Name)]
       + gen.hoisted_names()))
-  bodies, main = [gen.resolve(body) for body, _, _ in parts], gen.resolve(main)
+  bodies = [p.lines for p in parts]
   lines = [_HEADER]
   for t, body in enumerate(bodies):
     lines += ["@gluon.jit", f"def {name}_t{t}({', '.join(shared)}):"] + _constexprs(gen)
     lines += body + ["    pass", ""]   # a thread may have nothing to do
   lines += ["@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
-  lines += [f"    {d}" for d in gen.descriptor_lines.values()] + main
+  lines += _kernel_made(gen, params) + main
   lines += warp_specialize.split(name, shared, parts)
   return "\n".join(lines) + "\n"

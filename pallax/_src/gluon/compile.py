@@ -35,6 +35,7 @@ class Compiled:
   grid: tuple
   host_descriptors: tuple = ()   # per operand: None (a pointer) or (shape, strides)
   tensordesc_meta: tuple = ()    # per host descriptor: its box, swizzle and element type
+  generated: GluonSource | None = dataclasses.field(default=None, compare=False)   # its events
 
 
 def _module_dir() -> str:
@@ -95,7 +96,7 @@ def compile_source(gs: GluonSource, kernel_name: str) -> Compiled:
   if c.shared_mem_bytes > SHARED_MEMORY_LIMIT:
     raise ValueError(f"plgpu kernel {kernel_name}: it needs {c.shared_mem_bytes} bytes of shared "
                      f"memory but sm_90 offers {SHARED_MEMORY_LIMIT}; allocate less SMEM")
-  return c
+  return dataclasses.replace(c, generated=gs)
 
 
 def compile_params(params) -> Compiled:

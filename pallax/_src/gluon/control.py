@@ -1,5 +1,7 @@
 """Gluon rules of structured control flow (scan and fori loops, while loops, conds, calls
-inlined) and of the axis indices. Loop and branch carries keep the layout they enter with.
+inlined) and of the axis indices. Loop and branch carries keep the layout they enter with; a
+loop carry that starts as a splat or an iota starts in the layout the loop body computes it in
+(found by the layout assignment, which analyses the body with that carry undecided first).
 """
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import numpy as np
 
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
+from pallax._src.gluon.assign import Val, layout_rule
 from pallax._src.gluon.values import I32, dtype_token, i32
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
@@ -25,18 +28,10 @@ def _identity(ctx, *xs, **_):
 
 
 
-def _settled(gen, init: list, body) -> list:
-  """Loop carries that start as constants (splats, iotas) written in the layouts the loop body
-  produces for them: ``body(carries)`` is lowered once, as a probe, to learn those."""
-  if not any(getattr(v, "name", None) in gen.remat and v.shape for v in init):
-    return init
-  def probe():
-    carries = [_carry(gen, v) for v in init]
-    gen.tentative.update(c.name for c, v in zip(carries, init) if getattr(v, "name", None) in gen.remat)
-    return body(carries)
-  outs = gen.probe(probe)
-  return [gen.in_layout(v, gen.layout_of(o)) if getattr(v, "name", None) in gen.remat else v
-          for v, o in zip(init, outs)]
+def _settled(gen, eqn, init: list) -> list:
+  """The loop's initial values in the layouts the assignment gave its carries (a carry that
+  starts as a splat or an iota takes the layout the loop body computes it in)."""
+  return [gen.in_layout(v, layout) for v, layout in zip(init, gen.facts(eqn))]
 
 
 def _carry(gen, v: ex.Expr, hint="c") -> ex.Name:
@@ -59,7 +54,7 @@ def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
   consts, init = list(invals[:nc]), list(invals[nc:])
   if ncarry and jaxpr_util.fori_index(body, nc):
     i = gen.fresh_name("i", I32, ())
-    init[1:] = _settled(gen, init[1:], lambda c: gen.lower_jaxpr(body, [*consts, i, *c])[1:])
+    init[1:] = _settled(gen, ctx.eqn, init[1:])
     carry = [_carry(gen, v) for v in init[1:]]
     stop = ex.add(init[0], i32(length))
     gen.emit(f"for {i.name} in range({gen.render(init[0])}, {gen.render(stop)}):")
@@ -68,7 +63,7 @@ def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
     gen.assign(carry, new[1:])
     gen.depth -= 1
     return [gen.bind(stop, "i_end"), *carry]
-  init = _settled(gen, init, lambda c: gen.lower_jaxpr(body, [*consts, *c]))
+  init = _settled(gen, ctx.eqn, init)
   carry = [_carry(gen, v) for v in init]
   gen.emit(f"for _ in range({length}):")
   gen.depth += 1
@@ -82,7 +77,7 @@ def _while(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
   """``while go: carry = body(carry); go = cond(carry)``: the flag is a carry like the others."""
   gen, cn, bn = ctx.gen, cond_nconsts, body_nconsts
   cconsts, bconsts, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
-  init = _settled(gen, list(init), lambda c: gen.lower_jaxpr(body_jaxpr, [*bconsts, *c]))
+  init = _settled(gen, ctx.eqn, list(init))
   carry = [_carry(gen, v) for v in init]
   (go,) = gen.lower_jaxpr(cond_jaxpr, [*cconsts, *carry])
   flag = _carry(gen, go, "go")
@@ -105,18 +100,13 @@ def _cond(ctx, index, *ops, branches, **_):
     gen.unsupported("lax.switch with more than two branches")
   results = [gen.fresh_name("r", a.dtype, a.shape) for a in ctx.avals_out]
   idx = index if index.dtype != np.bool_ else method(index, "to", dtype_token(np.int32), dtype=I32)
-  for head, k in ((f"if {gen.render(binary('!=', idx, i32(0)))}:", 1), ("else:", 0)):
-    gen.emit(head)
-    gen.depth += 1
-    before = len(gen.lines)
-    gen.assign(results, gen.lower_jaxpr(branches[k], list(ops)))
-    if len(gen.lines) == before:
-      if k == 0:   # an empty else (pl.when): leave it out
-        del gen.lines[-1]
-        gen.depth -= 1
-        break
-      gen.emit("pass")
-    gen.depth -= 1
+  then, other = (gen.block(lambda k=k: gen.assign(results, gen.lower_jaxpr(branches[k], list(ops))))
+                 for k in (1, 0))
+  gen.emit(f"if {gen.render(binary('!=', idx, i32(0)))}:")
+  gen.lines += then or gen.block(lambda: gen.emit("pass"))
+  if other:   # an empty else (pl.when) is left out
+    gen.emit("else:")
+    gen.lines += other
   return results
 
 
@@ -128,3 +118,95 @@ for _p, _param in ((ji.jit_p, "jaxpr"), (ji.closed_call_p, "call_jaxpr"),
                    (ji.custom_jvp_call_p, "call_jaxpr"), (ji.custom_vjp_call_p, "call_jaxpr"),
                    (ji.remat_p, "jaxpr")):
   rule(_p)(_inline(_param))
+
+
+# --- layout assignment (assign.py) ------------------------------------------------------------
+
+@layout_rule(ji.axis_index_p)
+def _axis_index_layouts(ctx, *, axis_name):
+  return ctx.a.axes.get(axis_name)
+
+
+@layout_rule(ji.optimization_barrier_p)
+def _identity_layouts(ctx, *xs, **_):
+  return list(xs)
+
+
+def _new_carry(v, tentative: bool = False) -> Val:
+  """A loop carry's variable: the layout of the value it starts from."""
+  layout = v.layout if isinstance(v, Val) else None
+  return Val(tuple(v.shape), v.dtype, layout, tentative=tentative)
+
+
+def _settled_layouts(a, init: list, body) -> list:
+  """``_settled``: carries that start as splats or iotas take the layouts the body computes
+  them in, found by analysing the body once with them undecided."""
+  rebuilt = [isinstance(v, Val) and v.rebuild is not None for v in init]
+  if not any(r and v.shape for r, v in zip(rebuilt, init)):
+    return init
+  outs = a.probe(lambda: body([_new_carry(v, r) for v, r in zip(init, rebuilt)]))
+  return [a.in_layout(v, o.layout if isinstance(o, Val) else None) if r else v
+          for v, o, r in zip(init, outs, rebuilt)]
+
+
+def _assigned(a, carry: list, values: list):
+  """Values assigned to carries: in the carries' layouts."""
+  for c, v in zip(carry, values):
+    a.in_layout(v, c.layout)
+
+
+@layout_rule(ji.scan_p)
+def _scan_layouts(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
+  a, body = ctx.a, jaxpr
+  nc, ncarry, nxs = (len(s) for s in ft_in.unpack())
+  if nxs or len(body.outvars) != ncarry or reverse:
+    return None   # the writer refuses it
+  consts, init = list(invals[:nc]), list(invals[nc:])
+  if ncarry and jaxpr_util.fori_index(body, nc):
+    i = Val((), I32)
+    init[1:] = _settled_layouts(a, init[1:], lambda c: ctx.lower(body, [*consts, i, *c])[1:])
+    ctx.facts([getattr(v, "layout", None) for v in init[1:]])
+    carry = [_new_carry(v) for v in init[1:]]
+    _assigned(a, carry, ctx.lower(body, [*consts, i, *carry])[1:])
+    stop = ex.add(init[0], i32(length)) if isinstance(init[0], Lit) else Val((), I32)
+    return [stop, *carry]
+  init = _settled_layouts(a, init, lambda c: ctx.lower(body, [*consts, *c]))
+  ctx.facts([getattr(v, "layout", None) for v in init])
+  carry = [_new_carry(v) for v in init]
+  _assigned(a, carry, ctx.lower(body, [*consts, *carry]))
+  return carry
+
+
+@layout_rule(ji.while_p)
+def _while_layouts(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+  a, cn, bn = ctx.a, cond_nconsts, body_nconsts
+  cconsts, bconsts, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
+  init = _settled_layouts(a, list(init), lambda c: ctx.lower(body_jaxpr, [*bconsts, *c]))
+  ctx.facts([getattr(v, "layout", None) for v in init])
+  carry = [_new_carry(v) for v in init]
+  ctx.lower(cond_jaxpr, [*cconsts, *carry])
+  _assigned(a, carry, ctx.lower(body_jaxpr, [*bconsts, *carry]))
+  ctx.lower(cond_jaxpr, [*cconsts, *carry])
+  return carry
+
+
+@layout_rule(ji.cond_p)
+def _cond_layouts(ctx, index, *ops, branches, **_):
+  if isinstance(index, Lit):   # the writer lowers the one branch taken
+    k = int(np.clip(int(index.value), 0, len(branches) - 1))
+    return ctx.lower(branches[k], list(ops))
+  if len(branches) != 2:
+    return None
+  for k in (1, 0):   # the results are new variables, of no layout
+    ctx.lower(branches[k], list(ops))
+  return None
+
+
+def _inline_layouts(param):
+  return lambda ctx, *invals, **params: ctx.lower(params[param], list(invals))
+
+
+for _p, _param in ((ji.jit_p, "jaxpr"), (ji.closed_call_p, "call_jaxpr"),
+                   (ji.custom_jvp_call_p, "call_jaxpr"), (ji.custom_vjp_call_p, "call_jaxpr"),
+                   (ji.remat_p, "jaxpr")):
+  layout_rule(_p)(_inline_layouts(_param))

@@ -16,7 +16,10 @@ from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import binary, method
 from pallax._src.gluon import layouts as L
 from pallax._src.mosaic_gpu import primitives as mp
-from pallax._src.gluon.memory import barrier_view, gmem_pointers, register_view, row_slice, smem_view
+from pallax._src.gluon.assign import Gmem, Smem, layout_rule
+from pallax._src.gluon.events import Access, BarrierOp, Copy, SmemView
+from pallax._src.gluon.memory import (barrier_view, gmem_pointers, register_view, register_view_layouts,
+                                      row_slice, smem_view, smem_view_layouts)
 from pallax._src.gluon.values import I32, i32, iota_in
 from pallax._src.gluon.writer import GmemRef, SmemRef, rule
 
@@ -48,24 +51,33 @@ def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:
   return starts, tuple(box)
 
 
-def _box_view(gen, smem: SmemRef, box) -> tuple[str, str]:
+def _box_view(gen, smem: SmemRef, box) -> tuple[str, L.Layout]:
   """(the SMEM expression a TMA copy of ``box`` reads or writes, the descriptor's layout): a box
   with more dimensions than the buffer (unit ones) sees it through a reshape."""
   if tuple(box) == tuple(smem.shape) and smem.reshaped:   # Gluon infers the reshape's layout
-    return smem.text, gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
+    return smem.text, gen.declared(L.shared(smem.shape, smem.dtype, len(box)))
   if tuple(box) == tuple(smem.shape):   # the buffer's layout may have a lower rank (its views')
     if len(box) <= 2 and not gen.is_whole(smem):
       return smem.text, smem.layout
-    layout = gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
+    layout = gen.declared(L.shared(smem.shape, smem.dtype, len(box)))
     if gen.is_whole(smem):
       return gen.whole_view(smem), layout
-    return f"{smem.text}._reinterpret({ex.dtype_name(smem.dtype, 'gl')}, {list(L.padded(box))}, {layout})", layout
+    return (f"{smem.text}._reinterpret({ex.dtype_name(smem.dtype, 'gl')}, {list(L.padded(box))}, "
+            f"{gen.layout(layout)})", layout)
   if tuple(d for d in box if d != 1) != tuple(d for d in smem.shape if d != 1):
     gen.unsupported(f"a TMA box {tuple(box)} for an SMEM buffer of shape {smem.shape}")
-  return f"{smem.text}.reshape({list(L.padded(box))})", gen.layout(L.shared(smem.shape, smem.dtype, len(box)))
+  return f"{smem.text}.reshape({list(L.padded(box))})", gen.declared(L.shared(smem.shape, smem.dtype, len(box)))
 
 
 # --- copies and barriers ---------------------------------------------------------------------
+
+def _barrier_name(b) -> str:
+  """``barrier[k]`` (the k-th barrier allocation), or ``barrier[k][i]`` for a literal index i
+  into an array of barriers."""
+  if b.count == 1:
+    return f"barrier[{b.id}]"
+  return f"barrier[{b.id}][{b.index.value if isinstance(b.index, ex.Lit) else '?'}]"
+
 
 def _refs(ctx, invals):
   refs, rest = mp.split_refs(invals, ctx.eqn.params["trees"])
@@ -116,21 +128,24 @@ def _box_pieces(box, padded, gmem_shape, smem: SmemRef) -> list[list[tuple[int, 
   return out
 
 
-def _tma(gen, smem_ref, gmem_ref) -> tuple[list, int]:
-  """The boxes of a copy, each (the SMEM side's expression, the descriptor, the coordinates),
-  and their bytes (see ``_box_pieces``)."""
+def _tma(gen, smem_ref, gmem_ref, direction: str, barrier=None) -> tuple[list, int]:
+  """The boxes of a copy, each (the SMEM side's expression, the descriptor, the coordinates,
+  the box as data: ``events.Copy``), and their bytes (see ``_box_pieces``)."""
   smem = smem_view(gen, *smem_ref)
   starts, box = _gmem_coords(gen, *gmem_ref)
   text, layout = _box_view(gen, smem, box)
   padded = L.padded(box)
   pieces, nbytes = [], 0
   for piece in itertools.product(*_box_pieces(box, padded, gmem_ref[0].shape, smem)):
-    view = text + "".join(f".slice({o}, {L.pow2(q)}, dim={d})"
-                          for d, (o, q) in enumerate(piece) if L.pow2(q) < padded[d])
-    coords = ", ".join(gen.render(gen.bind(ex.add(s, i32(o)), "c") if o else s)
-                       for s, (o, _) in zip(starts, piece))
+    slices = [(o, L.pow2(q), d) for d, (o, q) in enumerate(piece) if L.pow2(q) < padded[d]]
+    view = text + "".join(f".slice({o}, {q}, dim={d})" for o, q, d in slices)
+    coords = [gen.bind(ex.add(s, i32(o)), "c") if o else s for s, (o, _) in zip(starts, piece)]
     piece_box = tuple(q for _, q in piece)
-    pieces.append((view, gen.descriptor(gmem_ref[0], piece_box, layout), coords))
+    steps = smem.steps + tuple(("slice", *s) for s in slices)
+    event = Copy(direction, gmem_ref[0].origin, SmemView(gen.smem_name(smem), steps),
+                 L.padded(piece_box), tuple(coords), barrier)
+    pieces.append((view, gen.descriptor(gmem_ref[0], piece_box, layout),
+                   ", ".join(map(gen.render, coords)), event))
     # The hardware counts each whole (padded) box's bytes, zeros past the array's end too.
     nbytes += int(np.prod(L.padded(piece_box))) * smem.dtype.itemsize
   return pieces, nbytes
@@ -146,22 +161,24 @@ def _copy_gmem_to_smem(ctx, *invals, **params):
     raise NotImplementedError("copy_gmem_to_smem needs a barrier on Hopper")
   if not isinstance(src[0], GmemRef) or not isinstance(dst[0], SmemRef):
     raise ValueError("copy_gmem_to_smem copies from GMEM to SMEM")
-  pieces, nbytes = _tma(gen, dst, src)
   barrier = barrier_view(gen, *bar)
+  pieces, nbytes = _tma(gen, dst, src, "in", _barrier_name(barrier))
   b = f"{barrier.name}.index({gen.render(barrier.index)})"
   opened = _predicated(gen, ctx.eqn, rest)
+  gen.events.append(BarrierOp("expect", _barrier_name(barrier), nbytes))
   gen.emit(f"mbarrier.expect({b}, {nbytes})")   # one arrival, whatever the number of boxes
-  for target, desc, coords in pieces:
+  for target, desc, coords, event in pieces:
+    gen.events.append(event)
     gen.emit(f"tma.async_copy_global_to_shared({desc}, [{coords}], {b}, {target})")
   _end(gen, opened)
   return []
 
 
-def _dynamic_rows(smem: SmemRef, transforms) -> tuple[ex.Expr, int] | None:
+def _dynamic_rows(smem, transforms) -> tuple[ex.Expr, int] | None:
   """(start, size) where ``transforms`` take rows of a 2-D SMEM buffer from a start known only
   at run time (and whole columns); None otherwise."""
   rows = row_slice(smem, transforms)
-  return rows if rows is not None and len(smem.shape) == 2 and isinstance(rows[0], ex.Expr) else None
+  return rows if rows is not None and len(smem.shape) == 2 and not isinstance(rows[0], int) else None
 
 
 def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef, transforms):
@@ -177,7 +194,7 @@ def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef,
   c0 = gcols.start if isinstance(gcols.start, ex.Expr) else i32(gcols.start)
   first = gen.bind(binary("-", g0, start), "row0")   # the GMEM row of the buffer's row 0
   shifted = ji.NDIndexer((ji.Slice(first, smem.shape[0], 1), gcols), t.shape, t.int_indexer_shape)
-  ptrs, shape, layout, valid = gmem_pointers(gen, dst, [shifted])
+  ptrs, shape, layout, valid, offset = gmem_pointers(gen, dst, [shifted])
   r = iota_in(gen, I32, shape, 0, layout)
   c = iota_in(gen, I32, shape, 1, layout)
   b = np.dtype(np.bool_)
@@ -188,8 +205,9 @@ def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef,
   for cond in conds[1:]:
     mask = binary("&", mask, cond, dtype=b)
   view = register_view(gen, smem, [])
+  gen.events += [Access("load", gen.smem_view(view), view.shape), Access("store", dst.origin, shape, offset)]
   value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
-                           ex.Token(layout)), layout)
+                           ex.Token(gen.layout(layout))), layout)
   rows = gen.render(gen.bind(mask, "rows"))
   gen.emit(f"gl.store({gen.render(ptrs)}, {gen.render(value)}, mask={rows})")
 
@@ -204,7 +222,7 @@ def _reduce_through_registers(gen, src, dst, op: str):
   if op not in _ATOMICS:
     gen.unsupported(f"TMA reduce-stores with reduction_op={op!r}")
   starts, box = _gmem_coords(gen, *dst)
-  ptrs, shape, layout, mask = gmem_pointers(gen, *dst)
+  ptrs, shape, layout, mask, offset = gmem_pointers(gen, *dst)
   kept = [d for d, b in enumerate(box) if b != 1 or len(shape) == len(box)]
   if len(kept) != len(shape):
     gen.unsupported("TMA reduce-stores into GMEM views with indexed dimensions")
@@ -214,8 +232,9 @@ def _reduce_through_registers(gen, src, dst, op: str):
                     i32(dst[0].shape[d]), dtype=b)
     mask = inside if mask is None else binary("&", mask, inside, dtype=b)
   view = register_view(gen, *src)
+  gen.events += [Access("load", gen.smem_view(view), view.shape), Access("atomic", dst[0].origin, shape, offset)]
   value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
-                           ex.Token(layout)), layout)
+                           ex.Token(gen.layout(layout))), layout)
   masks = "" if mask is None else f", mask={gen.render(gen.bind(mask, 'inside'))}"
   gen.emit(f"{_ATOMICS[op]}({gen.render(ptrs)}, {gen.render(value)}{masks})")
 
@@ -237,11 +256,12 @@ def _copy_smem_to_gmem(ctx, *invals, **params):
     _store_rows_through_registers(gen, src[0], *rows, dst[0], dst[1])
     _end(gen, opened)
     return []
-  pieces, _ = _tma(gen, src, dst)
+  pieces, _ = _tma(gen, src, dst, "out")
   if not params["commit_group"]:
     gen.grouped_stores = True   # Gluon groups each store alone: waits become waits for all
   opened = _predicated(gen, ctx.eqn, rest)
-  for source, desc, coords in pieces:
+  for source, desc, coords, event in pieces:
+    gen.events.append(event)
     gen.emit(f"tma.async_copy_shared_to_global({desc}, [{coords}], {source})")
   _end(gen, opened)
   return []
@@ -253,6 +273,7 @@ def _barrier_wait(ctx, *invals, **_):
   (bar,), _ = _refs(ctx, invals)
   b = barrier_view(gen, *bar)
   i = gen.render(b.index)
+  gen.events.append(BarrierOp("wait", _barrier_name(b)))
   gen.emit(f"mbarrier.wait({b.name}.index({i}), ({b.phase} >> {i}) & 1)")
   gen.emit(f"{b.phase} = {b.phase} ^ (1 << {i})")
   return []
@@ -264,6 +285,7 @@ def _barrier_arrive(ctx, *invals, **_):
   (bar,), rest = _refs(ctx, invals)
   b = barrier_view(gen, *bar)
   opened = _predicated(gen, ctx.eqn, rest)
+  gen.events.append(BarrierOp("arrive", _barrier_name(b)))
   gen.emit(f"mbarrier.arrive({b.name}.index({gen.render(b.index)}))")
   _end(gen, opened)
   return []
@@ -294,3 +316,28 @@ def _wait_smem_to_gmem(ctx, *, n, wait_read_only):
              "[], dtype=gl.int32, is_pure=False, pack=1)")
     gen.emit("gl.thread_barrier()")
   return []
+
+
+# --- layout assignment (assign.py) ------------------------------------------------------------
+
+@layout_rule(mp.copy_gmem_to_smem_p)
+def _copy_gmem_to_smem_layouts(ctx, *invals, **params):
+  (src, dst, bar), _ = _refs(ctx, invals)
+  if not params["collective_axes"] and bar is not None and isinstance(dst[0], Smem):
+    smem_view_layouts(*dst)
+  return None
+
+
+@layout_rule(mp.copy_smem_to_gmem_p)
+def _copy_smem_to_gmem_layouts(ctx, *invals, **params):
+  (src, dst, _), _ = _refs(ctx, invals)
+  if not isinstance(src[0], Smem) or not isinstance(dst[0], Gmem):
+    return None
+  if params["reduction_op"] is not None:
+    if params["reduction_op"] in _ATOMICS:
+      register_view_layouts(*src)
+  elif _dynamic_rows(*src) is not None:
+    register_view_layouts(src[0], [])
+  else:
+    smem_view_layouts(*src)
+  return None

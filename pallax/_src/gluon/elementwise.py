@@ -8,6 +8,8 @@ from jax import lax
 
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
+from pallax._src.gluon import layouts as L
+from pallax._src.gluon.assign import Val, layout_rule
 from pallax._src.gluon.values import common_layout, dtype_token, i32, masked, slice_layout
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
@@ -23,7 +25,7 @@ _COMPARE = {lax.eq_p: "==", lax.ne_p: "!=", lax.lt_p: "<", lax.le_p: "<=", lax.g
 def _binary_rule(op, compare=False):
   def lower(ctx, x, y, **_):
     gen = ctx.gen
-    (x, y), layout = common_layout(gen, x, y)
+    (x, y), layout = common_layout(ctx, x, y)
     dtype = np.dtype(np.bool_) if compare else None
     return gen.value(binary(op, x, y, dtype=dtype), layout)
   return lower
@@ -38,7 +40,7 @@ for _p, _op in _COMPARE.items():
 
 @rule(lax.div_p)
 def _div(ctx, x, y):
-  (x, y), layout = common_layout(ctx.gen, x, y)
+  (x, y), layout = common_layout(ctx, x, y)
   return ctx.gen.value(binary("/" if np.issubdtype(x.dtype, np.floating) else "//", x, y), layout)
 
 
@@ -46,13 +48,13 @@ def _div(ctx, x, y):
 def _rem(ctx, x, y):
   if np.issubdtype(x.dtype, np.floating):
     ctx.gen.unsupported("floating-point rem")
-  (x, y), layout = common_layout(ctx.gen, x, y)
+  (x, y), layout = common_layout(ctx, x, y)
   return ctx.gen.value(binary("%", x, y), layout)
 
 
 @rule(lax.max_p, lax.min_p)
 def _max_min(ctx, x, y):
-  (x, y), layout = common_layout(ctx.gen, x, y)
+  (x, y), layout = common_layout(ctx, x, y)
   fn = "gl.maximum" if ctx.eqn.primitive is lax.max_p else "gl.minimum"
   return ctx.gen.value(call(fn, x, y, dtype=x.dtype, shape=ctx.out.shape), layout)
 
@@ -72,7 +74,7 @@ def _select(ctx, pred, *cases):
   if len(cases) != 2:
     ctx.gen.unsupported("select_n with more than two cases")
   gen = ctx.gen
-  (pred, a, b), layout = common_layout(gen, pred, *cases)
+  (pred, a, b), layout = common_layout(ctx, pred, *cases)
   return gen.value(call("gl.where", pred, b, a, dtype=a.dtype, shape=ctx.out.shape), layout)
 
 
@@ -152,3 +154,29 @@ def _logistic(ctx, x, **_):
 @rule(prims.hint_p)
 def _hint(ctx, x, **_):
   return x
+
+
+# --- layout assignment (assign.py): operations without a rule here take their operands' common
+# layout (``assign.elementwise``) ------------------------------------------------------------------
+
+@layout_rule(lax.convert_element_type_p)
+def _convert_layouts(ctx, x, *, new_dtype, **_):
+  if np.dtype(new_dtype) == x.dtype:
+    return x
+  return Val(tuple(x.shape), np.dtype(new_dtype), getattr(x, "layout", None))
+
+
+@layout_rule(prims.hint_p)
+def _hint_layouts(ctx, x, **_):
+  return x
+
+
+def _reduce_layouts(ctx, x, *, axes, **_):
+  layout = getattr(x, "layout", None)
+  if len(axes) != 1 or layout is None:
+    return None
+  return Val(tuple(ctx.out.shape), np.dtype(ctx.out.dtype), L.Slice(axes[0], layout))
+
+
+for _p in (lax.reduce_max_p, lax.reduce_min_p, lax.reduce_sum_p):
+  layout_rule(_p)(_reduce_layouts)

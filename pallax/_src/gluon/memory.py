@@ -11,8 +11,10 @@ from jax import lax
 from pallax._src import jax_internals as ji
 from pallax._src import ref_access
 from pallax._src.gluon import layouts as L
-from pallax._src.gluon.values import (I32, dtype_token, i32, masked, same_layout, shape_token,
-                                      slice_layout, to_layout, valid_lanes, wait_all, wgmma_vector)
+from pallax._src.gluon.assign import Acc, Closed, Gmem, Smem, Val, layout_rule
+from pallax._src.gluon.events import Access
+from pallax._src.gluon.values import (I32, dtype_token, i32, masked, shape_token, slice_layout,
+                                      to_layout, valid_lanes, wait_all, wgmma_vector_of)
 from pallax._src.gluon.writer import AccRef, BarrierRef, GmemRef, SmemRef, ValueRef, rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import Lit, call, method
@@ -22,18 +24,22 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
   """The view of ``ref`` that ``transforms`` take (``k_last``: a wgmma operand whose buffer's
   last dimension is K, which may be sliced inside a swizzle atom, as wgmma itself steps
   through it)."""
-  text, shape, permuted = ref.text, list(ref.shape), False
+  text, shape, permuted, steps = ref.text, list(ref.shape), False, list(ref.steps)
   transforms = list(transforms)
   if ref.lead:   # a buffer of rank > 3, stored with its leading dimensions flattened
     if not transforms:   # used whole: the flattened dimension split again
       return dataclasses.replace(ref, text=f"{ref.text}.reshape({list(L.padded(ref.shape))})",
-                                 lead=(), reshaped=True)
-    text, shape, transforms[0] = _flat_index(gen, ref, transforms[0])
+                                 lead=(), reshaped=True, whole=False,
+                                 steps=ref.steps + (("reshape", L.padded(ref.shape)),))
+    text, shape, transforms[0], flat = _flat_index(gen, ref, transforms[0])
+    steps.append(("index", flat))
+  whole = ref.whole and not ref.lead
   for t in transforms:
     if isinstance(t, ji.TransposeRef):
       text = f"{text}.permute({tuple(t.permutation)})"
       shape = [shape[p] for p in t.permutation]
-      permuted = True
+      permuted, whole = True, False
+      steps.append(("permute", tuple(t.permutation)))
       continue
     if not isinstance(t, ji.NDIndexer):
       gen.unsupported(f"the SMEM view {t}")
@@ -47,23 +53,26 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
           if permuted:
             gen.unsupported("partial slices of a transposed SMEM view")
           _check_smem_slice(gen, ref, start, idx.size, rank - dim, k_last)
-          text = f"{text}.slice({start}, {idx.size}, {dim})"
+          text, whole = f"{text}.slice({start}, {idx.size}, {dim})", False
+          steps.append(("slice", start, idx.size, dim))
         new_shape.append(idx.size)
         dim += 1
       elif not getattr(idx, "shape", ()):
         if dim != 0:
           gen.unsupported("indexing an inner dimension of SMEM")
-        text = f"{text}.index({gen.render(idx)})"
+        text, whole = f"{text}.index({gen.render(idx)})", False
+        steps.append(("index", idx))
       else:
         gen.unsupported("gathers from SMEM")
     shape = new_shape
-  gen.note_view(ref.layout, len(shape))
-  return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle)
+  return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle, buffer=ref.buffer,
+                 steps=tuple(steps), whole=whole)
 
 
 def _flat_index(gen, ref: SmemRef, t):
-  """(text, shape, the rest of indexer ``t``) after indexing every leading dimension of a
-  flattened buffer at once (Gluon's SMEM layouts describe at most one leading dimension)."""
+  """(text, shape, the rest of indexer ``t``, the flat index) after indexing every leading
+  dimension of a flattened buffer at once (Gluon's SMEM layouts describe at most one leading
+  dimension)."""
   n = len(ref.lead)
   if not isinstance(t, ji.NDIndexer) or len(t.indices) < n or any(
       isinstance(i, ji.Slice) or getattr(i, "shape", ()) for i in t.indices[:n]):
@@ -73,7 +82,7 @@ def _flat_index(gen, ref: SmemRef, t):
   for idx, size in zip(t.indices[1:n], L.padded(ref.lead[1:])):
     flat = gen.bind(ex.add(ex.mul(flat, i32(size)), idx), "slot")
   rest = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
-  return f"{ref.text}.index({gen.render(flat)})", list(ref.shape[n:]), rest
+  return f"{ref.text}.index({gen.render(flat)})", list(ref.shape[n:]), rest, flat
 
 
 def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int, k_last: bool):
@@ -103,17 +112,17 @@ def barrier_view(gen, ref: BarrierRef, transforms) -> BarrierRef:
   if not isinstance(ref, BarrierRef):
     raise ValueError(f"a barrier operation takes a plgpu.Barrier, not {type(ref).__name__}")
   if not transforms:
-    return BarrierRef(ref.name, ref.phase, ref.count, i32(0))
+    return dataclasses.replace(ref, index=i32(0))
   (t,) = transforms
   (idx,) = t.indices
-  return BarrierRef(ref.name, ref.phase, ref.count, idx)
+  return dataclasses.replace(ref, index=idx)
 
 
 
-def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple[ex.Name, tuple, str | None, ex.Expr | None]:
+def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple:
   """(the pointer tensor of a GMEM view, the view's shape, its layout, the mask of its padded
-  lanes or None): register accesses of GMEM read or write whole views; the interpreter checks
-  their bounds."""
+  lanes or None, its first element's offset): register accesses of GMEM read or write whole
+  views; the interpreter checks their bounds."""
   gen.pointer_uses.add(ref.ptr)
   rank = len(ref.shape)
   strides = [int(np.prod(ref.shape[k + 1:])) for k in range(rank)]
@@ -140,17 +149,17 @@ def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple[ex.Name, tuple, str | 
   shape = tuple(sizes)
   ptr = gen.bind(ex.binary("+", ex.Name(ref.ptr, dtype=ref.dtype), offset), "ptr")
   if not shape:
-    return ptr, shape, None, None
+    return ptr, shape, None, None, offset
   if len(shape) > 2:
     gen.unsupported("register accesses of GMEM views of rank 3 or more")
-  layout = gen.layout(L.blocked(shape, ref.dtype))
+  layout = gen.declared(L.blocked(shape, ref.dtype))
   for j, (d, n) in enumerate(zip(dims, shape)):
     lane = layout if len(shape) == 1 else slice_layout(gen, layout, 1 - j)
-    ar = call("gl.arange", i32(0), i32(ex.pow2(n)), layout=ex.Token(lane), dtype=I32, shape=(n,))
+    ar = call("gl.arange", i32(0), i32(ex.pow2(n)), layout=ex.Token(gen.layout(lane)), dtype=I32, shape=(n,))
     if len(shape) == 2:
       ar = call("gl.expand_dims", ar, i32(1 - j), dtype=I32, shape=(n, 1) if j == 0 else (1, n))
     ptr = gen.bind(ex.binary("+", ptr, ex.mul(gen.bind(ar, "offs"), strides[d])), "ptrs")
-  return ptr, shape, layout, valid_lanes(gen, shape, layout, range(len(shape)))
+  return ptr, shape, layout, valid_lanes(gen, shape, layout, range(len(shape))), offset
 
 
 
@@ -162,7 +171,7 @@ def _get(ctx, *invals, **_):
     wait_all(gen, [a.ref])
     value = gen.fresh_name("acc_value", ctx.out.dtype, a.ref.shape)
     gen.emit(f"{value.name} = {a.ref.name}")   # a copy: later wgmmas reassign the accumulator
-    gen.layouts[value.name] = a.ref.layout
+    gen.layouts[value.name] = gen.assigned(ctx.eqn.outvars[0])
     return value
   if isinstance(a.ref, ValueRef):
     if any(not isinstance(t, ji.NDIndexer) or any(not isinstance(i, ji.Slice) or i.size != n
@@ -170,17 +179,19 @@ def _get(ctx, *invals, **_):
       gen.unsupported("indexing a value pl.run_state closes over")
     return a.ref.value
   if isinstance(a.ref, GmemRef):
-    ptrs, shape, layout, mask = gmem_pointers(gen, a.ref, a.transforms)
+    ptrs, shape, layout, mask, offset = gmem_pointers(gen, a.ref, a.transforms)
+    gen.events.append(Access("load", a.ref.origin, shape, offset))
     masks = {} if mask is None else {"mask": mask}
     return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape, **masks), layout)
   if not isinstance(a.ref, SmemRef):
     gen.unsupported(f"register loads from {a.ref}")
-  if (rows := _unaligned_rows(a.ref, a.transforms)) is not None:
+  if (rows := unaligned_rows(a.ref, a.transforms)) is not None:
     return _load_rows_in_pieces(gen, a.ref, a.transforms[0], *rows)
   view = register_view(gen, a.ref, a.transforms)
-  layout = _vector_layout(ctx, view.shape) or gen.layout(L.blocked(view.shape, view.dtype))
+  layout = gen.declared(gen.assigned(ctx.eqn.outvars[0]))   # (see vector_layout)
+  gen.events.append(Access("load", gen.smem_view(view), view.shape))
   smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
-  return gen.value(method(smem, "load", ex.Token(layout)), layout)
+  return gen.value(method(smem, "load", ex.Token(gen.layout(layout))), layout)
 
 
 def register_view(gen, ref: SmemRef, transforms) -> SmemRef:
@@ -188,8 +199,6 @@ def register_view(gen, ref: SmemRef, transforms) -> SmemRef:
   view = smem_view(gen, ref, transforms)
   if gen.is_whole(view):
     return dataclasses.replace(view, text=gen.whole_view(view))
-  if not view.reshaped:
-    gen.note_view(ref.layout, len(view.shape), registers=True)
   return view
 
 
@@ -207,7 +216,7 @@ def row_slice(ref: SmemRef, transforms) -> tuple[int | ex.Expr, int] | None:
   return (rows.start.value if isinstance(rows.start, Lit) else rows.start), rows.size
 
 
-def _unaligned_rows(ref: SmemRef, transforms) -> tuple[int, int, int] | None:
+def unaligned_rows(ref: SmemRef, transforms) -> tuple[int, int, int] | None:
   """(start, size, piece) where ``transforms`` take SMEM rows [start, start + size) that do not
   start at a multiple of their size (Gluon's slices must), but do at a multiple of ``piece``
   rows, a power of two that a swizzled buffer can be sliced at (8 rows or more)."""
@@ -230,9 +239,10 @@ def _load_rows_in_pieces(gen, ref: SmemRef, t, start: int, size: int, piece: int
   for o in range(start, start + size, piece):
     idx = ji.NDIndexer((ji.Slice(o, piece, 1), *rest), t.shape, t.int_indexer_shape)
     view = register_view(gen, ref, [idx])
-    layout = gen.layout(L.blocked(view.shape, view.dtype))
+    layout = gen.declared(L.blocked(view.shape, view.dtype))
+    gen.events.append(Access("load", gen.smem_view(view), view.shape))
     smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
-    parts.append(gen.value(method(smem, "load", ex.Token(layout)), layout))
+    parts.append(gen.value(method(smem, "load", ex.Token(gen.layout(layout))), layout))
   while len(parts) > 1:   # join pairs: (r, ...) and (r, ...) -> (2, r, ...) -> (2r, ...)
     a, b = parts[0], parts[1]
     rank, padded = len(a.shape), L.padded(a.shape)
@@ -240,34 +250,11 @@ def _load_rows_in_pieces(gen, ref: SmemRef, t, start: int, size: int, piece: int
     joined = gen.fresh("rows")
     gen.emit(f"{joined} = gl.join({gen.render(a)}, {gen.render(b)}).permute({(rank, *range(rank))})"
              f".reshape({[2 * padded[0], *padded[1:]]})")
-    layout = gen.layout(L.blocked(shape, a.dtype))
-    merged = gen.value(call("gl.convert_layout", ex.Name(joined), ex.Token(layout), dtype=a.dtype,
+    layout = gen.declared(L.blocked(shape, a.dtype))
+    merged = gen.value(call("gl.convert_layout", ex.Name(joined), ex.Token(gen.layout(layout)), dtype=a.dtype,
                             shape=shape), layout)
     parts = parts[2:] + [merged]
   return parts[0]
-
-
-def _vector_layout(ctx, shape) -> str | None:
-  """The layout to read a vector from SMEM in when it is only broadcast into tiles that wgmma
-  accumulators fill (softmax statistics in attention), or cast to a wgmma slice layout: a slice
-  of the accumulators' layout, so that no conversion through shared memory follows the load.
-  None: choose locally."""
-  gen = ctx.gen
-  uses = gen.uses(ctx.eqn.outvars[0])
-  if len(shape) != 1 or not uses or not gen.wgmma:
-    return None
-  if len(uses) == 1 and uses[0].primitive is mp.layout_cast_p:   # plgpu.load(..., layout=)
-    return wgmma_vector(gen, uses[0].params["new_layout"], shape)
-  tiles = set()
-  for e in uses:
-    if e.primitive is not lax.broadcast_in_dim_p or len(e.params["shape"]) != 2:
-      return None
-    (new,) = {0, 1} - set(e.params["broadcast_dimensions"])
-    tiles.add((new, e.params["shape"][1]))
-  (dim, n), *others = tiles
-  if others or e.params["shape"][0] % (16 * L.WARPS):
-    return None
-  return slice_layout(gen, gen.layout(L.wgmma(n, gen.mma_bits)), dim)
 
 
 @rule(ji.swap_p)
@@ -275,14 +262,15 @@ def _swap(ctx, ref, value, *leaves, **_):
   gen = ctx.gen
   a = ref_access.split(ctx.eqn, [ref, value, *leaves])
   if isinstance(a.ref, AccRef):
-    v, _ = same_layout(gen, ex.Name(a.ref.name, dtype=value.dtype, shape=a.ref.shape), value)
-    gen.layouts[a.ref.name] = a.ref.layout
+    target = gen.facts(ctx.eqn)   # the layout of what the accumulator's variable holds
+    v = value if target is None else gen.convert(value, target)
     gen.emit(f"{a.ref.name} = {gen.render(v)}")
     return None
   if ctx.is_used(0):
     gen.unsupported("using the old value of a store")
   if isinstance(a.ref, GmemRef):
-    ptrs, shape, layout, mask = gmem_pointers(gen, a.ref, a.transforms)
+    ptrs, shape, layout, mask, offset = gmem_pointers(gen, a.ref, a.transforms)
+    gen.events.append(Access("store", a.ref.origin, shape, offset))
     if shape:
       value = to_layout(gen, value, layout, shape, a.ref.dtype)
     masks = "" if mask is None else f", mask={gen.render(mask)}"
@@ -292,12 +280,120 @@ def _swap(ctx, ref, value, *leaves, **_):
     gen.unsupported(f"register stores to {a.ref}")
   view = register_view(gen, a.ref, a.transforms)
   if not value.shape:
-    layout = gen.layout(L.blocked(view.shape, view.dtype))
+    layout = gen.declared(L.blocked(view.shape, view.dtype))
     value = gen.value(call("gl.full", shape_token(view.shape), value, dtype_token(view.dtype),
-                           layout=ex.Token(layout), dtype=view.dtype, shape=view.shape), layout)
+                           layout=ex.Token(gen.layout(layout)), dtype=view.dtype, shape=view.shape), layout)
   value = masked(gen, value, range(len(view.shape)), i32(0))   # SMEM padding stays zero
+  gen.events.append(Access("store", gen.smem_view(view), view.shape))
   gen.emit(f"{view.text}.store({gen.render(value)})")
   return None
 
 
-# --- wgmma -----------------------------------------------------------------------------------
+# --- layout assignment (assign.py) ------------------------------------------------------------
+
+def smem_view_layouts(ref: Smem, transforms) -> Smem:
+  """``smem_view`` as the assignment sees it: the view's shape, whether it is still the whole
+  buffer; its rank noted on the buffer."""
+  shape, transforms, whole = list(ref.shape), list(transforms), True
+  if ref.lead:
+    if not transforms:
+      return dataclasses.replace(ref, lead=(), whole=False, reshaped=True)
+    n, t = len(ref.lead), transforms[0]
+    if not isinstance(t, ji.NDIndexer) or len(t.indices) < n:
+      return dataclasses.replace(ref, lead=(), whole=False)   # the writer refuses it
+    shape, whole = shape[n:], False
+    transforms[0] = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
+  for t in transforms:
+    if isinstance(t, ji.TransposeRef):
+      shape, whole = [shape[p] for p in t.permutation], False
+      continue
+    new_shape = []
+    for idx, size in zip(getattr(t, "indices", ()), shape):
+      if isinstance(idx, ji.Slice):
+        whole = whole and (getattr(idx.start, "value", idx.start), idx.size) == (0, size)
+        new_shape.append(idx.size)
+      else:
+        whole = False
+    shape = new_shape
+  ref.buffer.ranks.add(len(shape))
+  return Smem(ref.buffer, tuple(shape), ref.dtype, ref.swizzle, whole=whole)
+
+
+def register_view_layouts(ref: Smem, transforms) -> Smem:
+  """``register_view`` as the assignment sees it: a view that is not the whole buffer needs a
+  layout of its own rank."""
+  view = smem_view_layouts(ref, transforms)
+  if not view.whole and not view.reshaped:
+    ref.buffer.registers.add(len(view.shape))
+  return view
+
+
+def gmem_view_shape(ref: Gmem, transforms) -> tuple:
+  """The shape of a GMEM view: the sizes of the slices of each indexer."""
+  shape = ref.shape
+  for t in (*ref.pre, *transforms):
+    shape = tuple(i.size for i in getattr(t, "indices", ()) if isinstance(i, ji.Slice))
+  return shape
+
+
+def vector_layout(ctx, shape) -> L.Layout | None:
+  """The layout to read a vector from SMEM in when it is only broadcast into tiles that wgmma
+  accumulators fill (softmax statistics in attention), or cast to a wgmma slice layout: a slice
+  of the accumulators' layout, so that no conversion through shared memory follows the load.
+  None: choose locally."""
+  gen = ctx.a.gen
+  uses = ctx.uses(ctx.eqn.outvars[0])
+  if len(shape) != 1 or not uses or not gen.wgmma:
+    return None
+  if len(uses) == 1 and uses[0].primitive is mp.layout_cast_p:   # plgpu.load(..., layout=)
+    return wgmma_vector_of(uses[0].params["new_layout"], shape, gen.mma_bits)
+  tiles = set()
+  for e in uses:
+    if e.primitive is not lax.broadcast_in_dim_p or len(e.params["shape"]) != 2:
+      return None
+    (new,) = {0, 1} - set(e.params["broadcast_dimensions"])
+    tiles.add((new, e.params["shape"][1]))
+  (dim, n), *others = tiles
+  if others or e.params["shape"][0] % (16 * L.WARPS):
+    return None
+  return L.Slice(dim, L.wgmma(n, gen.mma_bits))
+
+
+@layout_rule(ji.get_p)
+def _get_layouts(ctx, *invals, **_):
+  a = ref_access.split(ctx.eqn, invals)
+  ref, out = a.ref, ctx.out
+  if isinstance(ref, Acc):
+    return Val(ref.shape, np.dtype(out.dtype), ref.layout)
+  if isinstance(ref, Closed):
+    return ref.value
+  if isinstance(ref, Gmem):
+    shape = gmem_view_shape(ref, a.transforms)
+    return Val(shape, ref.dtype, L.blocked(shape, ref.dtype) if shape else None)
+  if not isinstance(ref, Smem):
+    return None
+  if (rows := unaligned_rows(ref, a.transforms)) is not None:
+    start, size, piece = rows
+    t = a.transforms[0]
+    for o in range(start, start + size, piece):
+      view = register_view_layouts(ref, [ji.NDIndexer((ji.Slice(o, piece, 1), *t.indices[1:]), t.shape,
+                                                      t.int_indexer_shape)])
+    shape = (size, *view.shape[1:])
+    return Val(shape, ref.dtype, L.blocked(shape, ref.dtype))
+  view = register_view_layouts(ref, a.transforms)
+  layout = vector_layout(ctx, view.shape) or L.blocked(view.shape, view.dtype)
+  return Val(view.shape, view.dtype, layout)
+
+
+@layout_rule(ji.swap_p)
+def _swap_layouts(ctx, ref, value, *leaves, **_):
+  a = ref_access.split(ctx.eqn, [ref, value, *leaves])
+  if isinstance(a.ref, Acc):
+    ctx.facts(ctx.a.same_layout(a.ref, value))
+  elif isinstance(a.ref, Gmem):
+    shape = gmem_view_shape(a.ref, a.transforms)
+    if shape and getattr(value, "shape", ()):
+      ctx.a.to_layout(value, L.blocked(shape, a.ref.dtype), shape, a.ref.dtype)
+  elif isinstance(a.ref, Smem):
+    register_view_layouts(a.ref, a.transforms)
+  return None

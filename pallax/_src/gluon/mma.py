@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from pallax._src import jax_internals as ji
 from pallax._src.gluon import layouts as L
-from pallax._src.gluon.memory import smem_view
+from pallax._src.gluon.assign import Acc, Conversion, Smem, layout_rule
+from pallax._src.gluon.events import Wgmma
+from pallax._src.gluon.memory import smem_view, smem_view_layouts
 from pallax._src.gluon.values import i32, masked, wait_all
 from pallax._src.gluon.writer import SmemRef, rule
 from pallax._src.gpu import expr as ex
@@ -23,23 +25,26 @@ def _wgmma(ctx, *invals, trees):
   if a is None:   # a register operand: in the layout wgmma reads registers in
     value = masked(gen, rest[0], [1], i32(0))   # padding along K adds nothing
     bits = value.dtype.itemsize * 8
-    dot = gen.layout(f"gl.DotOperandLayout(operand_index=0, parent={gen.layout(L.wgmma(acc_ref.shape[1], bits))}, "
-                     f"k_width={32 // bits})")
+    dot = gen.declared(L.DotOperand(L.wgmma(acc_ref.shape[1], bits), 32 // bits))
     gen.conversions.append((gen.layout_of(value), dot, tuple(value.shape), gen.last_frame))
-    a_view = SmemRef(gen.render(gen.value(call("gl.convert_layout", value, ex.Token(dot),
+    a_view = SmemRef(gen.render(gen.value(call("gl.convert_layout", value, ex.Token(gen.layout(dot)),
                                                   dtype=value.dtype, shape=value.shape), dot, "a_op")),
                      value.shape, value.dtype, dot)
   else:
     a_view = smem_view(gen, *a, k_last=not transposed(a))
   bits = a_view.dtype.itemsize * 8
-  if bits == 32 and ".permute((1, 0))" not in b_view.text:
+  k_major_b = any(isinstance(t, ji.TransposeRef) and tuple(t.permutation) == (1, 0) for t in b[1])
+  if bits == 32 and not k_major_b:
     raise NotImplementedError(
         "wgmma of float32 operands (tf32) reads b in K-major order only: keep b as an (N, K) SMEM "
         "buffer and pass b_smem.transpose((1, 0)), or use 16-bit operands")
-  layout = gen.layout(L.wgmma(acc_ref.shape[1], bits))
+  layout = gen.declared(gen.facts(ctx.eqn))   # the accumulator's layout for this operand width
   if layout != acc_ref.layout:
-    gen.emit(f"{acc_ref.name} = gl.convert_layout({acc_ref.name}, {layout})")
+    gen.conversions.append((acc_ref.layout, layout, tuple(acc_ref.shape), gen.last_frame))
+    gen.emit(f"{acc_ref.name} = gl.convert_layout({acc_ref.name}, {gen.layout(layout)})")
     acc_ref.layout = layout
+  gen.events.append(Wgmma(tuple(acc_ref.shape), "registers" if a is None else gen.smem_view(a_view),
+                          gen.smem_view(b_view)))
   gen.emit(f"{acc_ref.name} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc_ref.name}, is_async=True)")
   # plgpu.wgmma returns with at most this wgmma in flight.
   # The operands stay alive (and unwritten) while the wgmma may read them.
@@ -58,3 +63,32 @@ def _wgmma_wait(ctx, *, n):
   if n == 0:
     wait_all(ctx.gen, list(ctx.gen.pending_accs))
   return []
+
+
+# --- layout assignment (assign.py) ------------------------------------------------------------
+
+@layout_rule(mp.wgmma_p)
+def _wgmma_layouts(ctx, *invals, trees):
+  """The register operand in wgmma's operand layout; the accumulator in the layout of the
+  wgmma's operand width (converted if it was in another)."""
+  a = ctx.a
+  (acc, lhs, rhs), rest = mp.split_refs(invals, trees)
+  if acc[1] or not isinstance(acc[0], Acc) or not isinstance(rhs[0], Smem):
+    return None   # the writer refuses it
+  smem_view_layouts(*rhs)
+  if lhs is None:
+    value = rest[0]
+    bits = value.dtype.itemsize * 8
+    dot = L.DotOperand(L.wgmma(acc[0].shape[1], bits), 32 // bits)
+    a.conversions.append(Conversion(getattr(value, "layout", None), dot, tuple(value.shape), a.last_frame))
+  elif isinstance(lhs[0], Smem):
+    bits = lhs[0].dtype.itemsize * 8
+    smem_view_layouts(*lhs)
+  else:
+    return None
+  layout = L.wgmma(acc[0].shape[1], bits)
+  if layout != acc[0].layout:
+    a.conversions.append(Conversion(acc[0].layout, layout, tuple(acc[0].shape), a.last_frame))
+    acc[0].layout = layout
+  ctx.facts(layout)
+  return None

@@ -11,8 +11,10 @@ import numpy as np
 from jax import lax
 
 from pallax._src.gluon import layouts as L
-from pallax._src.gluon.values import (convert_layout, expand, i32, iota_in, layout_kind, slice_layout,
-                                      to_layout, wgmma_vector)
+from pallax._src.gluon.assign import Val, layout_rule
+from pallax._src.gluon.events import Halve
+from pallax._src.gluon.values import (convert_layout, expand, i32, iota_in, slice_layout, to_layout,
+                                      wgmma_vector_of)
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import call
@@ -20,30 +22,23 @@ from pallax._src.mosaic_gpu import core as mc
 from pallax._src.mosaic_gpu import primitives as mp
 
 def _broadcast_tile(ctx, x, shape, broadcast_dimensions):
-  """A reduced vector back to a tile: ``expand_dims`` undoes its slice layout."""
+  """A reduced vector back to a tile: ``expand_dims`` undoes its slice layout (the vector is
+  converted to a slice of the tile's layout unless it is one already)."""
   gen = ctx.gen
   new_dims = [d for d in range(len(shape)) if d not in broadcast_dimensions]
   if len(new_dims) != 1 or len(shape) != 2:
     gen.unsupported("broadcasts of register tiles other than vectors to 2-D tiles")
-  x, parent = _slice_of(gen, x, new_dims[0], shape)
-  return expand(gen, x, shape, new_dims[0], parent)
-
-
-def _slice_of(gen, x, dim: int, shape):
-  """(``dim``, parent layout) of vector ``x`` as a slice of a tile of ``shape``: converted to a
-  slice of a coalesced layout unless it is a slice along ``dim`` already."""
-  sliced = gen.slices.get(gen.layout_of(x))
-  if sliced is not None and sliced[0] == dim:
-    return x, sliced[1]
-  parent = gen.layout(L.blocked(shape, x.dtype))
-  return gen.convert(x, slice_layout(gen, parent, dim)), parent
+  (dim,), parent = new_dims, gen.declared(gen.assigned(ctx.eqn.outvars[0]))
+  if gen.layout_of(x) != L.Slice(dim, parent):
+    x = gen.convert(x, slice_layout(gen, parent, dim))
+  return expand(gen, x, shape, dim, parent)
 
 
 @rule(lax.broadcast_in_dim_p)
 def _broadcast(ctx, x, *, shape, broadcast_dimensions, **_):
   if x.shape:
     return _broadcast_tile(ctx, x, tuple(shape), tuple(broadcast_dimensions))
-  return ctx.gen.splat(x, tuple(shape), ctx.gen.layout(L.blocked(shape, x.dtype)))
+  return ctx.gen.splat(x, tuple(shape), ctx.gen.declared(ctx.gen.assigned(ctx.eqn.outvars[0])))
 
 
 @rule(lax.iota_p)
@@ -52,7 +47,8 @@ def _iota(ctx, *, dtype, shape, dimension, **_):
   shape = tuple(shape)
   if len(shape) > 2:
     ctx.gen.unsupported("iotas of rank 3 or more")
-  return iota_in(ctx.gen, np.dtype(dtype), shape, dimension, ctx.gen.layout(L.blocked(shape, dtype)))
+  layout = ctx.gen.declared(ctx.gen.assigned(ctx.eqn.outvars[0]))
+  return iota_in(ctx.gen, np.dtype(dtype), shape, dimension, layout)
 
 
 
@@ -63,31 +59,26 @@ def _half(gen, x, dim: int, upper: bool):
   split = padded[:dim] + [2, padded[dim] // 2] + padded[dim + 1:]
   order = [d for d in range(len(shape) + 1) if d != dim] + [dim]
   pair = gen.fresh("halves")
+  gen.events.append(Halve(tuple(x.shape), dim))
   gen.emit(f"{pair} = {gen.render(x)}.reshape({split}).permute({tuple(order)}).split()")
   shape[dim] //= 2
   return ex.Subscript(ex.Name(pair), (i32(int(upper)),), dtype=x.dtype, shape=tuple(shape))
 
 
 
-def _halve(gen, v, dim: int, upper: bool):
-  """One halving of a 2-D tile, in a layout that keeps both halves in each thread's registers
-  (a wgmma accumulator stays one while it has more rows than a warpgroup covers)."""
-  kind = layout_kind(gen, gen.layout_of(v))
-  if kind == "other" or L.coverage(kind, v.shape, v.dtype)[dim] * 2 > v.shape[dim]:
-    # The layout of a half-size tile: on the whole tile it repeats once along ``dim``.
+def _halve(gen, v, step):
+  """One halving of a 2-D tile (``halving`` chose the layouts): converted first to a layout that
+  keeps both halves in each thread's registers where it is not in one."""
+  dim, upper, before, after = step
+  if before is not None:
+    v = convert_layout(gen, v, gen.declared(before))
     half_shape = tuple(n // 2 if d == dim else n for d, n in enumerate(v.shape))
-    kind = "blocked"
-    v = convert_layout(gen, v, gen.layout(L.blocked(half_shape, v.dtype)))
-    if L.coverage(kind, half_shape, v.dtype)[dim] > half_shape[dim]:
+    if L.coverage(before, half_shape, v.dtype)[dim] > half_shape[dim]:
       gen.unsupported(f"slicing a register tile of shape {v.shape} along dimension {dim} into "
                       "pieces smaller than a warp's rows or a thread's vector")
   half = _half(gen, v, dim, upper)
-  if kind == "wgmma" and half.shape[0] >= 16 * L.WARPS:
-    k = int(gen.layout_key(gen.layout_of(v)).rsplit(",", 1)[1].strip(" ])"))   # instr_shape's K
-    layout = gen.layout(L.wgmma(half.shape[1], 256 // k))
-  else:
-    layout = gen.layout(L.blocked(half.shape, half.dtype))
-  return gen.value(call("gl.convert_layout", half, ex.Token(layout), dtype=half.dtype,
+  layout = gen.declared(after)
+  return gen.value(call("gl.convert_layout", half, ex.Token(gen.layout(layout)), dtype=half.dtype,
                         shape=half.shape), layout)
 
 
@@ -100,33 +91,24 @@ def _slice(ctx, x, *, start_indices, limit_indices, strides):
     gen.unsupported("strided slices of register tiles")
   if len(x.shape) != 2:
     gen.unsupported("slices of register tiles other than 2-D ones")
-  v = x
-  for d, (lo, hi, n) in enumerate(zip(start_indices, limit_indices, x.shape)):
-    size = hi - lo
-    if size == n:
-      continue
-    if not (L.is_pow2(n) and L.is_pow2(size) and lo % size == 0):
+  for lo, hi, n in zip(start_indices, limit_indices, x.shape):
+    if hi - lo != n and not (L.is_pow2(n) and L.is_pow2(hi - lo) and lo % (hi - lo) == 0):
       gen.unsupported(f"a slice [{lo}:{hi}] of a register tile's dimension of {n} (pieces of "
                       "a power-of-two size at multiples of it only)")
-    while v.shape[d] > size:
-      half = v.shape[d] // 2
-      v = _halve(gen, v, d, upper=(lo // half) % 2 == 1)
+  v = x
+  for step in gen.facts(ctx.eqn):
+    v = _halve(gen, v, step)
   return v
-
 
 
 @rule(mp.layout_cast_p)
 def _layout_cast(ctx, x, *, new_layout):
   """``plgpu.layout_cast``: the wgmma layouts are Gluon's (choosing them before a loop keeps its
   carries in the layout the loop computes in); other layouts are hints Gluon chooses itself."""
-  gen = ctx.gen
-  if new_layout == mc.Layout.WGMMA and len(x.shape) == 2:
-    layout = gen.layout(L.wgmma(x.shape[1], gen.mma_bits))
-  else:
-    layout = wgmma_vector(gen, new_layout, x.shape)
-    if layout is None:
-      return x
-  return to_layout(gen, x, layout, x.shape, x.dtype)
+  layout = ctx.gen.facts(ctx.eqn)
+  if layout is None:
+    return x
+  return to_layout(ctx.gen, x, ctx.gen.declared(layout), x.shape, x.dtype)
 
 
 
@@ -162,3 +144,93 @@ def _one_row_update_jaxpr(avals, add: bool, clip: bool):
   maybe more often)."""
   fn = functools.partial(_one_row_update, add=add, clip=clip)
   return jax.make_jaxpr(fn)(*(jax.ShapeDtypeStruct(s, d) for s, d in avals)).jaxpr
+
+
+# --- layout assignment (assign.py) ------------------------------------------------------------
+
+@layout_rule(lax.broadcast_in_dim_p)
+def _broadcast_layouts(ctx, x, *, shape, broadcast_dimensions, **_):
+  """A scalar is splatted in a coalesced layout; a vector is broadcast from a slice of the tile's
+  layout (converted to a slice of a coalesced layout unless it is a slice along that dimension
+  already). Both can be rebuilt in another layout rather than converted."""
+  shape = tuple(shape)
+  if not getattr(x, "shape", ()):
+    return Val(shape, x.dtype, L.blocked(shape, x.dtype), ("splat",))
+  new_dims = [d for d in range(len(shape)) if d not in broadcast_dimensions]
+  if len(new_dims) != 1 or len(shape) != 2 or not isinstance(x, Val):
+    return None   # the writer refuses it
+  (dim,) = new_dims
+  if isinstance(x.layout, L.Slice) and x.layout.dim == dim:
+    parent = x.layout.parent
+  else:
+    parent = L.blocked(shape, x.dtype)
+    x = ctx.a.convert(x, L.Slice(dim, parent))
+  return Val(shape, x.dtype, parent, ("expand", x, dim))
+
+
+@layout_rule(lax.iota_p)
+def _iota_layouts(ctx, *, dtype, shape, dimension, **_):
+  shape = tuple(shape)
+  return Val(shape, np.dtype(dtype), L.blocked(shape, dtype), ("iota",)) if len(shape) <= 2 else None
+
+
+def halving(layout: L.Layout, shape, dtype, dim: int) -> tuple[L.Layout | None, L.Layout]:
+  """(the layout a 2-D tile is converted to before it is halved along ``dim`` or None, the
+  layout of the half): a wgmma accumulator stays one while it has more rows than a warpgroup
+  covers and its halves sit in the same threads; anything else is halved in a coalesced layout
+  that repeats along ``dim``."""
+  before = None
+  if layout.kind == "other" or L.coverage(layout, shape, dtype)[dim] * 2 > shape[dim]:
+    half_shape = tuple(n // 2 if d == dim else n for d, n in enumerate(shape))
+    layout = before = L.blocked(half_shape, dtype)
+  half = tuple(n // 2 if d == dim else n for d, n in enumerate(shape))
+  if layout.kind == "wgmma" and half[0] >= 16 * L.WARPS:
+    return before, L.wgmma(half[1], L.in_bits(layout))
+  return before, L.blocked(half, dtype)
+
+
+@layout_rule(lax.slice_p)
+def _slice_layouts(ctx, x, *, start_indices, limit_indices, strides):
+  """The halvings of ``_slice``: per halving (dim, upper half, layout before, layout of the half)."""
+  if not isinstance(x, Val) or x.layout is None or len(x.shape) != 2:
+    return None
+  steps, v = [], x
+  for d, (lo, hi, n) in enumerate(zip(start_indices, limit_indices, x.shape)):
+    size = hi - lo
+    if size == n:
+      continue
+    if not (L.is_pow2(n) and L.is_pow2(size) and lo % size == 0):
+      return None   # the writer refuses it
+    while v.shape[d] > size:
+      half = v.shape[d] // 2
+      before, after = halving(v.layout, v.shape, v.dtype, d)
+      if before is not None:
+        v = ctx.a.convert(v, before)
+      steps.append((d, (lo // half) % 2 == 1, before, after))
+      v = Val(tuple(half if k == d else s for k, s in enumerate(v.shape)), v.dtype, after)
+  ctx.facts(steps)
+  return v
+
+
+@layout_rule(mp.layout_cast_p)
+def _layout_cast_layouts(ctx, x, *, new_layout):
+  a = ctx.a
+  if new_layout == mc.Layout.WGMMA and len(x.shape) == 2:
+    layout = L.wgmma(x.shape[1], a.gen.mma_bits)
+  else:
+    layout = wgmma_vector_of(new_layout, x.shape, a.gen.mma_bits)
+  ctx.facts(layout)
+  return x if layout is None else a.to_layout(x, layout, x.shape, x.dtype)
+
+
+@layout_rule(lax.scatter_p, lax.scatter_add_p)
+def _scatter_layouts(ctx, operand, indices, updates, *, dimension_numbers, mode, **_):
+  dn, rank = dimension_numbers, len(operand.shape)
+  if (indices.shape != (1,) or dn.inserted_window_dims != (0,) or
+      dn.scatter_dims_to_operand_dims != (0,) or dn.update_window_dims != tuple(range(rank - 1)) or
+      dn.operand_batching_dims):
+    return None
+  avals = tuple((tuple(v.aval.shape), np.dtype(v.aval.dtype)) for v in ctx.eqn.invars)
+  jaxpr = _one_row_update_jaxpr(avals, ctx.eqn.primitive is lax.scatter_add_p,
+                                mode == lax.GatherScatterMode.CLIP)
+  return ctx.lower(jaxpr, [operand, indices, updates])

@@ -19,6 +19,7 @@ import numpy as np
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
 from pallax._src.mosaic_gpu import primitives as mp
+from pallax._src.gluon.events import Partition
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
 
@@ -27,44 +28,44 @@ SCALAR_WORKER_WARPS = 1
 DEFAULT_WORKER_REGISTERS = 232
 
 
-def hoist(gen, jaxpr, thread_name, allocate) -> None:
+def hoist(jaxpr, thread_name, allocate, hoisted: dict) -> None:
   """Allocates the collective scratch of straight-line code (not inside loops or branches) now,
-  recording it by equation in ``gen.hoisted``; a thread's own scopes may hold some (a pipeline
-  inside the scope of an accumulator)."""
+  with ``allocate(kind, aval)``, recording it by equation in ``hoisted``; a thread's own scopes
+  may hold some (a pipeline inside the scope of an accumulator)."""
   for eqn in jaxpr.eqns:
     p = eqn.params
     if eqn.primitive is prims.run_scoped_p:
       body = p["jaxpr"]
       if thread_name in p.get("collective_axes", ()):
-        gen.hoisted[eqn] = [allocate(gen, t, v.aval.inner_aval)
-                            for t, v in zip(p["scratch_types"], body.invars[p["num_consts"]:])]
-      hoist(gen, body, thread_name, allocate)
+        hoisted[eqn] = [allocate(t, v.aval.inner_aval)
+                        for t, v in zip(p["scratch_types"], body.invars[p["num_consts"]:])]
+      hoist(body, thread_name, allocate, hoisted)
     elif eqn.primitive in ji.CALL_PRIMITIVES:
-      hoist(gen, p.get("jaxpr", p.get("call_jaxpr")), thread_name, allocate)
+      hoist(p.get("jaxpr", p.get("call_jaxpr")), thread_name, allocate, hoisted)
 
 
-def partitions(gen, jaxpr, args, info) -> list[tuple[list[str], int | None, int]]:
-  """(the statements, the register budget, the warps) of each thread's partition."""
+def partitions(gen, jaxpr, args, info) -> list[Partition]:
+  """Each thread's partition: its statements, register budget, warps and operations."""
   out = []
   for t in range(info.num_threads):
-    gen.lines, gen.registers = [], None
+    gen.lines, gen.registers, gen.events = [], None, []
     gen.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
     for ref in gen.hoisted_barriers():
       gen.emit(f"{ref.phase} = 0")   # each thread waits for its own phases
     gen.pending_accs = []
     gen.register_tensors = False
     gen.lower_jaxpr(jaxpr, args)
-    out.append((gen.lines, gen.registers,
-                WORKER_WARPS if gen.register_tensors else SCALAR_WORKER_WARPS))
+    out.append(Partition(gen.lines, gen.registers,
+                         WORKER_WARPS if gen.register_tensors else SCALAR_WORKER_WARPS, gen.events))
   return out
 
 
-def split(name: str, params: list[str], parts) -> list[str]:
+def split(name: str, params: list[str], parts: list[Partition]) -> list[str]:
   """The statement that runs the partitions (``gl.warp_specialize``)."""
   args = f"({', '.join(params)},)"
   fns = ", ".join(f"({name}_t{t}, {args})" for t in range(len(parts)))
-  warps = [w for _, _, w in parts[1:]]
-  regs = [r or DEFAULT_WORKER_REGISTERS for _, r, _ in parts[1:]]
+  warps = [p.warps for p in parts[1:]]
+  regs = [p.registers or DEFAULT_WORKER_REGISTERS for p in parts[1:]]
   return [f"    gl.warp_specialize([{fns}], {warps}, {regs})"]
 
 

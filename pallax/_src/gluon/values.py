@@ -1,6 +1,6 @@
-"""Helpers the Gluon rules share: literals and type tokens, the layouts of register values
-(meeting in one layout, conversions, slices), masks of padded lanes, iotas and broadcasts rebuilt
-in the layout they meet, and waiting for wgmmas.
+"""Helpers the Gluon rules share: literals and type tokens, operands in the layout the layout
+assignment gave their operation (converted, or rebuilt where they are splats, iotas and
+broadcasts), slices of layouts, masks of padded lanes, iotas, and waiting for wgmmas.
 
 Values and SMEM buffers whose shapes are not powers of two live in padded tensors (see
 ``layouts.py``). What sits in the padding never reaches a result: reductions set it to their
@@ -33,7 +33,7 @@ def shape_token(shape) -> ex.Token:
   return ex.Token(str(list(L.padded(shape))))
 
 
-def valid_lanes(gen, shape, layout: str, dims) -> ex.Expr | None:
+def valid_lanes(gen, shape, layout: L.Layout, dims) -> ex.Expr | None:
   """Whether each lane of a ``shape`` tile in ``layout`` lies inside the logical shape along
   ``dims`` (None: those dimensions are not padded)."""
   cond = None
@@ -54,24 +54,12 @@ def masked(gen, v, dims, fill: ex.Expr):
 
 
 
-def common_layout(gen, *vals):
-  """``vals`` in one layout (register tiles of two layouts cannot meet in one operation): the
-  first computed tile's; a splatted constant is written again in it rather than converted."""
-  tiles = [v for v in vals if v.shape and gen.layout_of(v) is not None]
-  if not tiles:
-    return list(vals), None
-  chosen = lambda v: getattr(v, "name", None) not in gen.remat and v.name not in gen.tentative
-  target = next((v for v in tiles if chosen(v)), tiles[0])
-  layout = gen.layout_of(target)
-  return [gen.in_layout(v, layout) for v in vals], layout
-
-
-def same_layout(gen, x, y):
-  """``y`` in ``x``'s layout (``x`` is an accumulator: its layout stays)."""
-  lx, ly = gen.layout_of(x), gen.layout_of(y)
-  if lx is None or ly is None or lx == ly or not y.shape:
-    return y, lx or ly
-  return convert_layout(gen, y, lx), lx
+def common_layout(ctx, *vals):
+  """``vals`` in the layout the assignment gave the operation's result (register tiles of two
+  layouts cannot meet in one operation): converted to it, or written again in it where they
+  are splats, iotas or broadcasts."""
+  layout = ctx.gen.assigned(ctx.eqn.outvars[0])
+  return [ctx.gen.in_layout(v, layout) for v in vals], layout
 
 
 def convert_layout(gen, v, layout):
@@ -79,17 +67,17 @@ def convert_layout(gen, v, layout):
 
 
 
-def expand(gen, x, shape, dim: int, layout: str):
+def expand(gen, x, shape, dim: int, layout: L.Layout):
   """Vector ``x`` (in ``layout``'s slice along ``dim``) broadcast along ``dim`` to ``shape``."""
   e = call("gl.expand_dims", x, i32(dim), dtype=x.dtype,
            shape=tuple(1 if d == dim else n for d, n in enumerate(shape)))
-  full = call("gl.full", shape_token(shape), i32(0), dtype_token(x.dtype), layout=ex.Token(layout),
+  full = call("gl.full", shape_token(shape), i32(0), dtype_token(x.dtype), layout=ex.Token(gen.layout(layout)),
               dtype=x.dtype, shape=tuple(shape))
   pair = gen.fresh("pair")
   gen.emit(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
   v = gen.value(ex.Subscript(ex.Name(pair), (i32(0),), dtype=x.dtype, shape=tuple(shape)), layout)
   def again(new):   # broadcast again from the vector in the new layout's slice
-    if layout_kind(gen, new) == "other":
+    if new.kind == "other":
       return None
     return expand(gen, gen.in_layout(x, slice_layout(gen, new, dim)), shape, dim, new)
   gen.remat[v.name] = again
@@ -97,11 +85,11 @@ def expand(gen, x, shape, dim: int, layout: str):
 
 
 
-def iota_in(gen, dtype, shape, dimension: int, layout: str):
+def iota_in(gen, dtype, shape, dimension: int, layout: L.Layout):
   if len(shape) > 2:
     return iota_nd(gen, dtype, shape, dimension, layout)
   lane = layout if len(shape) == 1 else slice_layout(gen, layout, 1 - dimension)
-  e = call("gl.arange", i32(0), i32(L.padded(shape)[dimension]), layout=ex.Token(lane), dtype=I32,
+  e = call("gl.arange", i32(0), i32(L.padded(shape)[dimension]), layout=ex.Token(gen.layout(lane)), dtype=I32,
            shape=(shape[dimension],))
   if dtype != I32:
     e = method(e, "to", dtype_token(dtype), dtype=dtype)
@@ -109,19 +97,19 @@ def iota_in(gen, dtype, shape, dimension: int, layout: str):
     v = gen.value(e, layout)
   else:
     v = expand(gen, gen.value(e, lane, "iota"), shape, 1 - dimension, layout)
-  gen.remat[v.name] = lambda new: None if layout_kind(gen, new) == "other" else \
+  gen.remat[v.name] = lambda new: None if new.kind == "other" else \
       iota_in(gen, dtype, shape, dimension, new)
   return v
 
 
-def iota_nd(gen, dtype, shape, dimension: int, layout: str):
+def iota_nd(gen, dtype, shape, dimension: int, layout: L.Layout):
   """An iota along ``dimension`` of a tile of rank > 2: the vector in ``layout`` with every other
   dimension sliced away (highest first), expanded back (lowest first) and broadcast."""
   others = [d for d in range(len(shape)) if d != dimension]
   lane = layout
   for d in reversed(others):
     lane = slice_layout(gen, lane, d)
-  e = call("gl.arange", i32(0), i32(L.padded(shape)[dimension]), layout=ex.Token(lane),
+  e = call("gl.arange", i32(0), i32(L.padded(shape)[dimension]), layout=ex.Token(gen.layout(lane)),
            dtype=I32, shape=(shape[dimension],))
   for d in others:   # the dimensions below d are back already: d is its position
     e = call("gl.expand_dims", e, i32(d), dtype=I32,
@@ -129,18 +117,11 @@ def iota_nd(gen, dtype, shape, dimension: int, layout: str):
                          if k == dimension or k <= d))
   if dtype != I32:
     e = method(e, "to", dtype_token(dtype), dtype=dtype)
-  full = call("gl.full", shape_token(shape), i32(0), dtype_token(dtype), layout=ex.Token(layout),
+  full = call("gl.full", shape_token(shape), i32(0), dtype_token(dtype), layout=ex.Token(gen.layout(layout)),
               dtype=dtype, shape=tuple(shape))
   pair = gen.fresh("pair")
   gen.emit(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
   return gen.value(ex.Subscript(ex.Name(pair), (i32(0),), dtype=dtype, shape=tuple(shape)), layout)
-
-
-
-def layout_kind(gen, layout) -> str:
-  text = gen.layout_key(layout)
-  return "wgmma" if text.startswith("gl.NVMMADistributedLayout") else \
-      "blocked" if text.startswith("gl.BlockedLayout") else "other"
 
 
 
@@ -149,7 +130,7 @@ def layout_kind(gen, layout) -> str:
 ROW_VECTOR_N = 64
 
 
-def wgmma_vector(gen, layout, shape) -> str | None:
+def wgmma_vector_of(layout, shape, mma_bits: int) -> L.Layout | None:
   """``Layout.WGMMA.reduce(axis)`` of a vector as a Gluon slice layout (None: another layout):
   a column vector (axis 1) sits in the same threads whatever the tile's width; a row vector
   (axis 0) spans a tile as wide as itself."""
@@ -158,15 +139,15 @@ def wgmma_vector(gen, layout, shape) -> str | None:
     return None
   (axis,) = layout.axes
   n = ROW_VECTOR_N if axis == 1 else shape[0]
-  return slice_layout(gen, gen.layout(L.wgmma(n, gen.mma_bits)), axis)
+  return L.Slice(axis, L.wgmma(n, mma_bits))
 
 
 
-def slice_layout(gen, layout: str, dim: int) -> str:
+def slice_layout(gen, layout: L.Layout, dim: int) -> L.Slice:
   """The layout of a tensor with ``dim`` of a ``layout`` tensor taken away (a reduction's)."""
-  name = gen.layout(f"gl.SliceLayout({dim}, {layout})")
-  gen.slices[name] = (dim, layout)
-  return name
+  sliced = L.Slice(dim, layout)
+  gen.layout(sliced)
+  return sliced
 
 
 
@@ -174,7 +155,7 @@ def to_layout(gen, v, layout, shape, dtype):
   """``v`` as a tensor of ``shape`` in ``layout`` (a scalar is broadcast)."""
   if not v.shape:
     return gen.value(call("gl.full", shape_token(shape), v, dtype_token(dtype),
-                          layout=ex.Token(layout), dtype=dtype, shape=shape), layout)
+                          layout=ex.Token(gen.layout(layout)), dtype=dtype, shape=shape), layout)
   if gen.layout_of(v) not in (None, layout):
     return convert_layout(gen, v, layout)
   return v

@@ -1,22 +1,23 @@
 """The Gluon kernel being written: the Refs the rules see (GMEM operands, SMEM buffers and their
 views, barriers, wgmma accumulators) and the ``Writer``, the shared ``gpu/source.py`` statement
-writer with the Gluon rule table and what Gluon needs beyond it: a layout for every register
-value, SMEM buffers whose stored shape and layout rank are known once all their views are, and
-the TMA descriptors the body asks for (made in the prologue).
+writer with the Gluon rule table and what Gluon needs beyond it: the layout assignment it
+renders (``assign.py``: each jaxpr is lowered with its ``Scope``), the layout of every register
+value written, the named layouts, the TMA descriptors the body asks for (made in the prologue
+or passed by the host), and what the kernel does as data (``events.py``).
 """
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 
 from pallax._src.gluon import layouts as L
+from pallax._src.gluon.assign import Buffer
+from pallax._src.gluon.events import SmemView
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import source as src
 
 TABLE = src.RuleTable({}, {})
-_PLACEHOLDER = re.compile(r"@(shape|zero|view\d) (\w+)@")
 rule = TABLE.register
 
 
@@ -37,10 +38,13 @@ class SmemRef:
   text: str
   shape: tuple
   dtype: np.dtype
-  layout: str
+  layout: L.Layout
   swizzle: int = 0        # bytes (the buffer's): where it may be sliced
   lead: tuple = ()        # leading dimensions stored flattened into one (buffers of rank > 3)
   reshaped: bool = False  # such a buffer seen whole, unflattened
+  buffer: Buffer | None = None   # what the layout assignment found for the buffer
+  steps: tuple = ()       # the view's steps from the buffer (see events.SmemView)
+  whole: bool = False     # the buffer itself, unindexed
 
 
 @dataclasses.dataclass
@@ -49,19 +53,37 @@ class BarrierRef:
   phase: str              # the phase bitfield variable
   count: int
   index: ex.Expr | None = None
+  id: int = 0             # which allocation of barriers (``barrier[id]`` in events)
 
 
 @dataclasses.dataclass
 class AccRef:
   name: str               # the register variable holding the accumulator
   shape: tuple
-  layout: str
+  layout: L.Layout
 
 
 @dataclasses.dataclass
 class ValueRef:
   """A value that ``pl.run_state`` turned into a Ref the body only reads (a closed-over array)."""
   value: ex.Expr
+
+
+@dataclasses.dataclass(frozen=True)
+class Descriptor:
+  """A TMA descriptor of a GMEM operand for boxes of one shape (``box``: padded), and the layout
+  of the SMEM it copies to or from."""
+  name: str
+  ptr: str
+  shape: tuple
+  strides: tuple
+  box: tuple
+  layout: L.Layout
+
+  def line(self, gen) -> str:
+    """The statement that makes it in the kernel (when it is not made on the host)."""
+    return (f"{self.name} = tma.make_tensor_descriptor({self.ptr}, {list(self.shape)}, "
+            f"{list(self.strides)}, {list(self.box)}, {gen.layout(self.layout)})")
 
 
 @dataclasses.dataclass
@@ -74,10 +96,26 @@ class GluonSource:
   # Per operand: None (a pointer) or (shape, strides) of the host-side TMA descriptor passed in
   # its place (its box and swizzle come from the compiled kernel's metadata).
   host_descriptors: tuple = ()
+  # What the kernel does, as data (``events.py``): per thread its operations; the SMEM buffers
+  # (assign.Buffer), the layouts declared, the conversions made, the program ids (expressions).
+  partitions: tuple = ()
+  buffers: tuple = ()
+  layouts: tuple = ()
+  conversions: tuple = ()
+  program_ids: tuple = ()
 
 
-# Layouts of SMEM and barriers (the others are layouts of register tensors).
-_MEMORY_LAYOUTS = ("gl.NVMMASharedLayout", "<smem ", L.BARRIER)
+@dataclasses.dataclass(frozen=True)
+class BufferLayout(L.Layout):
+  """The layout of one SMEM buffer (declared once per buffer): an NVMMA shared layout of the
+  rank its views need."""
+  buffer: str
+  shared: L.Shared
+  registers = False
+
+  def text(self, name=None, module: str = "gl.") -> str:
+    return self.shared.text(module=module)
+
 
 
 class Writer(src.Source):
@@ -87,20 +125,19 @@ class Writer(src.Source):
   def __init__(self, kernel_name: str):
     super().__init__(kernel_name, TABLE, ex.Renderer("gl"))
     self.approx_math = False                 # plgpu.CompilerParams(approx_math=True)
-    self.layouts: dict[str, str] = {}        # register value name -> layout source
+    self.layouts: dict = {}                  # register value name -> its Layout
     self.remat: dict = {}                    # register value name -> layout -> the value
                                              # computed again in it (or None): splats, iotas,
                                              # broadcasts are rebuilt rather than converted
-    self.smem_layouts: dict[str, list] = {}  # SMEM buffer layout key -> [shape, dtype, view ranks]
-    self.accs: list = []                     # every AccRef (probe restores their layouts)
-    self.tentative: set = set()              # probe carries: their layout is not chosen yet
-    self.constexprs: dict[str, str] = {}     # layout source -> constexpr name
-    self.descriptors: dict = {}              # (ptr, box) -> descriptor name
-    self.descriptor_lines: dict = {}         # descriptor name -> its line (made in the kernel)
+    self.assignment = None                   # the layout assignment (assign.py)
+    self.allocated = 0                       # how many of its SMEM buffers are allocated
+    self.scope = None                        # the assignment's Scope of the jaxpr being lowered
+    self.events: list = []                   # what the running thread does (events.py)
+    self.barriers = 0                        # how many barrier allocations were made
+    self.constexprs: dict = {}               # Layout -> its constexpr name
+    self.descriptors: dict = {}              # (ptr, box) -> its Descriptor
     self.pointer_uses: set = set()           # GMEM operands accessed through registers
-    self.descriptor_layouts: dict = {}       # descriptor name -> its SMEM layout name
     self.axes: dict = {}                     # axis name -> index expression
-    self.slices: dict = {}                   # slice layout name -> (dim, parent layout name)
     self.mma_bits = 16                       # the operand width of the kernel's wgmmas
     self.wgmma = False                       # whether the kernel has wgmmas
     self.conversions: list = []              # (from, to, shape, line) of each layout conversion
@@ -119,55 +156,75 @@ class Writer(src.Source):
     return [r.text if isinstance(r, SmemRef) else r.name
             for refs in self.hoisted.values() for r in refs if not isinstance(r, AccRef)]
 
-  def layout(self, text: str) -> str:
-    """A name for a layout (``L0: gl.constexpr = ...`` in the prologue)."""
-    if not text.startswith(_MEMORY_LAYOUTS):
+  def layout(self, layout: L.Layout) -> str:
+    """The name of a layout (``L0: gl.constexpr = ...`` in the prologue)."""
+    if layout.registers:
       self.register_tensors = True
-    if text not in self.constexprs:
-      self.constexprs[text] = f"L{len(self.constexprs)}"
-    return self.constexprs[text]
+    if layout not in self.constexprs:
+      if isinstance(layout, (L.Slice, L.DotOperand)):
+        self.layout(layout.parent)   # declared first: its name is in this one's text
+      self.constexprs[layout] = f"L{len(self.constexprs)}"
+    return self.constexprs[layout]
 
-  def value(self, e: ex.Expr, layout: str | None, hint="v") -> ex.Name:
+  def declared(self, layout: L.Layout) -> L.Layout:
+    """``layout``, declared (named) now."""
+    self.layout(layout)
+    return layout
+
+  def value(self, e: ex.Expr, layout: L.Layout | None, hint="v") -> ex.Name:
     name = self.bind(e, hint)
     if layout is not None and isinstance(name, ex.Name):
       self.layouts[name.name] = layout
     return name
 
-  def probe(self, fn):
-    """``fn()``'s result, with what it wrote taken back: a loop body is lowered once to learn
-    the layouts it produces, then again for real."""
-    lines, conversions, pending = len(self.lines), len(self.conversions), list(self.pending_accs)
-    accs = [(a, a.layout) for a in self.accs]
-    frame, depth, registers = self.last_frame, self.depth, self.registers
+  def lower_jaxpr(self, jaxpr, args) -> list:
+    """Lowers ``jaxpr`` with what the layout assignment found for it (the next scope of the
+    current one: rules lower sub-jaxprs in the order the assignment analysed them)."""
+    outer, self.scope = self.scope, self.scope.take(jaxpr)
     try:
-      return fn()
+      return super().lower_jaxpr(jaxpr, args)
     finally:
-      del self.lines[lines:], self.conversions[conversions:]
-      self.pending_accs[:] = pending
-      for a, layout in accs:
-        a.layout = layout
-      self.last_frame, self.depth, self.registers = frame, depth, registers
+      self.scope = outer
+
+  def block(self, fn) -> list[str]:
+    """The statements ``fn()`` writes one level deeper, kept apart (a branch of an ``if``)."""
+    outer, self.lines = self.lines, []
+    self.depth += 1
+    try:
+      fn()
+      return self.lines
+    finally:
+      self.lines = outer
+      self.depth -= 1
+
+  def assigned(self, var) -> L.Layout | None:
+    """The layout the assignment gave ``var`` (a variable of the jaxpr being lowered)."""
+    return self.scope.layouts.get(var)
+
+  def facts(self, eqn):
+    """What the assignment found for ``eqn`` that its rule renders from (see the layout rule)."""
+    return self.scope.facts.get(eqn)
 
   def assign(self, targets, values):
     """Loop and branch carries keep the layout they entered with (Gluon requires it)."""
     values = [self.in_layout(v, self.layout_of(t)) for t, v in zip(targets, values)]
     super().assign(targets, values)
 
-  def in_layout(self, v, layout: str | None):
+  def in_layout(self, v, layout: L.Layout | None):
     have = self.layout_of(v)
     if layout is None or have is None or have == layout or not getattr(v, "shape", ()):
       return v
     return self.convert(v, layout)
 
-  def splat(self, x, shape: tuple, layout: str) -> ex.Name:
+  def splat(self, x, shape: tuple, layout: L.Layout) -> ex.Name:
     """A tile of ``shape`` filled with scalar ``x``, in ``layout``."""
     v = self.value(ex.call("gl.full", ex.Token(str(list(L.padded(shape)))), x, ex.Token(ex.dtype_name(x.dtype, "gl")),
-                           layout=ex.Token(layout), dtype=x.dtype, shape=shape), layout)
+                           layout=ex.Token(self.layout(layout)), dtype=x.dtype, shape=shape), layout)
     if isinstance(v, ex.Name):
       self.remat[v.name] = lambda new: self.splat(x, shape, new)
     return v
 
-  def convert(self, v, layout: str) -> ex.Name:
+  def convert(self, v, layout: L.Layout) -> ex.Name:
     """``v`` converted to ``layout`` (each conversion is listed by ``debug=True``), or computed
     again in it where that is cheaper."""
     again = self.remat.get(getattr(v, "name", None))
@@ -176,117 +233,63 @@ class Writer(src.Source):
       if new is not None:
         return new
     self.conversions.append((self.layout_of(v), layout, tuple(v.shape), self.last_frame))
-    return self.value(ex.call("gl.convert_layout", v, ex.Token(layout), dtype=v.dtype, shape=v.shape),
-                      layout)
+    return self.value(ex.call("gl.convert_layout", v, ex.Token(self.layout(layout)), dtype=v.dtype,
+                              shape=v.shape), layout)
 
-  def layout_key(self, name: str | None) -> str:
-    """The source a layout name was made from ("" for none): the layout's own text, or an SMEM
-    buffer's key (``layout_text`` resolves it)."""
-    return next((t for t, n in self.constexprs.items() if n == name), "")
+  def layout_text(self, layout: L.Layout) -> str:
+    return layout.text(self.layout)
 
-  def smem_layout(self, buffer: str, shape: tuple, dtype) -> str:
-    """The layout name of an SMEM buffer: written once its views are known (a Gluon shared
-    layout has one rank, which must be its views' rank or one less)."""
-    key = f"<smem {buffer}>"
-    self.smem_layouts[key] = [tuple(shape), dtype, set(), set()]
-    return self.layout(key)
-
-  def note_view(self, layout: str, rank: int, registers: bool = False):
-    """A view of rank ``rank`` of the buffer of ``layout``; register loads and stores need the
-    buffer's layout of exactly their rank."""
-    key = self.layout_key(layout)
-    if key in self.smem_layouts:
-      self.smem_layouts[key][3 if registers else 2].add(rank)
-
-  def smem_rank(self, key: str) -> int:
-    """The rank of an SMEM buffer's layout: that of the lowest-rank views (a leading dimension
-    beyond it is only ever indexed)."""
-    shape, _, ranks, exact = self.smem_layouts[key]
-    rank = min(ranks | {len(shape)})
-    if rank < len(shape) - 1 or max(ranks | {rank}) > rank + 1 or exact - {rank}:
-      self.unsupported(f"SMEM views of ranks {sorted(ranks)} of one buffer of shape {list(shape)}, "
-                       f"register loads or stores of rank {sorted(exact)} among them")
-    return max(1, rank)
-
-  def layout_text(self, text: str) -> str:
-    """A layout's source (an SMEM buffer's: of the lowest rank of its views)."""
-    if text not in self.smem_layouts:
-      return text
-    shape, dtype, _, _ = self.smem_layouts[text]
-    return L.shared(shape, dtype, self.smem_rank(text))
-
-  def allocate_smem(self, name: str, shape: tuple, dtype) -> str:
-    """Allocates an SMEM buffer; returns its layout name. Its stored shape is written when its
-    views are known (``resolve``): the dimensions they keep padded, the others as they are."""
-    layout = self.smem_layout(name, shape, dtype)
-    self.register_tensors = True   # its padding may be zeroed from registers (resolve)
-    self.emit(f"{name} = gl.allocate_shared_memory({ex.dtype_name(dtype, 'gl')}, @shape {name}@, {layout})")
-    self.emit(f"@zero {name}@")
-    return layout
-
-  def resolve(self, lines: list[str]) -> list[str]:
-    """``lines`` with the stored shapes of SMEM buffers written in; a padded buffer is zeroed
-    where it is allocated, so that its padding is zero until TMA or registers write it."""
-    out = []
-    for line in lines:
-      m = _PLACEHOLDER.search(line)
-      if m is None:
-        out.append(line)
-      elif m.group(1) == "zero":
-        shape, _, rank, stored = self._stored(m.group(2))
-        if stored != tuple(shape):
-          indent = line[:m.start()]
-          out += [indent + z for z in self._zeroing(m.group(2), f"<smem {m.group(2)}>", stored, rank)]
-      else:   # every placeholder of the line: shapes and views are written in place
-        out.append(_PLACEHOLDER.sub(lambda m: self._in_place(m.group(1), m.group(2)), line))
-    return out
-
-  def _stored(self, buffer: str) -> tuple:
-    """(shape, dtype, layout rank, stored shape) of an SMEM buffer."""
-    key = f"<smem {buffer}>"
-    shape, dtype = self.smem_layouts[key][:2]
-    rank = self.smem_rank(key)
-    # Beside a layout of rank 1 the leading dimension is padded too: seen with a layout of
-    # rank 2 (a TMA box of the whole buffer), it must be a power of two.
-    stored = L.padded(shape) if rank == 1 else tuple(shape[:-rank]) + L.padded(shape[-rank:])
-    return shape, dtype, rank, stored
-
-  def _in_place(self, kind: str, buffer: str) -> str:
-    """The text of a ``@shape buf@`` or ``@viewK buf@`` placeholder."""
-    shape, dtype, rank, stored = self._stored(buffer)
-    if kind == "shape":
-      return str(list(stored))
-    k = int(kind[len("view"):])   # the whole buffer, seen with a layout of rank k
-    if k == rank:
-      return ""
-    return (f"._reinterpret({ex.dtype_name(dtype, 'gl')}, {list(stored)}, "
-            f"{self.layout(L.shared(shape, dtype, k))})")
+  def allocate_smem(self, name: str, shape: tuple, dtype) -> tuple[BufferLayout, Buffer]:
+    """Allocates the next SMEM buffer the layout assignment found (its stored shape and layout
+    rank come from the ranks of all its views); returns its layout and the buffer. A padded
+    buffer is zeroed where it is allocated, so that its padding is zero until TMA or registers
+    write it."""
+    buffer = self.assignment.buffers[self.allocated]
+    if (buffer.shape, buffer.dtype) != (tuple(shape), np.dtype(dtype)):
+      raise AssertionError("internal error: the Gluon writer allocates SMEM the layout "
+                           "assignment did not find")
+    self.allocated += 1
+    layout = BufferLayout(name, buffer.layout)
+    self.register_tensors = True   # its padding may be zeroed from registers
+    stored, rank, gl_dtype = buffer.stored, buffer.rank, ex.dtype_name(dtype, "gl")
+    self.emit(f"{name} = gl.allocate_shared_memory({gl_dtype}, {list(stored)}, {self.layout(layout)})")
+    if stored != tuple(shape):
+      zeros = (f"gl.zeros({list(stored[-rank:])}, {gl_dtype}, "
+               f"layout={self.layout(L.blocked(stored[-rank:], dtype))})")
+      if len(stored) == rank:
+        self.emit(f"{name}.store({zeros})")
+      else:
+        self.emit(f"for _s in gl.static_range({stored[0]}):")
+        self.emit(f"    {name}.index(_s).store({zeros})")
+      self.emit("hopper.fence_async_shared()")   # before TMA writes the buffer
+    return layout, buffer
 
   def is_whole(self, ref) -> bool:
     """Whether ``ref`` is an SMEM buffer itself, not a view of one."""
-    return not ref.lead and self.layout_key(ref.layout) == f"<smem {ref.text}>"
+    return ref.whole and not ref.lead
 
   def whole_view(self, ref) -> str:
     """The text of a whole SMEM buffer read or written by registers or a TMA box of its own
     rank: the buffer's layout may have a lower rank (its other views index the leading
     dimension), and those accesses need a layout of their rank, so the bytes are reinterpreted
-    with one when the buffer's is known (``resolve``)."""
-    return f"{ref.text}@view{len(ref.shape)} {ref.text}@"
+    with one."""
+    buffer, k = ref.buffer, len(ref.shape)
+    if k == buffer.rank:
+      return ref.text
+    return (f"{ref.text}._reinterpret({ex.dtype_name(buffer.dtype, 'gl')}, {list(buffer.stored)}, "
+            f"{self.layout(L.shared(buffer.shape, buffer.dtype, k))})")
 
-  def _zeroing(self, name: str, key: str, stored: tuple, rank: int) -> list[str]:
-    dtype = self.smem_layouts[key][1]
-    zeros = (f"gl.zeros({list(stored[-rank:])}, {ex.dtype_name(dtype, 'gl')}, "
-             f"layout={self.layout(L.blocked(stored[-rank:], dtype))})")
-    if len(stored) == rank:
-      lines = [f"{name}.store({zeros})"]
-    else:
-      lines = [f"for _s in gl.static_range({stored[0]}):", f"    {name}.index(_s).store({zeros})"]
-    return lines + ["hopper.fence_async_shared()"]   # before TMA writes the buffer
+  def smem_name(self, ref: SmemRef) -> str:
+    """``smem[k]``: the k-th SMEM buffer allocated."""
+    return f"smem[{next(k for k, b in enumerate(self.assignment.buffers) if b is ref.buffer)}]"
 
-  def layout_of(self, e) -> str | None:
+  def smem_view(self, ref: SmemRef) -> SmemView:
+    return SmemView(self.smem_name(ref), ref.steps)
+
+  def layout_of(self, e) -> L.Layout | None:
     return self.layouts.get(e.name) if isinstance(e, ex.Name) else None
 
-  def descriptor(self, ref: GmemRef, box: tuple, smem_layout: str) -> str:
+  def descriptor(self, ref: GmemRef, box: tuple, smem_layout: L.Layout) -> str:
     key = (ref.ptr, box)
     itemsize = ref.dtype.itemsize
     for k in range(len(ref.shape) - 1):
@@ -300,14 +303,11 @@ class Writer(src.Source):
       raise NotImplementedError(f"the TMA box {box} of {ref.origin}: at most 256 elements a "
                                 "dimension and rows of at least 16 bytes")
     if key not in self.descriptors:
-      name = self.fresh(f"{ref.ptr}_desc")
-      strides = [int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape))]
-      self.descriptors[key] = name
-      self.descriptor_lines[name] = (
-          f"{name} = tma.make_tensor_descriptor({ref.ptr}, {list(ref.shape)}, {strides}, "
-          f"{list(padded)}, {smem_layout})")
-      self.descriptor_layouts[name] = smem_layout
-    return self.descriptors[key]
+      strides = tuple(int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape)))
+      self.layout(smem_layout)   # declared with the descriptor
+      self.descriptors[key] = Descriptor(self.fresh(f"{ref.ptr}_desc"), ref.ptr, tuple(ref.shape),
+                                         strides, padded, smem_layout)
+    return self.descriptors[key].name
 
   def skips(self, eqn) -> bool:
     # Index arithmetic the kernel computes but never uses (a loop's next index, say).

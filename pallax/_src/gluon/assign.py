@@ -1,0 +1,328 @@
+"""Layout assignment: the pass that decides, before any Gluon is written, where every value of a
+kernel sits. It walks the (legalized) kernel jaxpr the way the writer will, once per thread,
+with rules of JAX's shape, ``rule(ctx, *operands, **params)``, registered by the rule modules
+next to the rules that write code (``@layout_rule``). It gives
+
+- every register value its layout (``Scope.layouts``: per lowering of a jaxpr, per variable);
+- every loop the layouts of its carries: a carry that starts as a splat or an iota takes the
+  layout the loop body computes it in (the body is analysed once with such carries undecided,
+  then again with them decided);
+- every SMEM buffer (``Buffer``) its stored shape, the rank of its layout and its swizzle, from
+  the ranks of all its views, in every thread;
+- every accumulator the layout each wgmma leaves it in, and each rule the facts it renders from
+  (``Scope.facts``);
+- the list of layout conversions (``Assignment.conversions``: what ``debug=True`` prints).
+
+The writer (``writer.py``) lowers each jaxpr with its ``Scope`` and renders what it says. Where
+two layouts meet the rule is local: an operation takes the layout of its first computed operand
+(not one that is rebuilt more cheaply: a splat, an iota, a broadcast vector) and the others are
+converted to it or rebuilt in it. The pass never rejects a kernel: what the Gluon backend cannot
+express is reported by the writer when it gets there (values it cannot place get no layout).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from pallax._src import jax_internals as ji
+from pallax._src.gluon import layouts as L
+from pallax._src.gpu import expr as ex
+from pallax._src.gpu import source as src
+
+LAYOUT_RULES = src.RuleTable({}, {})
+layout_rule = LAYOUT_RULES.register
+
+
+@dataclasses.dataclass(eq=False)
+class Val:
+  """A value as the assignment sees it. ``layout`` is None for scalars and for tiles the pass
+  cannot place; ``rebuild`` says how the value can be computed again in another layout instead
+  of converted: ("splat",), ("iota",), or ("expand", vector, dim) for a vector broadcast along
+  ``dim``; ``tentative``: a loop carry whose layout the loop body is to decide."""
+  shape: tuple
+  dtype: Any
+  layout: L.Layout | None = None
+  rebuild: tuple | None = None
+  tentative: bool = False
+
+
+def val(aval, layout=None, rebuild=None) -> Val:
+  return Val(tuple(getattr(aval, "shape", ())), np.dtype(aval.dtype) if hasattr(aval, "dtype") else None,
+             layout, rebuild)
+
+
+@dataclasses.dataclass(frozen=True)
+class Conversion:
+  """A ``gl.convert_layout`` the kernel makes (data may move through shared memory)."""
+  source: L.Layout | None
+  target: L.Layout
+  shape: tuple
+  frame: str | None    # the user's line
+
+
+@dataclasses.dataclass(eq=False)
+class Buffer:
+  """An SMEM buffer: the shape it is allocated with (a buffer of rank > 3 has its leading
+  dimensions flattened into one), its element type, and the ranks of its views (``registers``:
+  of those that registers read or write, which need a layout of exactly their rank)."""
+  shape: tuple
+  dtype: np.dtype
+  ranks: set = dataclasses.field(default_factory=set)
+  registers: set = dataclasses.field(default_factory=set)
+
+  @property
+  def rank(self) -> int:
+    """The rank of the buffer's layout: that of its lowest-rank views (a leading dimension
+    beyond it is only ever indexed)."""
+    return max(1, min(self.ranks | {len(self.shape)}))
+
+  @property
+  def stored(self) -> tuple:
+    """The shape allocated: the dimensions its layout describes padded to powers of two. Beside
+    a layout of rank 1 the leading dimension is padded too: seen with a layout of rank 2 (a TMA
+    box of the whole buffer), it must be a power of two."""
+    rank = self.rank
+    return L.padded(self.shape) if rank == 1 else \
+        tuple(self.shape[:-rank]) + L.padded(self.shape[-rank:])
+
+  @property
+  def layout(self) -> L.Shared:
+    return L.shared(self.shape, self.dtype, self.rank)
+
+  def problem(self) -> str | None:
+    """Why no one layout serves every view (None: one does)."""
+    rank = min(self.ranks | {len(self.shape)})
+    if rank < len(self.shape) - 1 or max(self.ranks | {rank}) > rank + 1 or self.registers - {rank}:
+      return (f"SMEM views of ranks {sorted(self.ranks)} of one buffer of shape {list(self.shape)}, "
+              f"register loads or stores of rank {sorted(self.registers)} among them")
+    return None
+
+
+@dataclasses.dataclass(eq=False)
+class Smem:
+  """An SMEM buffer or a view of it: ``whole`` (the buffer itself, unindexed), ``lead`` (a
+  buffer of rank > 3 not yet indexed), ``reshaped`` (such a buffer seen whole)."""
+  buffer: Buffer
+  shape: tuple
+  dtype: np.dtype
+  swizzle: int = 0
+  lead: tuple = ()
+  whole: bool = True
+  reshaped: bool = False
+
+
+@dataclasses.dataclass(eq=False)
+class Acc:
+  """A wgmma accumulator: the layout it is in (wgmmas change it to theirs), and the layout of
+  the value last stored into its variable (None before any store)."""
+  shape: tuple
+  layout: L.Layout
+  stored: L.Layout | None = None
+
+
+@dataclasses.dataclass(eq=False)
+class Gmem:
+  shape: tuple
+  dtype: np.dtype
+  pre: tuple = ()     # the indexers that select the kernel's block (see codegen.block_indexer)
+
+
+@dataclasses.dataclass(eq=False)
+class Closed:
+  """A value ``pl.run_state`` turned into a Ref the body only reads."""
+  value: Any
+
+
+class Opaque:
+  """A Ref the pass does not look into (a barrier, an operand of a kind it does not know)."""
+
+
+@dataclasses.dataclass(eq=False)
+class Scope:
+  """What the assignment found for one lowering of one jaxpr: the layout of each variable, the
+  facts each equation's rule renders from, and the scopes of the sub-jaxprs its rules lower, in
+  the order they lower them (the writer takes them in that order: ``take``)."""
+  jaxpr: Any
+  layouts: dict = dataclasses.field(default_factory=dict)
+  facts: dict = dataclasses.field(default_factory=dict)
+  subs: list = dataclasses.field(default_factory=list)
+  taken: int = 0
+
+  def take(self, jaxpr) -> "Scope":
+    if self.taken >= len(self.subs) or self.subs[self.taken].jaxpr is not jaxpr:
+      raise AssertionError("internal error: the Gluon writer lowers a jaxpr the layout "
+                           "assignment did not analyse in that order")
+    self.taken += 1
+    return self.subs[self.taken - 1]
+
+
+@dataclasses.dataclass
+class Assignment:
+  top: Scope                  # its subs: the jaxprs codegen lowers, in order
+  conversions: list           # every Conversion, in the order the kernel makes them
+  buffers: list               # every SMEM Buffer
+  hoisted: dict               # run_scoped equation -> the refs allocated for it at the top
+
+
+@dataclasses.dataclass(frozen=True)
+class AssignContext:
+  """What a layout rule sees: the pass (``a``) and the equation."""
+  a: "Assigner"
+  eqn: Any
+
+  @property
+  def out(self):
+    return self.eqn.outvars[0].aval
+
+  def lower(self, jaxpr, args) -> list:
+    return self.a.lower(jaxpr, args)
+
+  def uses(self, var) -> list:
+    return self.a.uses(var)
+
+  def facts(self, value) -> None:
+    """Records what this equation's writer rule renders from."""
+    self.a.scope.facts[self.eqn] = value
+
+
+class Assigner:
+  """The pass's state while it walks: the scope being filled, the conversions so far, the
+  accumulators and buffers, and what the walk shares with the writer (``gen``: literals,
+  folding, the wgmma operand width)."""
+
+  def __init__(self, gen):
+    self.gen = gen
+    self.top = self.scope = Scope(None)
+    self.conversions: list = []
+    self.buffers: list = []
+    self.accs: list = []
+    self.hoisted: dict = {}
+    self.axes: dict = {}
+    self.thread_name = None
+    self.last_frame = None
+    self._live: set = set()
+    self._eqns: list = []
+
+  def result(self) -> Assignment:
+    return Assignment(self.top, self.conversions, self.buffers, self.hoisted)
+
+  # --- the walk ---------------------------------------------------------------------------------
+  def lower(self, jaxpr, args) -> list:
+    """The values ``jaxpr`` computes from ``args``; its scope becomes the next sub-scope of the
+    current one."""
+    scope = Scope(jaxpr)
+    self.scope.subs.append(scope)
+    outer = self.scope, self._live, self._eqns
+    self.scope, self._eqns = scope, jaxpr.eqns
+    self._live = {a for e in jaxpr.eqns for a in e.invars if isinstance(a, ji.Var)}
+    self._live |= {a for a in jaxpr.outvars if isinstance(a, ji.Var)}
+    env = dict(zip(jaxpr.invars, args))
+    env.update(zip(jaxpr.constvars, map(self.gen.constant, jaxpr.consts)))
+    read = lambda a: self.gen.literal(a.val, a.aval.dtype) if isinstance(a, ji.Literal) else env[a]
+    try:
+      for eqn in jaxpr.eqns:
+        if not eqn.effects and not any(v in self._live for v in eqn.outvars):
+          continue   # as the writer: index arithmetic nothing uses
+        self.last_frame = ji.user_frame(eqn.source_info) or self.last_frame
+        outs = self._eqn(eqn, [read(a) for a in eqn.invars])
+        env.update(zip(eqn.outvars, outs))
+        scope.layouts.update((v, o.layout) for v, o in zip(eqn.outvars, outs) if isinstance(o, Val))
+      return [read(a) for a in jaxpr.outvars]
+    finally:
+      self.scope, self._live, self._eqns = outer
+
+  def _eqn(self, eqn, invals) -> list:
+    unknown = [val(v.aval) for v in eqn.outvars]
+    if any(isinstance(v, src.ConstArray) for v in invals):
+      return unknown   # the writer refuses it
+    folded = self.gen.fold(eqn, invals)
+    if folded is not None:
+      return [folded]
+    if eqn.primitive not in self.gen.table.rules:
+      return unknown   # the writer refuses it
+    rule = LAYOUT_RULES.rules.get(eqn.primitive, elementwise)
+    outs = rule(AssignContext(self, eqn), *invals, **eqn.params)
+    if outs is None:
+      return unknown
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    return [o if o is not None else u for o, u in zip(outs, unknown)]
+
+  def uses(self, var) -> list:
+    return [e for e in self._eqns if any(a is var for a in e.invars)]
+
+  def probe(self, fn):
+    """``fn()``'s result, with what it recorded taken back (a loop body analysed with its carries
+    undecided): conversions, sub-scopes, accumulator layouts, buffers."""
+    saved = (len(self.conversions), len(self.scope.subs), len(self.buffers), list(self.accs),
+             [(a, a.layout) for a in self.accs], self.last_frame)
+    try:
+      return fn()
+    finally:
+      conversions, subs, buffers, accs, layouts, self.last_frame = saved
+      del self.conversions[conversions:], self.scope.subs[subs:], self.buffers[buffers:]
+      self.accs[:] = accs
+      for a, layout in layouts:   # (what a store into it left stays: ``same_layout``)
+        a.layout = layout
+
+  # --- values meeting in one layout ---------------------------------------------------------------
+  def in_layout(self, v, layout):
+    """``v`` in ``layout`` (unchanged if it is a scalar, has no layout, or is in it)."""
+    if layout is None or not isinstance(v, Val) or v.layout is None or v.layout == layout or not v.shape:
+      return v
+    return self.convert(v, layout)
+
+  def convert(self, v: Val, layout) -> Val:
+    """``v`` in ``layout``: rebuilt in it where it can be, else converted."""
+    if v.rebuild is not None:
+      new = self._rebuilt(v, layout)
+      if new is not None:
+        return new
+    self.conversions.append(Conversion(v.layout, layout, tuple(v.shape), self.last_frame))
+    return Val(v.shape, v.dtype, layout)
+
+  def _rebuilt(self, v: Val, layout) -> Val | None:
+    kind = v.rebuild[0]
+    if kind == "splat":
+      return Val(v.shape, v.dtype, layout, v.rebuild)
+    if layout.kind == "other":   # iotas and broadcasts are rebuilt in blocked and wgmma layouts
+      return None
+    if kind == "iota":
+      return Val(v.shape, v.dtype, layout, v.rebuild)
+    _, x, dim = v.rebuild
+    x = self.in_layout(x, L.Slice(dim, layout))
+    return Val(v.shape, v.dtype, layout, ("expand", x, dim))
+
+  def common(self, *vals) -> tuple[list, L.Layout | None]:
+    """``vals`` in one layout: the first computed tile's (not one rebuilt more cheaply, nor a
+    carry whose layout is undecided), the others converted to it or rebuilt in it."""
+    tiles = [v for v in vals if isinstance(v, Val) and v.shape and v.layout is not None]
+    if not tiles:
+      return list(vals), None
+    target = next((v for v in tiles if v.rebuild is None and not v.tentative), tiles[0])
+    return [self.in_layout(v, target.layout) for v in vals], target.layout
+
+  def to_layout(self, v, layout, shape, dtype):
+    """``v`` as a tile of ``shape`` in ``layout`` (a scalar is filled into a new tile)."""
+    if not getattr(v, "shape", ()):
+      return Val(tuple(shape), np.dtype(dtype), layout)
+    if v.layout not in (None, layout):
+      return self.convert(v, layout)
+    return v
+
+  def same_layout(self, acc: Acc, v) -> L.Layout | None:
+    """The layout ``v`` is converted to when stored into accumulator ``acc``'s variable (None:
+    none): that of the value the variable holds, if one was stored before."""
+    target = None
+    if acc.stored is not None and isinstance(v, Val) and v.layout not in (None, acc.stored) and v.shape:
+      target = acc.stored
+      self.convert(v, target)
+    acc.stored = acc.layout
+    return target
+
+
+def elementwise(ctx, *xs, **_):
+  """Any operation on tiles: its result is in the operands' common layout."""
+  _, layout = ctx.a.common(*xs)
+  return [val(v.aval, layout) for v in ctx.eqn.outvars]
