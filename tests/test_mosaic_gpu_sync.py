@@ -268,6 +268,7 @@ ATOMIC_CASES = [(op, dt) for op in ("add", "max", "min") for dt in (jnp.float32,
                [(op, dt) for op in ("and", "or", "xor") for dt in (jnp.int32, jnp.uint32)]
 
 
+@pytest.mark.interpreter   # semantics: Gluon refuses atomics (REFUSES_ATOMICS)
 @REFUSES_ATOMICS
 @pytest.mark.parametrize("op,dtype", ATOMIC_CASES)
 def test_atomics_on_smem_from_three_threads(op, dtype):
@@ -299,6 +300,7 @@ def test_atomics_on_smem_from_three_threads(op, dtype):
   np.testing.assert_allclose(f(x, init), want, rtol=1e-6 if dtype == jnp.float32 else 0, atol=0)
 
 
+@pytest.mark.interpreter   # semantics: Gluon refuses atomics (REFUSES_ATOMICS)
 @REFUSES_ATOMICS
 @pytest.mark.parametrize("blocks", [1, 5])
 def test_atomic_add_to_gmem_from_blocks_of_the_grid(blocks):
@@ -313,6 +315,7 @@ def test_atomic_add_to_gmem_from_blocks_of_the_grid(blocks):
   np.testing.assert_allclose(acc[...], init + x.sum(0), rtol=1e-6, atol=0)
 
 
+@pytest.mark.interpreter   # semantics: Gluon refuses atomics (REFUSES_ATOMICS)
 @REFUSES_ATOMICS
 def test_atomic_with_a_python_number_updates_every_element():
   x = rand(13, (16,), jnp.int32)
