@@ -606,3 +606,21 @@ def test_run_state_writes_its_refs():
 
   got = plgpu.kernel(kernel, out_shape=S((64, 64), jnp.float32))(x)
   np.testing.assert_allclose(got, x.astype(np.float32) * 5, rtol=1e-6, atol=0)
+
+
+def test_pallas_call_scratch_with_mosaic_primitives_is_refused_clearly():
+  """(Not new in issue 27, found with its harness: it was a KeyError.) The same kernel through
+  plgpu.kernel runs."""
+  x = rand(22, (128,))
+
+  def body(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar)
+    plgpu.barrier_wait(bar)
+    o_ref[...] = smem[...] + 1.0
+
+  scratch = [plgpu.SMEM((128,), jnp.float32), plgpu.Barrier()]
+  f = pl.pallas_call(body, out_shape=S(x.shape, x.dtype), scratch_shapes=scratch)
+  with pytest.raises(NotImplementedError, match=r"scratch_shapes of a pallas_call .* plgpu.kernel"):
+    f(x)
+  np.testing.assert_allclose(plgpu.kernel(body, out_shape=S(x.shape, x.dtype),
+                                          scratch_shapes=scratch)(x), x + 1.0, **EXACT)

@@ -449,6 +449,11 @@ def run_kernel(params, args, track: bool = False) -> list[np.ndarray]:
   """Runs the kernel of ``params`` on NumPy ``args``; returns the outputs. With ``track``,
   reading data nothing wrote is an error, and so are output elements nothing writes."""
   gm = params.grid_mapping
+  if gm.scratch_avals:   # their types (SMEM, barrier, ...) are not in the GridMapping
+    raise NotImplementedError(
+        f"pallas_call {params.name}: scratch_shapes of a pallas_call whose kernel uses Mosaic GPU "
+        "primitives are not supported by pallax's interpreter yet; pass them to "
+        "plgpu.kernel(..., scratch_shapes=...) or allocate them in the kernel with pl.run_scoped")
   ins = [Buffer(f"args[{i}]", "gmem", np.array(a)) for i, a in enumerate(args)]
   outs = [Buffer(f"out[{i}]", "gmem", np.array(prims.poison(bm.array_aval.shape, bm.array_aval.dtype)),
                  init=np.zeros(bm.array_aval.shape, bool) if track else None)
