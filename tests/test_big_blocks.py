@@ -252,7 +252,7 @@ def _compare(got, want, tol, what):
       # A 16-bit result rounded from float32 math that is a few float32 ulps from XLA's (the
       # GPU's libdevice tanh, docs/triton.md) lands one unit of the 16-bit type away where the
       # float32 values straddle a rounding boundary: one unit is the tolerance there.
-      tol = max(tol, float(np.finfo(got.dtype).eps))
+      tol = max(tol, float(jnp.finfo(got.dtype).eps))
     np.testing.assert_allclose(g, w, rtol=tol, atol=tol * float(np.abs(w).max()), err_msg=what)
 
 
