@@ -130,6 +130,14 @@ def _small_value_used_twice(x_ref, b_ref, o_ref, p_ref):   # b: in the tiles, an
   p_ref[...] = b * 2
 
 
+def _strided_rows(x_ref, o_ref):   # tiles of a strided view
+  o_ref[...] = x_ref[pl.ds(1, 500, stride=2), :] * 2
+
+
+def _one_plane(x_ref, o_ref):   # tiles of a view indexed by an integer
+  o_ref[...] = x_ref[2] + 1.0
+
+
 def _int_matmul_scaled(x_ref, y_ref, o_ref):
   o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.int32) * 3 - 1
 
@@ -198,6 +206,8 @@ CASES = [
          (((512, 520), f32),), tol=1e-5, gpu_tol=1e-2),
     Case("small_value_used_twice", _small_value_used_twice, (((700, 384), f32), ((384,), f32)),
          (((700, 384), f32), ((384,), f32))),
+    Case("strided_rows", _strided_rows, (((1024, 512), f32),), (((500, 512), f32),)),
+    Case("one_plane", _one_plane, (((3, 300, 512), f32),), (((300, 512), f32),)),
     Case("matmul_bias_bf16", _matmul_bias, (((384, 256), bf16), ((256, 320), bf16), ((320,), f32)),
          (((384, 320), bf16),), tol=1e-2, gpu_tol=1e-2),
     Case("centered_on_max_300x700", _centered_on_max, (((300, 700), f32),), (((300, 700), f32),)),

@@ -246,20 +246,42 @@ _COMBINE = {lax.reduce_sum_p: lax.add, lax.reduce_max_p: lax.max, lax.reduce_min
             lax.reduce_or_p: lax.bitwise_or, lax.reduce_xor_p: lax.bitwise_xor}
 
 
+def _invariant(region: regions.Region) -> list:
+  """The region's equations whose results are the same for every tile (none of their axes is
+  split, and they read no Ref the region writes): computed once, before the loop."""
+  written = {e.invars[0] for e in region.eqns if e.primitive is ji.swap_p}
+  made = {v for e in region.eqns for v in e.outvars}
+  split = lambda v: any(a is not None and region.tiles[a] < region.sizes[a]
+                        for a in region.maps.get(v, ()))
+  found, known = [], set()
+  for e in region.eqns:
+    if e.primitive is ji.swap_p or e in region.products or e is region.reduction or \
+        (e.primitive is ji.get_p and e.invars[0] in written) or any(split(v) for v in e.outvars):
+      continue
+    if all(v in known for v in e.invars if isinstance(v, ji.Var) and v in made):
+      found.append(e)
+      known.update(e.outvars)
+  return found
+
+
+def _run_eqns(region, eqns, env, read, starts):
+  get = lambda v: env[v] if isinstance(v, ji.Var) and v in env else read(v)
+  for e in eqns:
+    with ji.source_info_util.user_context(e.source_info.traceback):
+      env.update(zip(e.outvars, _tile_of_eqn(region, e, get, starts)))
+  return env
+
+
 def _emit_region(region: regions.Region, read, tile_id=None) -> list:
   """Every tile of the region, by a loop (or only the tile ``tile_id``: one per program); a
   region that reduces returns the reduction of all its tiles."""
   r = region.reduction
+  hoisted = _invariant(region)
+  before = _run_eqns(region, hoisted, {}, read, [None] * len(region.sizes))
+  per_tile = [e for e in region.eqns if e is not r and e not in hoisted]
 
   def one(tid) -> dict:
-    starts = _tile_starts(region, tid)
-    env: dict = {}
-    get = lambda v: env[v] if isinstance(v, ji.Var) and v in env else read(v)
-    for e in region.eqns:
-      if e is not r:
-        with ji.source_info_util.user_context(e.source_info.traceback):
-          env.update(zip(e.outvars, _tile_of_eqn(region, e, get, starts)))
-    return env
+    return _run_eqns(region, per_tile, dict(before), read, _tile_starts(region, tid))
 
   n = _i32(math.prod(region.counts()))
   if r is None and tile_id is not None:
