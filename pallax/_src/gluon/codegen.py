@@ -50,11 +50,25 @@ def _grid_ids(gen: Writer, grid) -> list[ex.Expr]:
   return ids[::-1]
 
 
+def _refuse_unplaced_buffers(params):
+  """Buffers whose Mosaic GPU type the GridMapping does not keep (as the interpreter refuses them)."""
+  if params.grid_mapping.scratch_avals:
+    raise NotImplementedError(
+        f"pallas_call {params.name}: scratch_shapes of a pallas_call whose kernel uses Mosaic GPU "
+        "primitives are not supported by pallax's Gluon backend yet; pass them to "
+        "plgpu.kernel(..., scratch_shapes=...) or allocate them in the kernel with pl.run_scoped")
+  if params.globals_avals:
+    raise NotImplementedError(
+        f"pallas_call {params.name}: pl.get_global in a pallas_call whose kernel uses Mosaic GPU "
+        "primitives is not supported by pallax's Gluon backend yet; use plgpu.kernel")
+
+
 def generate(params) -> GluonSource:
   """The Gluon source of ``params``' kernel (threads: see ``threads.py``)."""
   info = params.threads
   threads = info is not None and info.num_threads > 1
   gm = params.grid_mapping
+  _refuse_unplaced_buffers(params)
   name = src.kernel_identifier(params.name)
   gen = Writer(name)
   # plgpu.CompilerParams(approx_math=True): the GPU's fast math instructions (gpu/math_functions.py)
