@@ -28,7 +28,6 @@ import numpy as np
 
 from pallax._src import jax_internals as ji
 from pallax._src.gluon import layouts as L
-from pallax._src.gpu import expr as ex
 from pallax._src.gpu import source as src
 
 LAYOUT_RULES = src.RuleTable({}, {})

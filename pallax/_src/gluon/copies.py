@@ -66,7 +66,8 @@ def _box_view(gen, smem: SmemRef, box) -> tuple[str, L.Layout]:
             f"{gen.layout(layout)})", layout)
   if tuple(d for d in box if d != 1) != tuple(d for d in smem.shape if d != 1):
     gen.unsupported(f"a TMA box {tuple(box)} for an SMEM buffer of shape {smem.shape}")
-  return f"{smem.text}.reshape({list(L.padded(box))})", gen.declared(L.shared(smem.shape, smem.dtype, len(box)))
+  layout = gen.declared(L.shared(smem.shape, smem.dtype, len(box)))
+  return f"{smem.text}.reshape({list(L.padded(box))})", layout
 
 
 # --- copies and barriers ---------------------------------------------------------------------
@@ -205,7 +206,8 @@ def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef,
   for cond in conds[1:]:
     mask = binary("&", mask, cond, dtype=b)
   view = register_view(gen, smem, [])
-  gen.events += [Access("load", gen.smem_view(view), view.shape), Access("store", dst.origin, shape, offset)]
+  gen.events += [Access("load", gen.smem_view(view), view.shape),
+                 Access("store", dst.origin, shape, offset)]
   value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
                            ex.Token(gen.layout(layout))), layout)
   rows = gen.render(gen.bind(mask, "rows"))
@@ -232,7 +234,8 @@ def _reduce_through_registers(gen, src, dst, op: str):
                     i32(dst[0].shape[d]), dtype=b)
     mask = inside if mask is None else binary("&", mask, inside, dtype=b)
   view = register_view(gen, *src)
-  gen.events += [Access("load", gen.smem_view(view), view.shape), Access("atomic", dst[0].origin, shape, offset)]
+  gen.events += [Access("load", gen.smem_view(view), view.shape),
+                 Access("atomic", dst[0].origin, shape, offset)]
   value = gen.value(method(ex.Name(view.text, dtype=view.dtype, shape=view.shape), "load",
                            ex.Token(gen.layout(layout))), layout)
   masks = "" if mask is None else f", mask={gen.render(gen.bind(mask, 'inside'))}"

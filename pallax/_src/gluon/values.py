@@ -71,7 +71,8 @@ def expand(gen, x, shape, dim: int, layout: L.Layout):
   """Vector ``x`` (in ``layout``'s slice along ``dim``) broadcast along ``dim`` to ``shape``."""
   e = call("gl.expand_dims", x, i32(dim), dtype=x.dtype,
            shape=tuple(1 if d == dim else n for d, n in enumerate(shape)))
-  full = call("gl.full", shape_token(shape), i32(0), dtype_token(x.dtype), layout=ex.Token(gen.layout(layout)),
+  full = call("gl.full", shape_token(shape), i32(0), dtype_token(x.dtype),
+              layout=ex.Token(gen.layout(layout)),
               dtype=x.dtype, shape=tuple(shape))
   pair = gen.fresh("pair")
   gen.emit(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")

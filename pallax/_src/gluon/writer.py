@@ -105,19 +105,6 @@ class GluonSource:
   program_ids: tuple = ()
 
 
-@dataclasses.dataclass(frozen=True)
-class BufferLayout(L.Layout):
-  """The layout of one SMEM buffer (declared once per buffer): an NVMMA shared layout of the
-  rank its views need."""
-  buffer: str
-  shared: L.Shared
-  registers = False
-
-  def text(self, name=None, module: str = "gl.") -> str:
-    return self.shared.text(module=module)
-
-
-
 class Writer(src.Source):
   """The Gluon kernel being written: the statements, the layouts of register values, and the
   TMA descriptors the body asked for (emitted in the prologue)."""
@@ -142,9 +129,9 @@ class Writer(src.Source):
     self.wgmma = False                       # whether the kernel has wgmmas
     self.conversions: list = []              # (from, to, shape, line) of each layout conversion
     self.hoisted: dict = {}                  # collective run_scoped equation -> its Refs
+    self.grouped_stores = False              # copy_smem_to_gmem(commit_group=False) written
     self.registers = None                    # the running thread's set_max_registers
     self.pending_accs: list = []             # accumulators with a wgmma maybe in flight
-    self.grouped_stores = False              # copy_smem_to_gmem(commit_group=False) seen
     self.thread_name = None                  # the thread axis of a kernel with several threads
     self.register_tensors = False            # a register-tensor layout or an SMEM allocation
                                              # (zeroed from registers) was asked for
@@ -218,8 +205,9 @@ class Writer(src.Source):
 
   def splat(self, x, shape: tuple, layout: L.Layout) -> ex.Name:
     """A tile of ``shape`` filled with scalar ``x``, in ``layout``."""
-    v = self.value(ex.call("gl.full", ex.Token(str(list(L.padded(shape)))), x, ex.Token(ex.dtype_name(x.dtype, "gl")),
-                           layout=ex.Token(self.layout(layout)), dtype=x.dtype, shape=shape), layout)
+    v = self.value(ex.call("gl.full", ex.Token(str(list(L.padded(shape)))), x,
+                           ex.Token(ex.dtype_name(x.dtype, "gl")), layout=ex.Token(self.layout(layout)),
+                           dtype=x.dtype, shape=shape), layout)
     if isinstance(v, ex.Name):
       self.remat[v.name] = lambda new: self.splat(x, shape, new)
     return v
@@ -239,7 +227,7 @@ class Writer(src.Source):
   def layout_text(self, layout: L.Layout) -> str:
     return layout.text(self.layout)
 
-  def allocate_smem(self, name: str, shape: tuple, dtype) -> tuple[BufferLayout, Buffer]:
+  def allocate_smem(self, name: str, shape: tuple, dtype) -> tuple[L.Shared, Buffer]:
     """Allocates the next SMEM buffer the layout assignment found (its stored shape and layout
     rank come from the ranks of all its views); returns its layout and the buffer. A padded
     buffer is zeroed where it is allocated, so that its padding is zero until TMA or registers
@@ -249,7 +237,7 @@ class Writer(src.Source):
       raise AssertionError("internal error: the Gluon writer allocates SMEM the layout "
                            "assignment did not find")
     self.allocated += 1
-    layout = BufferLayout(name, buffer.layout)
+    layout = buffer.layout
     self.register_tensors = True   # its padding may be zeroed from registers
     stored, rank, gl_dtype = buffer.stored, buffer.rank, ex.dtype_name(dtype, "gl")
     self.emit(f"{name} = gl.allocate_shared_memory({gl_dtype}, {list(stored)}, {self.layout(layout)})")
