@@ -96,7 +96,7 @@ def test_in_specs_with_fewer_entries_than_inputs(pl):
   with pytest.raises(ValueError, match="`in_specs` and `inputs` do not match" if pl is jpl else
                      f"pallas_call add_kernel \\(kernel at {HERE}\\): Pytree for `in_specs` and "
                      "`inputs` do not match. There are 1 mismatches, including: `in_specs` is a "
-                     "list of length 1 but `inputs` is a tuple of length 2"):
+                     "tuple of length 1 but `inputs` is a tuple of length 2"):
     rows(pl, add_kernel, n_in=1)(x, y)
 
 

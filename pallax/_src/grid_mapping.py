@@ -229,7 +229,7 @@ def _flatten_specs(specs, tree, what: str, count: int, name: str):
       and len(specs) != count and all(is_leaf(s) for s in specs):
     other = "inputs" if what == "in_specs" else "out_shape"   # JAX's words: users match them
     raise ValueError(f"pallas_call {name}: Pytree for `{what}` and `{other}` do not match. There "
-                     f"are 1 mismatches, including: `{what}` is a {type(specs).__name__} of length "
+                     f"are 1 mismatches, including: `{what}` is a tuple of length "
                      f"{len(specs)} but `{other}` is a tuple of length {count}; pass one BlockSpec "
                      "(or None for the whole array) per operand")
   full = jax.tree.unflatten(tree, [0] * count)
