@@ -17,6 +17,7 @@ from jax import lax
 import pallax as pl
 import pallax.mosaic_gpu as plgpu
 import pallax.triton as plt_
+from gpu_math import ulps
 
 pytestmark = pytest.mark.gpu
 
@@ -84,15 +85,6 @@ def _same(got, want) -> np.ndarray:
   got, want = np.asarray(got), np.asarray(want)
   u = np.dtype(f"u{got.dtype.itemsize}")
   return (got.view(u) == want.view(u)) | (np.isnan(got.astype(np.float32)) & np.isnan(want.astype(np.float32)))
-
-
-def ulps(a, b) -> np.ndarray:
-  """|a - b| in float32 units of the last place (both NaN: 0)."""
-  a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-  ia, ib = (np.where(x < 0, np.int64(-2**31) - x.view(np.int32), x.view(np.int32)).astype(np.int64)
-            for x in (a, b))
-  d = np.abs(ia - ib)
-  return np.where(np.isnan(a) & np.isnan(b), 0, np.where(np.isnan(a) | np.isnan(b), 2**31, d))
 
 
 def _triton(fn, args, approx=False, block=2048):
