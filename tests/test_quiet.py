@@ -14,7 +14,7 @@ import pytest
 
 import pallax as pl
 from pallax._src import interpreter_note
-from pallax._src.triton import compile as triton_compile
+from pallax._src.gpu import compile as gpu_compile
 
 
 def params(interpret=False, backend=None):
@@ -55,10 +55,10 @@ def test_each_note_is_printed_once(capsys):
 
 
 def test_the_session_caches_kernels_outside_the_home_directory():
-  cache = os.path.realpath(triton_compile.cache_dir())
+  cache = os.path.realpath(gpu_compile.cache_dir())
   home_cache = os.path.realpath(os.path.join(os.path.expanduser("~"), ".cache", "pallax"))
   assert cache != home_cache, "tests/conftest.py should point PALLAX_CACHE_DIR at a temporary directory"
-  assert os.environ["PALLAX_CACHE_DIR"] == triton_compile.cache_dir()
+  assert os.environ["PALLAX_CACHE_DIR"] == gpu_compile.cache_dir()
 
 
 @pytest.mark.parametrize("name", ["softmax", "layer_norm", "rms_norm", "attention",

@@ -34,11 +34,12 @@ import jax_gpu_ops  # noqa: E402
 import triton_vs_pallas as tvp  # noqa: E402
 from pallax._src.triton import compile as tcompile  # noqa: E402
 from pallax._src.triton import launch  # noqa: E402
+from pallax._src.gpu import launch as gpu_launch  # noqa: E402
 
 MODE = {"kind": "ptx"}
 SOURCES = {}   # kernel name -> KernelSource, to rebuild its cubin
 _compile_kernel = launch.compile_kernel
-_kernel_config = launch._kernel_config
+_kernel_config = gpu_launch.kernel_config
 
 
 def _remember(ks, cc, name=""):
@@ -102,11 +103,11 @@ def _xla_kernel_call(ctx, operands, c, aliases):
     mlir.custom_call = real
 
 
-_xla_call, _spare_operand = launch._xla_kernel_call, launch._spare_operand
+_xla_call, _spare_operand = gpu_launch.xla_ptx_call, gpu_launch.spare_operand
 launch.compile_kernel = _remember
-launch._kernel_config = _config
-launch._spare_operand = _spare
-launch._xla_kernel_call = _xla_kernel_call
+gpu_launch.kernel_config = _config
+gpu_launch.spare_operand = _spare
+gpu_launch.xla_ptx_call = _xla_kernel_call
 
 
 def _jit(f, kind, args):

@@ -46,6 +46,28 @@ class ProgramAxis:
 
 
 @dataclasses.dataclass(frozen=True)
+class LaunchOrder:
+  """How a kind of kernel puts its grid on a GPU launch (data per kernel kind, ``LAUNCH_ORDERS``).
+  The launch is one dimension; its index decodes into program ids, the fastest axis first."""
+  all_concurrent: bool   # every grid axis runs as concurrent programs (no loops inside one);
+                         # otherwise the schedule analysis decides (``launch_schedule``)
+  last_axis_fastest: bool   # the kernel's own axes from the last (else from the first); the
+                            # axes vmap added come after them, innermost first
+  longest_first: bool    # along axes that set a loop's trip count, programs with the longest
+                         # loops launch first (indices run from size - 1 down)
+
+
+LAUNCH_ORDERS = {
+    # Pallas kernels (the Triton backend): as JAX Pallas launches them, the first axis fastest;
+    # axes that revisit output blocks the kernel reads back become loops inside each program.
+    "pallas": LaunchOrder(all_concurrent=False, last_axis_fastest=False, longest_first=True),
+    # Mosaic GPU kernels (the Gluon backend): every block concurrent, the last axis fastest, as
+    # Mosaic GPU promises (blocks may wait on each other, so none may become a loop).
+    "mosaic_gpu": LaunchOrder(all_concurrent=True, last_axis_fastest=True, longest_first=False),
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class BlockView:
   """How one block operand's blocks sit in its array (per array dimension)."""
   origin: str                              # 'args[1]', 'out[0]'
@@ -132,30 +154,36 @@ class PerParams:
     return value
 
 
-_plans = PerParams()
+_plans = {kind: PerParams() for kind in LAUNCH_ORDERS}
 
 
-def plan_for(params) -> KernelPlan:
-  """The plan of a pallas_call (its ``Params``), computed on first use."""
-  return _plans.get(params, analyse)
+def plan_for(params, kind: str = "pallas") -> KernelPlan:
+  """The plan of a pallas_call (its ``Params``) for a kernel of ``kind`` (a key of
+  ``LAUNCH_ORDERS``: the backend compiling it knows), computed on first use."""
+  return _plans[kind].get(params, lambda p: analyse(p, kind))
 
 
-def analyse(params) -> KernelPlan:
+def analyse(params, kind: str = "pallas") -> KernelPlan:
   """The plan, computed (uncached). Raises IndexError for index maps outside their arrays."""
   gm, jaxpr = params.grid_mapping, params.jaxpr
+  order = LAUNCH_ORDERS[kind]
   blocks = tuple(block_view(bm) for bm in gm.block_mappings)
   tables = tuple(block_index_tables(gm, partial=True))
   check_block_ranges(gm, tables, params.name)
   for t in tables:
     if t is not None:
       t.flags.writeable = False   # the plan is shared by every backend: read-only
-  disjoint = _Disjoint(gm, tables, blocks)
-  schedule = (Schedule((), tuple(range(len(gm.grid))), "index maps read scalar-prefetch operands")
-              if any(t is None for t in tables) else disjoint.choose(range(gm.num_outputs)))
-  launch = launch_schedule(params, tables, disjoint.choose)
+  if order.all_concurrent:
+    schedule = launch = Schedule(tuple(range(len(gm.grid))), (), f"{kind} kernels run every "
+                                 "program concurrently")
+  else:
+    disjoint = _Disjoint(gm, tables, blocks)
+    schedule = (Schedule((), tuple(range(len(gm.grid))), "index maps read scalar-prefetch operands")
+                if any(t is None for t in tables) else disjoint.choose(range(gm.num_outputs)))
+    launch = launch_schedule(params, tables, disjoint.choose)
   loops = tuple(sorted(loop_count_axes(jaxpr, len(gm.grid))))
-  decode = tuple(ProgramAxis(a, gm.grid[a], a in loops)
-                 for a in decode_order(launch.parallel, gm.vmapped_dims))
+  decode = tuple(ProgramAxis(a, gm.grid[a], order.longest_first and a in loops)
+                 for a in decode_order(launch.parallel, gm.vmapped_dims, order))
   lanes = math.prod(p.size for p in decode)
   written, read = ref_effects(jaxpr, len(gm.grid))
   return KernelPlan(tables, schedule, launch, loops, decode, lanes,
@@ -163,11 +191,13 @@ def analyse(params) -> KernelPlan:
                     _scratch(gm, lanes), _globals(params), written, read)
 
 
-def decode_order(parallel, vmapped) -> list[int]:
+def decode_order(parallel, vmapped, order: LaunchOrder = LAUNCH_ORDERS["pallas"]) -> list[int]:
   """The parallel axes from fastest to slowest between neighbouring programs: the kernel's own
-  axes in order, then the axes vmap added, innermost first. So the programs of one batch element
-  run side by side, as its data lies in memory (and as JAX Pallas launches them)."""
-  return ([a for a in parallel if a not in vmapped]
+  axes (from the first, or from the last as ``order`` says), then the axes vmap added, innermost
+  first. So the programs of one batch element run side by side, as its data lies in memory (and
+  as JAX Pallas and Mosaic GPU launch them)."""
+  own = [a for a in parallel if a not in vmapped]
+  return ((own[::-1] if order.last_axis_fastest else own)
           + [a for a in reversed(vmapped) if a in parallel])
 
 

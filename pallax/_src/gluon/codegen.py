@@ -10,17 +10,17 @@ rules understand: GMEM operands (a pointer and a TMA descriptor per box shape, m
 prologue), SMEM buffers (a shared-memory descriptor and its views: ``.index``, ``.permute``),
 barriers (mbarriers with a phase bitfield per allocation, which Gluon carries through loops like
 any variable) and wgmma accumulators (a register variable that wgmmas reassign). The grid is
-flattened onto launch axis 0 with the last axis fastest, as Mosaic promises.
+flattened onto launch axis 0 and decoded as the kernel plan says (``plan.py``: the last axis
+fastest, as Mosaic promises).
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
+from pallax._src.plan import plan_for
 from pallax._src.gluon import control, elementwise, mma, shapes  # noqa: F401 (their rules register)
 from pallax._src.gluon import copies, memory  # noqa: F401 (their rules register)
 from pallax._src.gluon import layouts as L
@@ -36,18 +36,11 @@ from pallax._src.gpu.legalize import legalize
 from pallax._src.mosaic_gpu import primitives as mp
 
 
-def _grid_ids(gen: Writer, grid) -> list[ex.Expr]:
-  """Program coordinates from launch axis 0, the last grid axis fastest (Mosaic's order)."""
-  pid = ex.Name("pid", dtype=np.dtype(np.int32))
-  gen.emit("pid = gl.program_id(0)")
-  ids, stride = [], 1
-  for k in range(len(grid) - 1, -1, -1):
-    e = pid if stride == 1 else ex.binary("//", pid, ex.Lit(stride, dtype=np.dtype(np.int32)))
-    if k > 0:
-      e = ex.binary("%", e, ex.Lit(grid[k], dtype=np.dtype(np.int32)))
-    ids.append(gen.bind(e, f"id{k}"))
-    stride *= grid[k]
-  return ids[::-1]
+def _grid_ids(gen: Writer, plan) -> list[ex.Expr]:
+  """Program coordinates from launch axis 0, decoded as the kernel plan says for Mosaic GPU
+  kernels (``plan.LAUNCH_ORDERS``: every axis concurrent, the last fastest)."""
+  _, ids = gen.program_ids(plan.decode, plan.lanes, hint="id")
+  return [ids[p.axis] for p in sorted(plan.decode, key=lambda p: p.axis)]
 
 
 def _refuse_unplaced_buffers(params):
@@ -80,7 +73,8 @@ def generate(params) -> GluonSource:
   gen.mma_bits, gen.wgmma = _mma_bits(jaxpr)
   gen.assignment = _assign(gen, jaxpr, gm, info)
   gen.scope = gen.assignment.top
-  ids = _grid_ids(gen, gm.grid)
+  plan = plan_for(params, kind="mosaic_gpu")
+  ids = _grid_ids(gen, plan)
   gen.axes = {**dict(zip(names, ids)), **_fixed_axes(info)}
   refs = []
   for k, bm in enumerate(gm.block_mappings):
@@ -105,7 +99,7 @@ def generate(params) -> GluonSource:
     source = _module(gen, name, list(signature))
   if params.debug:
     print(layout_report(gen, params.name))
-  return GluonSource(name, source, signature, (math.prod(gm.grid), 1, 1), host_descriptors=host,
+  return GluonSource(name, source, signature, (plan.lanes, 1, 1), host_descriptors=host,
                      partitions=tuple(parts), buffers=tuple(gen.assignment.buffers),
                      layouts=tuple(gen.constexprs), conversions=tuple(gen.assignment.conversions),
                      program_ids=tuple(ids))

@@ -1,25 +1,28 @@
-"""Gluon source -> PTX (triton 3.6's Gluon front end), and the launch inside XLA through jaxlib's
-Triton kernel call. Gluon kernels have no TTIR: the launch is given the TTGIR in its place, and
-the warp count the compiler reports (warp specialization can add warps)."""
+"""Gluon source -> PTX (triton 3.6's Gluon front end) through the shared compile path and cache
+(``gpu/compile.py``), and the launch inside XLA through jaxlib's Triton kernel call
+(``gpu/launch.ffi_kernel_call``: Gluon kernels take host-side TMA descriptors and may need
+global scratch for descriptors made in the kernel). Gluon kernels have no TTIR: the launch is
+given the TTGIR in its place, and the warp count the compiler reports (warp specialization can
+add warps)."""
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
-import importlib.util
-import os
-import tempfile
-import zlib
 
 import jax
 
 from pallax._src import backends
-from pallax._src import jax_internals as ji
 from pallax._src.gluon.codegen import generate
 from pallax._src.gluon.writer import GluonSource
+from pallax._src.gpu import compile as gpu_compile
+from pallax._src.gpu import launch as gpu_launch
 
-SHARED_MEMORY_LIMIT = 232448   # sm_90
 TARGET = 90
+SHARED_MEMORY_LIMIT = gpu_compile.shared_memory_limit(TARGET)
+
+# libdevice keeps denormals, as XLA does (as in triton/compile.py)
+TOOLCHAIN = gpu_compile.Toolchain("gluon", "ttgir", "triton.experimental.gluon._runtime",
+                                  "GluonASTSource", (("enable_reflect_ftz", False),))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,65 +41,24 @@ class Compiled:
   generated: GluonSource | None = dataclasses.field(default=None, compare=False)   # its events
 
 
-def _module_dir() -> str:
-  root = os.environ.get("PALLAX_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pallax"))
-  return os.path.join(root, "gluon")
-
-
-@functools.lru_cache(maxsize=256)
-def _compile_source(name: str, source: str, signature: tuple, grid: tuple, num_warps: int,
-                    host_descriptors: tuple = ()) -> Compiled:
-  k = _gluon_compile(name, source, signature, num_warps)   # cached: torch launches it as is
-  md = k.metadata
-  return Compiled(name, source, k.asm["ttgir"], k.asm["ptx"], int(md.shared), int(md.num_warps),
-                  int(getattr(md, "global_scratch_size", 0) or 0),
-                  int(getattr(md, "global_scratch_align", 1) or 1), grid, host_descriptors,
-                  tuple(getattr(md, "tensordesc_meta", None) or ()))
-
-
-@functools.lru_cache(maxsize=64)
-def _gluon_compile(name: str, source: str, signature: tuple, num_warps: int):
-  """``triton.compile`` of generated Gluon source: a triton CompiledKernel (Gluon kernels are
-  few and large: keeping the last ones saves ``as_torch_kernel`` a second compile)."""
-  import triton
-  from triton.backends.compiler import GPUTarget
-  from triton.experimental.gluon._runtime import GluonASTSource
-  # gluon.jit reads the function's source from its file, so the module is written to disk.
-  key = hashlib.sha256(source.encode()).hexdigest()[:24]
-  os.makedirs(_module_dir(), exist_ok=True)
-  path = os.path.join(_module_dir(), f"{name}_{key}.py")
-  if not os.path.exists(path):
-    fd, tmp = tempfile.mkstemp(dir=_module_dir(), prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-      f.write(source)
-    os.replace(tmp, path)
-  spec = importlib.util.spec_from_file_location(f"pallax_gluon_{key}", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  sig = dict(signature)
-  attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())   # XLA aligns buffers
-           if t.startswith("*")}
-  return triton.compile(GluonASTSource(getattr(module, name), sig, {}, attrs),
-                        target=GPUTarget("cuda", TARGET, 32),
-                        # libdevice keeps denormals, as XLA does (as in triton/compile.py)
-                        options={"num_warps": num_warps, "enable_reflect_ftz": False})
-
-
 def launchable_kernel(params):
   """(the kernel as a triton CompiledKernel, for Triton's own launcher (``as_torch_kernel``), its
   ``Compiled`` description). Its pointer arguments must be 16-byte aligned."""
   gs = generate(params)
   c = compile_source(gs, params.name)   # checks shared memory
-  return _gluon_compile(gs.name, gs.source, tuple(gs.signature.items()), gs.num_warps), c
+  return gpu_compile.launchable(TOOLCHAIN, gs.name, gs.source, gs.signature, TARGET,
+                                {"num_warps": gs.num_warps}), c
 
 
 def compile_source(gs: GluonSource, kernel_name: str) -> Compiled:
-  c = _compile_source(gs.name, gs.source, tuple(gs.signature.items()), gs.grid, gs.num_warps,
-                      gs.host_descriptors)
-  if c.shared_mem_bytes > SHARED_MEMORY_LIMIT:
-    raise ValueError(f"plgpu kernel {kernel_name}: it needs {c.shared_mem_bytes} bytes of shared "
+  b = gpu_compile.compile_source(TOOLCHAIN, gs.name, gs.source, gs.signature, TARGET,
+                                 {"num_warps": gs.num_warps})
+  if b.shared_mem_bytes > SHARED_MEMORY_LIMIT:
+    raise ValueError(f"plgpu kernel {kernel_name}: it needs {b.shared_mem_bytes} bytes of shared "
                      f"memory but sm_90 offers {SHARED_MEMORY_LIMIT}; allocate less SMEM")
-  return dataclasses.replace(c, generated=gs)
+  return Compiled(gs.name, gs.source, b.ir, b.ptx, b.shared_mem_bytes, b.num_warps,
+                  b.global_scratch_size, b.global_scratch_align, gs.grid, gs.host_descriptors,
+                  b.tensordesc_meta, gs)
 
 
 def compile_params(params) -> Compiled:
@@ -109,15 +71,12 @@ LAUNCHES = 0   # how many kernels were lowered to Gluon (tests check the backend
 def gluon_lowering(ctx, *args, params):
   """The pallas_call of a Mosaic GPU kernel as a call of its compiled Gluon kernel."""
   global LAUNCHES
-  lib = ji.gpu_triton()
   c = compile_params(params)
-  kernel = lib.TritonKernel(c.name, c.num_warps, 1, c.shared_mem_bytes, c.ptx, c.ttgir, TARGET,
-                            c.global_scratch_size, c.global_scratch_align)
-  call = lib.TritonKernelCall(kernel, *c.grid, _kernel_params(lib, c))
+  k = gpu_launch.Launch(c.name, c.ptx, c.ttgir, TARGET, c.num_warps, c.shared_mem_bytes,
+                        c.global_scratch_size, c.global_scratch_align, c.grid)
   LAUNCHES += 1
-  rule = jax.ffi.ffi_lowering("triton_kernel_call_ffi", api_version=4,
-                              operand_output_aliases=dict(params.input_output_aliases))
-  return rule(ctx, *args, opaque=zlib.compress(call.to_proto(c.name, b"")))
+  return gpu_launch.ffi_kernel_call(ctx, list(args), k, lambda lib: _kernel_params(lib, c),
+                                    dict(params.input_output_aliases))
 
 
 # Triton's element type codes of TMA descriptors -> CUDA's CUtensorMapDataType (they differ for

@@ -130,6 +130,28 @@ class Source:
     """A new variable; ``bounds`` (lo, hi) only where every value it will hold lies within."""
     return ex.Name(self.fresh(hint), dtype=np.dtype(dtype), shape=tuple(shape), bounds=bounds)
 
+  def program_ids(self, decode, lanes: int, hint: str = "i") -> tuple[ex.Name | None, dict]:
+    """Emits the decode of launch index 0 into program ids, as the kernel plan describes it
+    (``plan.KernelPlan.decode``: its axes fastest first, each maybe reversed); returns (the
+    launch index, or None for no decoded axis; {grid axis: its id}). Every id carries its
+    bounds."""
+    if not decode:
+      return None, {}
+    i32 = lambda n: ex.Lit(int(n), dtype=np.dtype(np.int32))  # noqa: E731
+    pid = self.fresh_name("pid", np.int32, (), bounds=(0, lanes - 1))
+    self.emit(f"{pid.name} = {self.render.ns}.program_id(0)")
+    ids, rest = {}, pid
+    for k, axis in enumerate(decode):
+      last = k == len(decode) - 1
+      idx = rest if last else ex.binary("%", rest, i32(axis.size))
+      if axis.reversed:
+        idx = ex.binary("-", i32(axis.size - 1), idx)
+      ids[axis.axis] = self.fresh_name(f"{hint}{axis.axis}", np.int32, (), bounds=ex.interval(idx))
+      self.emit(f"{ids[axis.axis].name} = {self.render(idx)}")
+      if not last:
+        rest = self.bind(ex.binary("//", rest, i32(axis.size)), "rest")
+    return pid, ids
+
   def assign(self, targets: list[ex.Name], values: list[ex.Expr]):
     pairs = [(t, v) for t, v in zip(targets, values) if not (isinstance(v, ex.Name) and v.name == t.name)]
     if pairs:   # all at once: a value may read a target assigned before it (a, b = b, a)

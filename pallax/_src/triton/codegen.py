@@ -182,21 +182,10 @@ def _program_ids(gen, gm, plan) -> list[ex.Name]:
   vmap added slowest; along axes that set a loop's trip count the longest programs launch first,
   which shortens the launch's tail), the sequential axes as loops. Returns one name per grid
   axis."""
-  ids: list = [None] * len(gm.grid)
-  if plan.decode:
-    pid = gen.fresh_name("pid", np.int32, (), bounds=(0, plan.lanes - 1))
-    gen.emit(f"{pid.name} = tl.program_id(0)")
+  pid, decoded = gen.program_ids(plan.decode, plan.lanes)
+  if pid is not None:
     gen.lane, gen.lanes = pid, plan.lanes
-    rest = pid
-    for k, axis in enumerate(plan.decode):
-      last = k == len(plan.decode) - 1
-      idx = rest if last else ex.binary("%", rest, tl.i32(axis.size))
-      if axis.reversed:
-        idx = ex.binary("-", tl.i32(axis.size - 1), idx)
-      ids[axis.axis] = gen.fresh_name(f"i{axis.axis}", np.int32, (), bounds=ex.interval(idx))
-      gen.emit(f"{ids[axis.axis].name} = {gen.render(idx)}")
-      if not last:
-        rest = gen.bind(ex.binary("//", rest, tl.i32(axis.size)), "rest")
+  ids: list = [decoded.get(a) for a in range(len(gm.grid))]
   for a in plan.launch.sequential:
     ids[a] = gen.fresh_name(f"i{a}", np.int32, (), bounds=(0, gm.grid[a] - 1))
     gen.emit(f"for {ids[a].name} in range(0, {gm.grid[a]}):")
