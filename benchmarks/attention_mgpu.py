@@ -23,7 +23,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import mgpu_ops  # noqa: E402  (the import-switching loader)
-import triton_vs_pallas as tvp  # noqa: E402  (timing helpers)
+import timing  # noqa: E402  (the timing library)
 
 
 def cudnn(q, k, v, causal):
@@ -68,20 +68,20 @@ def attention_rows(ams, seq, head_dim, causal, block_kv, backward=False, heads=1
   wrap = _with_grads if backward else (lambda f: lambda q, k, v: f(q, k, v))
   ref = np.asarray(jax.jit(wrap(attn.pop("reference")))(*args), np.float32)
   fns = {name: jax.jit(wrap(f)) for name, f in attn.items()}
-  outs = tvp.checked_outputs(fns, args, f"seq={seq} d={head_dim} causal={causal} kv={block_kv}")
+  outs = timing.checked_outputs(fns, args, f"seq={seq} d={head_dim} causal={causal} kv={block_kv}")
   atol = 2e-2 if backward else 2e-3
   err = {name: f"{np.abs(got - ref).max():.1e}"
          + ("" if np.allclose(got, ref, atol=atol, rtol=1e-3) else f" (outside atol {atol}, rtol 1e-3)")
          for name, got in outs.items()}
-  dev = tvp.device_times(fns, args)
-  wall = tvp.time_calls(fns, args)
+  dev = timing.device_times(fns, args)
+  wall = timing.time_calls(fns, args)
   flops = 4 * seq * seq * head_dim * heads / (2 if causal else 1) * (3.5 if backward else 1)
   rows = []
   work = f"seq {seq} d {head_dim} {'causal' if causal else 'full'}{' fwd+bwd' if backward else ''}"
   for name in fns:
     rel = lambda other: f"{dev[other] / dev[name]:.2f}x" if other in dev else "-"
     rows.append(f"| {work} | {block_kv} | {name} | {err[name]} | "
-                f"{tvp.time_columns(dev[name], wall[name][0], flops)} | {rel('cudnn')} | {rel('jax_mosaic')} |")
+                f"{timing.time_columns(dev[name], wall[name][0], flops)} | {rel('cudnn')} | {rel('jax_mosaic')} |")
     print(rows[-1], flush=True)
   return rows
 
@@ -101,7 +101,7 @@ def main():
       lines += attention_rows(ams, seq, head_dim, causal, block_kv)
   lines += ["", NOTE + " Kernel time: summed GPU operations per call from a profiler trace (median "
             "of interleaved rounds); wall: back-to-back calls."]
-  tvp.write_report(lines, args.out)
+  timing.write_report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import mgpu_ops  # noqa: E402  (the import-switching loader)
-import triton_vs_pallas as tvp  # noqa: E402  (timing helpers)
+import timing  # noqa: E402  (the timing library)
 
 CONFIGS = {   # name -> TuningConfig fields (JAX's test and tuning space, no clusters)
     "128x128x64 s4 wgN w8": dict(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
@@ -61,15 +61,15 @@ def matmul_rows(hms, dtype, m, k, n, configs: dict) -> list[str]:
     for kname, hm in zip(("pallax", "jax_mosaic"), hms):
       cfg = hm.TuningConfig(**{**fields, "wg_dimension": hm.MatmulDimension(fields.get("wg_dimension", 1))})
       fns[kname] = jax.jit(lambda x, y, hm=hm, cfg=cfg: hm.matmul(x, y, None, cfg))
-    outs = tvp.checked_outputs(fns, (a, b), cname)
+    outs = timing.checked_outputs(fns, (a, b), cname)
     bad = {name: int(np.sum(got != ref)) for name, got in outs.items()}
-    dev = tvp.device_times(fns, (a, b))
-    wall = tvp.time_calls(fns, (a, b))
+    dev = timing.device_times(fns, (a, b))
+    wall = timing.time_calls(fns, (a, b))
     for name in fns:
       jx = dev[name] / dev["jax_mosaic"] if "jax_mosaic" in dev else float("nan")
       rows.append(
           f"| {jnp.dtype(dtype).name} {m}x{k}x{n} | {cname} | {name} | {bad[name]} | "
-          f"{tvp.time_columns(dev[name], wall[name][0], 2 * m * n * k)} | "
+          f"{timing.time_columns(dev[name], wall[name][0], 2 * m * n * k)} | "
           f"{dev['cublas'] / dev[name]:.2f}x | {1 / jx:.2f}x |")
       print(rows[-1], flush=True)
   return rows
@@ -91,7 +91,7 @@ def main():
       lines += matmul_rows(hms, dtype, m, k, n, configs)
   lines += ["", NOTE + " Kernel time: summed GPU operations per call from a profiler trace (median "
             "of interleaved rounds); wall: back-to-back calls."]
-  tvp.write_report(lines, args.out)
+  timing.write_report(lines, args.out)
 
 
 if __name__ == "__main__":

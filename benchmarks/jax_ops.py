@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import jax_gpu_ops  # noqa: E402  (loads an op with pallax's imports)
 import triton_vs_pallas as tvp  # noqa: E402
+import timing  # noqa: E402
 
 S = jax.ShapeDtypeStruct
 
@@ -87,7 +88,7 @@ def launch_cost(rounds: int) -> list:
     want = np.asarray(xla(x))
     for k, f in fns.items():
       np.testing.assert_allclose(np.asarray(f(x)), want, rtol=1e-6, atol=1e-6, err_msg=k)
-    t = {k: v[0] * 1e6 for k, v in tvp.time_calls(fns, (x,), n=100, rounds=3 * rounds).items()}
+    t = {k: v[0] * 1e6 for k, v in timing.time_calls(fns, (x,), n=100, rounds=3 * rounds).items()}
     lines.append(f"| {label} | {t['xla_launch']:.1f} | {t['ffi_launch']:.1f} | {t['jax_pallas']:.1f} | "
                  f"{t['xla']:.1f} | {t['jax_pallas'] / t['xla_launch']:.3f}x | "
                  f"{t['jax_pallas'] / t['ffi_launch']:.3f}x |")
@@ -207,8 +208,8 @@ def run_op(label, op, make, args, ref, rounds) -> str:
   err = {k: float(np.linalg.norm(o - want) / np.linalg.norm(want)) for k, o in outs.items()}
   diff = (float(np.max(np.abs(outs["pallax"] - outs["jax_pallas"])))
           if {"pallax", "jax_pallas"} <= outs.keys() else float("nan"))
-  wall = {k: v[0] * 1e6 for k, v in tvp.time_calls(fns, args, n=10, rounds=rounds).items()}
-  gpu = {k: v * 1e6 for k, v in tvp.device_times(fns, args, n=10, rounds=max(3, rounds // 2)).items()}
+  wall = {k: v[0] * 1e6 for k, v in timing.time_calls(fns, args, n=10, rounds=rounds).items()}
+  gpu = {k: v * 1e6 for k, v in timing.device_times(fns, args, n=10, rounds=max(3, rounds // 2)).items()}
   g = lambda d, k: d.get(k, float("nan"))  # noqa: E731
   return (f"| {label} | {g(err, 'pallax'):.1e} / {g(err, 'pallax_approx'):.1e} / "
           f"{g(err, 'jax_pallas'):.1e} | {diff:.1e} | {g(gpu, 'pallax'):.1f} | "
@@ -251,7 +252,7 @@ def main():
       continue
     lines.append(run_op(*case, opts.rounds))
     print(lines[-1], flush=True)
-  tvp.write_report(lines, opts.out or None)
+  timing.write_report(lines, opts.out or None)
 
 
 if __name__ == "__main__":

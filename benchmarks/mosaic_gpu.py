@@ -26,7 +26,7 @@ from jax import lax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import triton_vs_pallas as tvp  # noqa: E402  (timing helpers)
+import timing  # noqa: E402  (the timing library)
 
 
 def pipeline_matmul(pl, plgpu, a, b, tile_m=128, tile_n=128, tile_k=64, stages=4):
@@ -81,14 +81,14 @@ def pipeline_rows(pl, plgpu, dtype, m, k, n) -> list[str]:
          "pallax": jax.jit(lambda x, y: pipeline_matmul(pl, plgpu, x, y)),
          "jax_mosaic": jax.jit(lambda x, y: pipeline_matmul(jpl, jplgpu, x, y))}
   ref = fns["cublas"](a, b)
-  outs = tvp.checked_outputs(fns, (a, b), f"{jnp.dtype(dtype).name} {m}x{k}x{n}")
-  errs = {name: tvp.rel_err(got, ref) for name, got in outs.items()}
-  dev = tvp.device_times(fns, (a, b))
-  wall = tvp.time_calls(fns, (a, b))
+  outs = timing.checked_outputs(fns, (a, b), f"{jnp.dtype(dtype).name} {m}x{k}x{n}")
+  errs = {name: timing.rel_err(got, ref) for name, got in outs.items()}
+  dev = timing.device_times(fns, (a, b))
+  wall = timing.time_calls(fns, (a, b))
   rows = []
   for name in fns:
     rows.append(f"| matmul {jnp.dtype(dtype).name} {m}x{k}x{n} | {name} | {errs[name]:.1e} | "
-                f"{tvp.time_columns(dev[name], wall[name][0], 2 * m * n * k)} | "
+                f"{timing.time_columns(dev[name], wall[name][0], 2 * m * n * k)} | "
                 f"{dev[name] / dev['cublas']:.2f}x |")
     print(rows[-1], flush=True)
   return rows
@@ -113,7 +113,7 @@ def main():
     lines += ["## One-warpgroup pipeline matmul (the docs' quickstart)", ""] + PIPELINE_HEADER
     for dtype, m, k, n in shapes:
       lines += pipeline_rows(pl, plgpu, dtype, m, k, n)
-    tvp.write_report(lines, args.out)
+    timing.write_report(lines, args.out)
   if args.only in (None, "matmul"):
     lines += ["", "## JAX's hopper_matmul_mgpu (warp-specialized)", ""] + mm_bench.HEADER
     hms = mm_bench.modules()
@@ -121,7 +121,7 @@ def main():
     for dtype, m, k, n in shapes:
       lines += mm_bench.matmul_rows(hms, dtype, m, k, n, configs)
     lines += ["", mm_bench.NOTE]
-    tvp.write_report(lines, args.out)
+    timing.write_report(lines, args.out)
   if args.only in (None, "attention"):
     lines += ["", "## JAX's attention_mgpu (warp-specialized), float16, batch 1, 16 heads", ""]
     lines += attn_bench.HEADER
@@ -134,7 +134,7 @@ def main():
     lines += ["", attn_bench.NOTE]
   lines += ["", "Kernel time: summed GPU operations per call from a profiler trace (median of "
             "interleaved rounds); wall: back-to-back calls."]
-  tvp.write_report(lines, args.out)
+  timing.write_report(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton_vs_pallas as tvp  # noqa: E402
+import timing  # noqa: E402
 
 
 def import_previous(directory: str):
@@ -100,9 +101,9 @@ def main():
         fns[k] = f
       except Exception as e:  # noqa: BLE001  (JAX Pallas fails on the notebook's blocks)
         print(f"{name}: {k} failed: {str(e).splitlines()[0][:120]}", flush=True)
-    same = [tvp.rel_err(outs[k], outs["previous"]) for k in ("new", "new_approx")]
-    wall = tvp.time_calls(fns, args, rounds=opts.rounds)
-    dev = tvp.device_times(fns, args)
+    same = [timing.rel_err(outs[k], outs["previous"]) for k in ("new", "new_approx")]
+    wall = timing.time_calls(fns, args, rounds=opts.rounds)
+    dev = timing.device_times(fns, args)
     w = [wall[k][0] * 1e3 if k in wall else float("nan") for k in impls]
     d = [dev[k] * 1e3 if k in dev else float("nan") for k in impls]
     row = (f"| {name} | {w[0]:.3f} / {w[1]:.3f} / {w[2]:.3f} / {w[3]:.3f} | {w[2] / w[0]:.3f}x | "

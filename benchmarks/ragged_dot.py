@@ -20,7 +20,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import mgpu_ops  # noqa: E402  (the import-switching loader)
-import triton_vs_pallas as tvp  # noqa: E402  (timing helpers)
+import timing  # noqa: E402  (the timing library)
 
 
 def main():
@@ -40,10 +40,10 @@ def main():
          "pallax": jax.jit(lambda a, b, s: ours.ragged_dot(a, b, group_sizes=s, **cfg)),
          "jax_mosaic": jax.jit(lambda a, b, s: jax_rd.ragged_dot(a, b, group_sizes=s, **cfg))}
   call = (lhs, rhs, sizes)
-  outs = tvp.checked_outputs(fns, call, "ragged_dot")
+  outs = timing.checked_outputs(fns, call, "ragged_dot")
   want = outs["xla"]
-  dev = tvp.device_times(fns, call)
-  wall = tvp.time_calls(fns, call)
+  dev = timing.device_times(fns, call)
+  wall = timing.time_calls(fns, call)
   flops = 2 * m * k * n
   print(f"# JAX's ragged_dot_mgpu, {jax.devices()[0].device_kind}, m={m} k={k} n={n} "
         f"groups={groups} float16, {cfg}\n")
@@ -51,7 +51,7 @@ def main():
   print("| --- | --- | --- | --- | --- | --- |")
   for name in fns:
     err = float(np.max(np.abs(outs[name] - want)) / np.max(np.abs(want)))
-    print(f"| {name} | {err:.1e} | {tvp.time_columns(dev[name], wall[name][0], flops)} | "
+    print(f"| {name} | {err:.1e} | {timing.time_columns(dev[name], wall[name][0], flops)} | "
           f"{dev['xla'] / dev[name]:.2f}x |")
 
 

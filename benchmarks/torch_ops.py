@@ -34,7 +34,7 @@ import jax.numpy as jnp  # noqa: E402
 import pallax as pl  # noqa: E402
 import jax_gpu_ops  # noqa: E402
 import mgpu_ops  # noqa: E402
-import triton_vs_pallas as tvp  # noqa: E402
+import timing  # noqa: E402
 
 
 def wall_us(fns: dict, args, n: int, rounds: int) -> dict:
@@ -190,7 +190,7 @@ def main():
                  f"{g['torch'] / g['pallax']:.3f}x | {w['pallax']:.1f} | {w['torch']:.1f} | "
                  f"{w['torch'] / w['pallax']:.3f}x |")
     print(lines[-1], flush=True)
-  tvp.write_report(lines, opts.out or None)
+  timing.write_report(lines, opts.out or None)
 
 
 if __name__ == "__main__":

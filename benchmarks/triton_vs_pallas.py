@@ -24,6 +24,10 @@ import numpy as np
 from jax import lax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from timing import (checked_outputs, device_times, rel_err, time_calls,  # noqa: E402,F401
+                    time_columns, write_report)
 
 S = jax.ShapeDtypeStruct
 
@@ -156,29 +160,7 @@ def ref_layer_norm(x, w, b, eps=1e-5):
   return (x - m) / jnp.sqrt(v + eps) * w + b
 
 
-# --- measuring ----------------------------------------------------------------------------------------
-
-def time_calls(fns: dict, args, n=10, rounds=15):
-  """Median seconds per call of each function, timed in interleaved rounds, each round in a fresh
-  random order, so that neither drift nor a place in the round favours one function."""
-  for f in fns.values():
-    jax.block_until_ready(f(*args))
-    jax.block_until_ready(f(*args))
-  samples = {k: [] for k in fns}
-  order = list(fns)
-  rng = np.random.default_rng(0)
-  for _ in range(rounds):
-    rng.shuffle(order)
-    for k in order:
-      f = fns[k]
-      t = time.perf_counter()
-      out = None
-      for _ in range(n):
-        out = f(*args)
-      jax.block_until_ready(out)
-      samples[k].append((time.perf_counter() - t) / n)
-  return {k: (float(np.median(v)), float(np.percentile(v, 10)), float(np.percentile(v, 90)))
-          for k, v in samples.items()}
+# --- JAX Pallas, as the kernels above take it -------------------------------------------------------
 
 
 def jax_pallas():
@@ -192,72 +174,6 @@ def jax_pallas():
   JP.pallas_call = staticmethod(lambda *a, compiler_params=None, **kw: jpl.pallas_call(
       *a, compiler_params=compiler_params or jplt.CompilerParams(), **kw))
   return JP
-
-
-def device_times(fns: dict, args, n=10, rounds=7):
-  """Median GPU time per call of each function, from a profiler trace: the summed durations of
-  the device operations (kernels, copies) that a batch of ``n`` calls ran, over ``n``. Unlike
-  the wall clock, this leaves out the host's dispatch and the wait for the result."""
-  import glob
-  import gzip
-  import json
-  import tempfile
-  d = tempfile.mkdtemp(prefix="pallax_trace_")
-  spans = {k: [] for k in fns}
-  with jax.profiler.trace(d, create_perfetto_trace=True):
-    for r in range(rounds):
-      for k, f in fns.items():
-        with jax.profiler.TraceAnnotation(f"batch {k} {r}"):
-          out = None
-          for _ in range(n):
-            out = f(*args)
-          jax.block_until_ready(out)
-  (path,) = glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)
-  events = json.load(gzip.open(path))
-  events = events["traceEvents"] if isinstance(events, dict) else events
-  device_pids = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-                 and "GPU" in str(e.get("args", {}).get("name", ""))}
-  device = [e for e in events if e.get("ph") == "X" and e.get("pid") in device_pids]
-  for e in events:
-    if e.get("ph") == "X" and e.get("name", "").startswith("batch "):
-      _, k, _ = e["name"].split(" ")
-      t0, t1 = e["ts"], e["ts"] + e["dur"]
-      busy = sum(x["dur"] for x in device if t0 <= x["ts"] < t1)
-      spans[k].append(busy * 1e-6 / n)
-  return {k: float(np.median(v)) if v and min(v) > 0 else float("nan") for k, v in spans.items()}
-
-
-def time_columns(seconds: float, wall_seconds: float, flops: float) -> str:
-  """The table cells every kernel benchmark reports: kernel µs | TFLOP/s | wall µs."""
-  return f"{seconds * 1e6:.1f} | {flops / seconds / 1e12:.0f} | {wall_seconds * 1e6:.1f}"
-
-
-def checked_outputs(fns: dict, args, label: str) -> dict:
-  """Each function's output as float32 NumPy. A function that fails is reported and dropped
-  from ``fns`` (so that the timings skip it)."""
-  outs = {}
-  for name, f in list(fns.items()):
-    try:
-      outs[name] = np.asarray(f(*args), np.float32)
-    except Exception as e:  # noqa: BLE001 (reported, and the kernel left out)
-      print(f"{name} {label} failed: {type(e).__name__}: {str(e)[:400]}", flush=True)
-      del fns[name]
-  return outs
-
-
-def write_report(lines: list, path: str | None):
-  """Prints the report's lines and writes them to ``path`` too, if given."""
-  text = "\n".join(lines)
-  print(text)
-  if path:
-    with open(path, "w") as f:
-      f.write(text + "\n")
-
-
-def rel_err(a, b):
-  a = np.asarray(jnp.asarray(a, jnp.float32), np.float64)
-  b = np.asarray(jnp.asarray(b, jnp.float32), np.float64)
-  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
 def main():
@@ -383,16 +299,7 @@ def main():
     lines.append(f"| {name} | {ms('pallax')} | {ms('pallax_approx') if 'pallax_approx' in res else '-'} | "
                  f"{ms('jax_pallas')} | {ms('xla')} | {ratio} | {dev} | {dev_ratio} | {pd / ad:.3f}x | "
                  f"{rate('pallax')} | {rate('jax_pallas')} | {rate('xla')} |")
-  write_table(lines, opts.out)
-
-
-def write_table(lines, out: str):
-  """Prints the table, and writes it to ``out`` when given."""
-  text = "\n".join(lines) + "\n"
-  print(text)
-  if out:
-    with open(out, "w") as f:
-      f.write(text)
+  write_report(lines, opts.out)
 
 
 if __name__ == "__main__":

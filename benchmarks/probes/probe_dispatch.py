@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 
 import jax_gpu_ops  # noqa: E402
 import triton_vs_pallas as tvp  # noqa: E402
+import timing  # noqa: E402
 
 OUT = os.environ.get("OUT", "/tmp")
 
@@ -111,7 +112,7 @@ def main():
       frames, names = python_frames_per_call(f, args)
       print(f"  {k}: {frames:.1f} Python frames per call {names if frames else ''}")
     d = dispatch_us(fns, args)
-    b = {k: v[0] * 1e6 for k, v in tvp.time_calls(fns, args, n=10, rounds=21).items()}
+    b = {k: v[0] * 1e6 for k, v in timing.time_calls(fns, args, n=10, rounds=21).items()}
     compiled = {k: f.lower(*args).compile() for k, f in fns.items()}
     dc = dispatch_us(compiled, args)
     for k in fns:

@@ -19,7 +19,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import attention_mgpu as bench  # noqa: E402
-import triton_vs_pallas as tvp  # noqa: E402
+import timing  # noqa: E402
 from pallax._src.gluon import writer  # noqa: E402
 
 
@@ -46,7 +46,7 @@ def main():
         finally:
           writer.Writer.__init__ = init
         fns[name] = f
-      dev = {n: t * 1e6 for n, t in tvp.device_times(fns, (q, k, v)).items()}
+      dev = {n: t * 1e6 for n, t in timing.device_times(fns, (q, k, v)).items()}
       diff = float(np.abs(outs["exact"] - outs["approx"]).max())
       print(f"| d {head_dim} {'causal' if causal else 'full'} | {dev['exact']:.1f} | {dev['approx']:.1f} | "
             f"{dev['jax']:.1f} | {dev['exact'] / dev['approx']:.3f}x | {dev['jax'] / dev['exact']:.3f}x | "

@@ -6,12 +6,8 @@ On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/probes/probe_kernel_bre
 from __future__ import annotations
 
 import collections
-import glob
-import gzip
-import json
 import os
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -19,39 +15,24 @@ import jax.numpy as jnp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import attention_mgpu as attn_bench  # noqa: E402
+import timing  # noqa: E402
 
 
 def breakdown(fns: dict, args, n=10) -> dict:
   """Per function: {device operation name: µs per call}."""
-  d = tempfile.mkdtemp(prefix="pallax_trace_")
   for f in fns.values():
     jax.block_until_ready(f(*args))
-  with jax.profiler.trace(d, create_perfetto_trace=True):
-    for k, f in fns.items():
-      with jax.profiler.TraceAnnotation(f"batch {k}"):
-        out = None
-        for _ in range(n):
-          out = f(*args)
-        jax.block_until_ready(out)
-  (path,) = glob.glob(os.path.join(d, "**", "perfetto_trace.json.gz"), recursive=True)
-  events = json.load(gzip.open(path))
-  events = events["traceEvents"] if isinstance(events, dict) else events
-  gpu = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-         and "GPU" in str(e.get("args", {}).get("name", ""))}
-  device = [e for e in events if e.get("ph") == "X" and e.get("pid") in gpu]
   out = {}
-  for e in events:
-    if e.get("ph") == "X" and e.get("name", "").startswith("batch "):
-      t0, t1 = e["ts"], e["ts"] + e["dur"]
-      inside = sorted((x for x in device if t0 <= x["ts"] < t1), key=lambda x: x["ts"])
-      count = collections.Counter(x["name"][:60] for x in inside)
-      seen, per = collections.Counter(), collections.Counter()
-      for x in inside:   # a name launched k times a call is told apart by its place: name#i
-        name = x["name"][:60]
-        k = count[name] // n
-        per[name if k <= 1 else f"{name}#{seen[name] % k}"] += x["dur"] / n
-        seen[name] += 1
-      out[e["name"].split(" ", 1)[1]] = per
+  for label, (ops,) in timing.device_ops(fns, args, n, rounds=1).items():
+    inside = sorted(ops, key=lambda x: x["ts"])
+    count = collections.Counter(x["name"][:60] for x in inside)
+    seen, per = collections.Counter(), collections.Counter()
+    for x in inside:   # a name launched k times a call is told apart by its place: name#i
+      name = x["name"][:60]
+      k = count[name] // n
+      per[name if k <= 1 else f"{name}#{seen[name] % k}"] += x["dur"] / n
+      seen[name] += 1
+    out[label] = per
   return out
 
 

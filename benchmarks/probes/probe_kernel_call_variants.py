@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 
 import jax_gpu_ops  # noqa: E402
 import triton_vs_pallas as tvp  # noqa: E402
+import timing  # noqa: E402
 from pallax._src.triton import compile as tcompile  # noqa: E402
 from pallax._src.triton import launch  # noqa: E402
 from pallax._src.gpu import launch as gpu_launch  # noqa: E402
@@ -175,7 +176,7 @@ def main():
       np.testing.assert_allclose(np.asarray(f(*args)), want, rtol=1e-4, atol=1e-4, err_msg=k)
     print(f"\n=== {label}: annotation sizes {annotation_sizes(fns, args)}")
     for n in (10, 100):
-      t = {k: v[0] * 1e6 for k, v in tvp.time_calls(fns, args, n=n, rounds=41).items()}
+      t = {k: v[0] * 1e6 for k, v in timing.time_calls(fns, args, n=n, rounds=41).items()}
       base = t["jax_pallas"]
       print(f"  n={n:3d} " + "  ".join(f"{k} {v:.1f} ({base / v:.3f}x)" for k, v in t.items()),
             flush=True)
@@ -191,7 +192,7 @@ def gpu_time():
     for k, f in fns.items():
       np.testing.assert_allclose(np.asarray(f(*args)), want, rtol=1e-4, atol=1e-4, err_msg=k)
     for rep in range(3):
-      t = {k: v * 1e6 for k, v in tvp.device_times(fns, args, n=10, rounds=9).items()}
+      t = {k: v * 1e6 for k, v in timing.device_times(fns, args, n=10, rounds=9).items()}
       base = t["jax_pallas"]
       print(f"{label} 4x1024x4096 GPU µs: " +
             "  ".join(f"{k} {v:.1f} ({base / v:.3f}x)" for k, v in t.items()), flush=True)

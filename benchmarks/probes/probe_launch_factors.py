@@ -22,6 +22,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import triton_vs_pallas as tvp  # noqa: E402
+import timing  # noqa: E402
 
 S = jax.ShapeDtypeStruct
 N, ROUNDS = 100, 6
@@ -99,7 +100,7 @@ def main():
     fns = {"pallax": jax.jit(f), "jax_pallas": jax.jit(theirs[label][0])}
     a, b = (np.asarray(g(*args)) for g in fns.values())
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    t = {n: v[0] * 1e6 for n, v in tvp.time_calls(fns, args, n=N, rounds=31).items()}
+    t = {n: v[0] * 1e6 for n, v in timing.time_calls(fns, args, n=N, rounds=31).items()}
     h = host_times(fns, args)
     print(f"| {label} | {t['pallax']:.1f} | {t['jax_pallas']:.1f} | "
           f"{t['jax_pallas'] / t['pallax']:.3f}x | {h['pallax'][1]:.2f} / {h['pallax'][2]:.2f} | "

@@ -12,6 +12,7 @@ import dataclasses, os, sys, time, zlib
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax, jax.numpy as jnp
 import triton_vs_pallas as tvp
+import timing
 import pallax, pallax.triton as plt_
 from pallax._src.triton import launch
 from jax.experimental.pallas import triton as jplt
@@ -50,9 +51,9 @@ for shape, n, rounds in (((8, 8192), 20, 40), ((16384, 8192), 10, 15)):
     fns["pallax_lean" if lean else "pallax"] = f
   fns["jax_pallas"] = jax.jit(lambda a: tvp.softmax(JP, jplt.CompilerParams, a))
   for k, f in fns.items():
-    err = tvp.rel_err(f(x), ref)
+    err = timing.rel_err(f(x), ref)
     assert err < 1e-5, (k, err)
-  t = tvp.time_calls(fns, (x,), n=n, rounds=rounds)
+  t = timing.time_calls(fns, (x,), n=n, rounds=rounds)
   for k, (med, p10, p90) in t.items():
     rows.append((f"{shape[0]}x{shape[1]}", k, med * 1e6, p10 * 1e6, p90 * 1e6,
                  t["jax_pallas"][0] / med))

@@ -18,7 +18,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 import hopper_matmul as hmb  # noqa: E402
-import triton_vs_pallas as tvp  # noqa: E402
+import timing  # noqa: E402
 
 
 def main():
@@ -39,7 +39,7 @@ def main():
     if "--once" in sys.argv:
       continue
     for order in (("pallax", "jax_mosaic"), ("jax_mosaic", "pallax"), ("pallax", "jax_mosaic")):
-      t = tvp.device_times({o: fns[o] for o in order}, (a, b))
+      t = timing.device_times({o: fns[o] for o in order}, (a, b))
       print(f"{cname}, {order[0]} first: " + ", ".join(f"{o} {t[o] * 1e6:.1f} µs" for o in order)
             + f"; pallax speed {t['jax_mosaic'] / t['pallax']:.3f}x", flush=True)
 

@@ -9,6 +9,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np
 import jax, jax.numpy as jnp
 import triton_vs_pallas as tvp
+import timing
 import pallax, pallax.triton as plt_
 from pallax._src.triton import compile as pc
 from jax.experimental.pallas import triton as jplt
@@ -75,13 +76,13 @@ for vn, v in VARIANTS.items():
   pc._memory.clear()
   f = jax.jit(lambda a: tvp.softmax(pallax, plt_.CompilerParams, a))
   try:
-    err = tvp.rel_err(f(x), ref)
+    err = timing.rel_err(f(x), ref)
   except Exception as e:
     print(vn, "FAILED", type(e).__name__, str(e)[:200]); continue
   print(vn, f"err {err:.2e}", flush=True)
   fns["k_" + vn] = f
 fns["kernel"] = jax.jit(lambda a: tvp.softmax(JP, jplt.CompilerParams, a))
-print("jax_pallas err", f"{tvp.rel_err(fns['kernel'](x), ref):.2e}")
+print("jax_pallas err", f"{timing.rel_err(fns['kernel'](x), ref):.2e}")
 for f in fns.values():
   jax.block_until_ready(f(x))
 d = os.path.join(OUT, "trace")

@@ -9,6 +9,7 @@ import os, sys, time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax, jax.numpy as jnp
 import triton_vs_pallas as tvp
+import timing
 import pallax, pallax.triton as plt_
 from pallax._src import jax_internals as ji
 from pallax._src.triton import launch, codegen  # noqa: E402
@@ -53,10 +54,10 @@ for shape in ((8, 8192), (1000, 1024), (16384, 8192)):
   fns = {"pallax_ffi": softmax_fn("ffi"), "pallax_ptx": softmax_fn("ptx"),
          "jax_pallas": jax.jit(lambda a: tvp.softmax(JP, jplt.CompilerParams, a))}
   for k, f in fns.items():
-    print(shape, k, "err", f"{tvp.rel_err(f(x), ref):.2e}", flush=True)
+    print(shape, k, "err", f"{timing.rel_err(f(x), ref):.2e}", flush=True)
   if shape == (16384, 8192):
     print(fns["pallax_ptx"].lower(x).compile().as_text()[:600])
   for rep in range(2):
-    res = tvp.time_calls(fns, (x,), n=10, rounds=15)
+    res = timing.time_calls(fns, (x,), n=10, rounds=15)
     b = res["jax_pallas"][0]
     print(f"wall {shape} n=10 pass {rep}: " + "  ".join(f"{k} {m*1e6:.1f}us ({b/m:.3f}x)" for k, (m, lo, hi) in res.items()), flush=True)
