@@ -1,5 +1,6 @@
 """Gluon rules of structured control flow (scan and fori loops, while loops, conds, calls
-inlined) and of the axis indices. Loop and branch carries keep the layout they enter with; a
+inlined) and of the axis indices; the loops themselves are written by ``gpu/control.py``, as
+for Triton. Loop and branch carries keep the layout they enter with; a
 loop carry that starts as a splat or an iota starts in the layout the loop body computes it in
 (found by the layout assignment, which analyses the body with that carry undecided first).
 """
@@ -12,8 +13,10 @@ from pallax._src import jaxpr_util
 from pallax._src.gluon.assign import Val, layout_rule
 from pallax._src.gluon.values import I32, dtype_token, i32
 from pallax._src.gluon.writer import rule
+from pallax._src.gpu import control as gpu_control
 from pallax._src.gpu import expr as ex
-from pallax._src.gpu.expr import Lit, binary, call, method
+from pallax._src.gpu.expr import Lit, binary, method
+
 
 @rule(ji.axis_index_p)
 def _axis_index(ctx, *, axis_name):
@@ -34,17 +37,6 @@ def _settled(gen, eqn, init: list) -> list:
   return [gen.in_layout(v, layout) for v, layout in zip(init, gen.facts(eqn))]
 
 
-def _carry(gen, v: ex.Expr, hint="c") -> ex.Name:
-  """A fresh variable holding ``v`` (loop and branch carries need names of their own)."""
-  name = gen.fresh_name(hint, v.dtype, v.shape)
-  text = gen.render(v) if v.shape or not isinstance(v, Lit) else \
-      gen.render(call("gl.full", ex.Token("[]"), v, dtype_token(v.dtype), dtype=v.dtype))
-  gen.emit(f"{name.name} = {text}")
-  if gen.layout_of(v):
-    gen.layouts[name.name] = gen.layout_of(v)
-  return name
-
-
 @rule(ji.scan_p)
 def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
   gen, body = ctx.gen, jaxpr
@@ -55,21 +47,11 @@ def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
   if ncarry and jaxpr_util.fori_index(body, nc):
     i = gen.fresh_name("i", I32, ())
     init[1:] = _settled(gen, ctx.eqn, init[1:])
-    carry = [_carry(gen, v) for v in init[1:]]
-    stop = ex.add(init[0], i32(length))
-    gen.emit(f"for {i.name} in range({gen.render(init[0])}, {gen.render(stop)}):")
-    gen.depth += 1
-    new = gen.lower_jaxpr(body, [*consts, i, *carry])
-    gen.assign(carry, new[1:])
-    gen.depth -= 1
-    return [gen.bind(stop, "i_end"), *carry]
+    carry = [gen.materialize(v) for v in init[1:]]
+    return gpu_control.fori_loop(gen, body, consts, i, init[0], length, carry)
   init = _settled(gen, ctx.eqn, init)
-  carry = [_carry(gen, v) for v in init]
-  gen.emit(f"for _ in range({length}):")
-  gen.depth += 1
-  gen.assign(carry, gen.lower_jaxpr(body, [*consts, *carry]))
-  gen.depth -= 1
-  return carry
+  carry = [gen.materialize(v) for v in init]
+  return gpu_control.repeat(gen, body, consts, length, carry)
 
 
 @rule(ji.while_p)
@@ -78,16 +60,8 @@ def _while(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
   gen, cn, bn = ctx.gen, cond_nconsts, body_nconsts
   cconsts, bconsts, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
   init = _settled(gen, ctx.eqn, list(init))
-  carry = [_carry(gen, v) for v in init]
-  (go,) = gen.lower_jaxpr(cond_jaxpr, [*cconsts, *carry])
-  flag = _carry(gen, go, "go")
-  gen.emit(f"while {flag.name}:")
-  gen.depth += 1
-  gen.assign(carry, gen.lower_jaxpr(body_jaxpr, [*bconsts, *carry]))
-  (go,) = gen.lower_jaxpr(cond_jaxpr, [*cconsts, *carry])
-  gen.assign([flag], [go])
-  gen.depth -= 1
-  return carry
+  carry = [gen.materialize(v) for v in init]
+  return gpu_control.while_loop(gen, cond_jaxpr, body_jaxpr, cconsts, bconsts, carry)
 
 
 @rule(ji.cond_p)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from pallax._src.gluon import layouts as L
+from pallax._src.gpu import control
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import Lit, binary, call, method
 from pallax._src.mosaic_gpu import core as mc
@@ -36,13 +37,7 @@ def shape_token(shape) -> ex.Token:
 def valid_lanes(gen, shape, layout: L.Layout, dims) -> ex.Expr | None:
   """Whether each lane of a ``shape`` tile in ``layout`` lies inside the logical shape along
   ``dims`` (None: those dimensions are not padded)."""
-  cond = None
-  for d in dims:
-    if L.is_pow2(shape[d]):
-      continue
-    inside = binary("<", iota_in(gen, I32, tuple(shape), d, layout), i32(shape[d]), dtype=np.dtype(np.bool_))
-    cond = inside if cond is None else binary("&", cond, inside, dtype=np.dtype(np.bool_))
-  return cond
+  return control.valid_lanes(shape, dims, lambda d: iota_in(gen, I32, tuple(shape), d, layout))
 
 
 def masked(gen, v, dims, fill: ex.Expr):

@@ -197,6 +197,17 @@ class Writer(src.Source):
     values = [self.in_layout(v, self.layout_of(t)) for t, v in zip(targets, values)]
     super().assign(targets, values)
 
+  def materialize(self, v: ex.Expr, hint="c") -> ex.Name:
+    """A fresh variable holding ``v`` (loop and branch carries need names of their own), in
+    ``v``'s layout; a scalar literal as a 0-d tensor of its type."""
+    name = self.fresh_name(hint, v.dtype, v.shape)
+    text = self.render(v) if v.shape or not isinstance(v, ex.Lit) else self.render(
+        ex.call("gl.full", ex.Token("[]"), v, ex.Token(ex.dtype_name(v.dtype, "gl")), dtype=v.dtype))
+    self.emit(f"{name.name} = {text}")
+    if self.layout_of(v):
+      self.layouts[name.name] = self.layout_of(v)
+    return name
+
   def in_layout(self, v, layout: L.Layout | None):
     have = self.layout_of(v)
     if layout is None or have is None or have == layout or not getattr(v, "shape", ()):

@@ -1,4 +1,5 @@
-"""Triton rules for control flow (loops, branches, calls), checks, prints and compiler hints."""
+"""Triton rules for control flow (loops, branches, calls), checks, prints and compiler hints; the
+loops shared with the Gluon backend are written by ``gpu/control.py``."""
 from __future__ import annotations
 
 import jax
@@ -8,6 +9,7 @@ from jax import lax
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import primitives as prims
+from pallax._src.gpu import control as gpu_control
 from pallax._src.gpu import expr as ex
 from pallax._src.triton import lang as tl
 from pallax._src.triton import memory, movement
@@ -38,19 +40,11 @@ def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
     # Triton pipeline it fully).
     carry = [gen.materialize(v, "carry") for v in init[1:]]
     start = init[0]
-    stop = ex.add(start, tl.i32(length))
-    first, last = ex.interval(start), ex.interval(stop)
+    first, last = ex.interval(start), ex.interval(ex.add(start, tl.i32(length)))
     i = gen.fresh_name("i", start.dtype, (), bounds=first and last and (first[0], last[1] - 1))
-    new = _loop(gen, f"for {i.name} in range({gen.render(start)}, {gen.render(stop)}):", body,
-                [*consts, i, *carry])
-    gen.assign(carry, new[1:])
-    _end_loop(gen)
-    return [gen.bind(stop, "i_end"), *carry]
+    return gpu_control.fori_loop(gen, body, consts, i, start, length, carry)
   carry = [gen.materialize(v, "carry") for v in init]
-  new = _loop(gen, f"for _ in range({length}):", body, [*consts, *carry])
-  gen.assign(carry, new)
-  _end_loop(gen)
-  return carry
+  return gpu_control.repeat(gen, body, consts, length, carry)
 
 
 def _scan_arrays(gen, invals, body, length, reverse, nc, ncarry, avals_out):
@@ -96,14 +90,7 @@ def _while(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
     _end_loop(gen)
     gen.emit(f"{carry[0].name} = tl.maximum({carry[0].name}, {carry[1].name})")
     return carry
-  (c,) = gen.lower_jaxpr(cond_jaxpr, [*cconsts, *carry])
-  flag = gen.materialize(c, "go")
-  new = _loop(gen, f"while {flag.name}:", body_jaxpr, [*bconsts, *carry])
-  gen.assign(carry, new)
-  (c,) = gen.lower_jaxpr(cond_jaxpr, [*cconsts, *carry])
-  gen.assign([flag], [c])
-  _end_loop(gen)
-  return carry
+  return gpu_control.while_loop(gen, cond_jaxpr, body_jaxpr, cconsts, bconsts, carry)
 
 
 @rule(ji.cond_p)

@@ -6,6 +6,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from pallax._src.gpu import control
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.source import ConstArray, RuleTable, Source
 from pallax._src.triton import lang as tl
@@ -62,10 +63,8 @@ class Writer(Source):
 
   def valid(self, shape, axes) -> ex.Expr | None:
     """A mask of the lanes inside the logical ``shape`` along ``axes`` (None: none padded)."""
-    padded = [ex.pow2(s) for s in shape]
-    conds = [tl.compare("<", tl.expand(tl.arange(padded[a]), a, len(padded)), tl.i32(shape[a]))
-             for a in axes if shape[a] != padded[a]]
-    return tl.all_of(conds)
+    return control.valid_lanes(shape, axes,
+                               lambda a: tl.expand(tl.arange(ex.pow2(shape[a])), a, len(shape)))
 
   def mask_padding(self, v: ex.Expr, axes, neutral: ex.Expr) -> ex.Expr:
     """``v`` with its padded lanes along ``axes`` set to ``neutral`` (a reduction's identity)."""
