@@ -277,6 +277,7 @@ def _barrier_wait(ctx, *invals, **_):
   b = barrier_view(gen, *bar)
   i = gen.render(b.index)
   gen.events.append(BarrierOp("wait", _barrier_name(b)))
+  gen.phases_read.add(b.phase)
   gen.emit(f"mbarrier.wait({b.name}.index({i}), ({b.phase} >> {i}) & 1)")
   gen.emit(f"{b.phase} = {b.phase} ^ (1 << {i})")
   return []

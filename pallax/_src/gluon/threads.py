@@ -50,11 +50,16 @@ def partitions(gen, jaxpr, args, info) -> list[Partition]:
   for t in range(info.num_threads):
     gen.lines, gen.registers, gen.events = [], None, []
     gen.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
-    for ref in gen.hoisted_barriers():
-      gen.emit(f"{ref.phase} = 0")   # each thread waits for its own phases
     gen.pending_accs = []
     gen.register_tensors = False
+    gen.phases_read = set()
     gen.lower_jaxpr(jaxpr, args)
+    # Each thread tracks the phases of the collective barriers it waits on (only those).
+    body, gen.lines = gen.lines, []
+    for ref in gen.hoisted_barriers():
+      if ref.phase in gen.phases_read:
+        gen.emit(f"{ref.phase} = 0")
+    gen.lines += body
     out.append(Partition(gen.lines, gen.registers,
                          WORKER_WARPS if gen.register_tensors else SCALAR_WORKER_WARPS, gen.events))
   return out

@@ -135,6 +135,8 @@ class Writer(src.Source):
     self.thread_name = None                  # the thread axis of a kernel with several threads
     self.register_tensors = False            # a register-tensor layout or an SMEM allocation
                                              # (zeroed from registers) was asked for
+    self.phases_read: set = set()            # barrier phase variables the running thread
+                                             # waits with
 
   def hoisted_barriers(self) -> list:
     return [r for refs in self.hoisted.values() for r in refs if isinstance(r, BarrierRef)]
@@ -164,12 +166,12 @@ class Writer(src.Source):
       self.layouts[name.name] = layout
     return name
 
-  def lower_jaxpr(self, jaxpr, args) -> list:
+  def lower_jaxpr(self, jaxpr, args, unused_outputs=()) -> list:
     """Lowers ``jaxpr`` with what the layout assignment found for it (the next scope of the
     current one: rules lower sub-jaxprs in the order the assignment analysed them)."""
     outer, self.scope = self.scope, self.scope.take(jaxpr)
     try:
-      return super().lower_jaxpr(jaxpr, args)
+      return super().lower_jaxpr(jaxpr, args, unused_outputs)
     finally:
       self.scope = outer
 

@@ -23,7 +23,8 @@ def fori_loop(gen, body, consts, index: ex.Name, start: ex.Expr, length: int, ca
   stop = ex.add(start, ex.Lit(int(length), dtype=I32))
   gen.emit(f"for {index.name} in range({gen.render(start)}, {gen.render(stop)}):")
   gen.depth += 1
-  new = gen.lower_jaxpr(body, [*consts, index, *carry])
+  # The body's first result, the next index, is the loop's own business.
+  new = gen.lower_jaxpr(body, [*consts, index, *carry], unused_outputs=(0,))
   gen.assign(carry, new[1:])
   gen.depth -= 1
   return [gen.bind(stop, "i_end"), *carry]

@@ -171,7 +171,9 @@ class Source:
     return ji.user_frame(eqn.source_info) or self.enclosing_frame or "unknown location"
 
   # --- the walk -------------------------------------------------------------------------------
-  def lower_jaxpr(self, jaxpr, args) -> list:
+  def lower_jaxpr(self, jaxpr, args, unused_outputs=()) -> list:
+    """The jaxpr's statements; returns its outputs (None at ``unused_outputs``, positions the
+    caller drops: a backend that leaves out unused equations may not compute them)."""
     env = dict(zip(jaxpr.invars, args))
     env.update(zip(jaxpr.constvars, map(self.constant, jaxpr.consts)))
 
@@ -180,7 +182,8 @@ class Source:
 
     outer = self._live, self._eqns
     self._live = {a for e in jaxpr.eqns for a in e.invars if isinstance(a, ji.Var)}
-    self._live |= {a for a in jaxpr.outvars if isinstance(a, ji.Var)}
+    self._live |= {a for k, a in enumerate(jaxpr.outvars)
+                   if isinstance(a, ji.Var) and k not in unused_outputs}
     self._eqns = jaxpr.eqns
     for eqn in jaxpr.eqns:
       if self.skips(eqn):
@@ -188,7 +191,7 @@ class Source:
       self.comment_source(eqn)
       outs = self._lower_eqn(eqn, [read(a) for a in eqn.invars])
       env.update(zip(eqn.outvars, outs))
-    result = [read(a) for a in jaxpr.outvars]
+    result = [None if k in unused_outputs else read(a) for k, a in enumerate(jaxpr.outvars)]
     self._live, self._eqns = outer
     return result
 
