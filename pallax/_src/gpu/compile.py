@@ -57,6 +57,12 @@ _memory: dict[str, Binary] = {}
 _launchable: dict[str, object] = {}
 
 
+def clear_memory_cache():
+  """Forgets the kernels compiled in this process (the disk cache stays)."""
+  _memory.clear()
+  _launchable.clear()
+
+
 def cache_dir() -> str:
   return os.environ.get("PALLAX_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "pallax"))
 
