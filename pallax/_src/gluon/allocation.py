@@ -45,7 +45,7 @@ def hoist_nested(jaxpr, allocate, hoisted: dict, nested: bool = False) -> None:
       hoist_nested(sub, allocate, hoisted, inner)
 
 
-def allocate(gen, kind, aval):
+def allocate(gen, kind, aval, phases: bool = True):
   shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
   if isinstance(kind, mc.WGMMAAccumulatorRef):
     layout = gen.declared(L.wgmma(shape[1], gen.mma_bits))
@@ -61,7 +61,8 @@ def allocate(gen, kind, aval):
     gen.emit(f"{name} = gl.allocate_shared_memory(gl.int64, [{n}, 1], {L.BARRIER})")
     gen.emit(f"for _b in gl.static_range({n}):")
     gen.emit(f"    mbarrier.init({name}.index(_b), count={kind.num_arrivals})")
-    gen.emit(f"{phase} = 0")
+    if phases:   # (collective barriers of threads: each thread starts its own, threads.py)
+      gen.emit(f"{phase} = 0")
     gen.barriers += 1
     return BarrierRef(name, phase, n, id=gen.barriers - 1)
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:

@@ -45,6 +45,8 @@ class Val:
   layout: L.Layout | None = None
   rebuild: tuple | None = None
   tentative: bool = False
+  used: bool = False   # some operation takes it as it is (not rebuilt in another layout): a
+                       # splat or an iota nothing takes as it is is not written (``unused``)
 
 
 def val(aval, layout=None, rebuild=None) -> Val:
@@ -145,6 +147,7 @@ class Scope:
   the order they lower them (the writer takes them in that order: ``take``)."""
   jaxpr: Any
   layouts: dict = dataclasses.field(default_factory=dict)
+  values: dict = dataclasses.field(default_factory=dict)   # variable -> its Val
   facts: dict = dataclasses.field(default_factory=dict)
   subs: list = dataclasses.field(default_factory=list)
   taken: int = 0
@@ -203,6 +206,7 @@ class Assigner:
     self.last_frame = None
     self._live: set = set()
     self._eqns: list = []
+    self._rebuilt_here: set = set()   # ids of the operands the running rule rebuilt
 
   def result(self) -> Assignment:
     return Assignment(self.top, self.conversions, self.buffers, self.hoisted)
@@ -228,7 +232,11 @@ class Assigner:
         outs = self._eqn(eqn, [read(a) for a in eqn.invars])
         env.update(zip(eqn.outvars, outs))
         scope.layouts.update((v, o.layout) for v, o in zip(eqn.outvars, outs) if isinstance(o, Val))
-      return [read(a) for a in jaxpr.outvars]
+        scope.values.update((v, o) for v, o in zip(eqn.outvars, outs) if isinstance(o, Val))
+      outs = [read(a) for a in jaxpr.outvars]
+      for o in outs:   # what the caller does with them is not tracked: taken as they are
+        self.take_as_is(o)
+      return outs
     finally:
       self.scope, self._live, self._eqns = outer
 
@@ -242,7 +250,14 @@ class Assigner:
     if eqn.primitive not in self.gen.table.rules:
       return unknown   # the writer refuses it
     rule = LAYOUT_RULES.rules.get(eqn.primitive, elementwise)
-    outs = rule(AssignContext(self, eqn), *invals, **eqn.params)
+    outer, self._rebuilt_here = self._rebuilt_here, set()
+    try:
+      outs = rule(AssignContext(self, eqn), *invals, **eqn.params)
+      for v in invals:   # operands the rule did not rebuild in another layout: taken as they are
+        if id(v) not in self._rebuilt_here:
+          self.take_as_is(v)
+    finally:
+      self._rebuilt_here = outer
     if outs is None:
       return unknown
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
@@ -250,6 +265,11 @@ class Assigner:
 
   def uses(self, var) -> list:
     return [e for e in self._eqns if any(a is var for a in e.invars)]
+
+  @staticmethod
+  def take_as_is(v):
+    if isinstance(v, Val):
+      v.used = True
 
   def probe(self, fn):
     """``fn()``'s result, with what it recorded taken back (a loop body analysed with its carries
@@ -269,6 +289,7 @@ class Assigner:
   def in_layout(self, v, layout):
     """``v`` in ``layout`` (unchanged if it is a scalar, has no layout, or is in it)."""
     if layout is None or not isinstance(v, Val) or v.layout is None or v.layout == layout or not v.shape:
+      self.take_as_is(v)
       return v
     return self.convert(v, layout)
 
@@ -277,7 +298,9 @@ class Assigner:
     if v.rebuild is not None:
       new = self._rebuilt(v, layout)
       if new is not None:
+        self._rebuilt_here.add(id(v))
         return new
+    self.take_as_is(v)   # converted from the value as it is
     self.conversions.append(Conversion(v.layout, layout, tuple(v.shape), self.last_frame))
     return Val(v.shape, v.dtype, layout)
 
@@ -308,6 +331,7 @@ class Assigner:
       return Val(tuple(shape), np.dtype(dtype), layout)
     if v.layout not in (None, layout):
       return self.convert(v, layout)
+    self.take_as_is(v)
     return v
 
   def same_layout(self, acc: Acc, v) -> L.Layout | None:

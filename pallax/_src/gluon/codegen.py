@@ -84,7 +84,8 @@ def generate(params) -> GluonSource:
   allocate_now = lambda kind, aval: allocate(gen, kind, aval)
   if threads:
     gen.thread_name = info.thread_name
-    warp_specialize.hoist(jaxpr, info.thread_name, allocate_now, gen.hoisted)
+    warp_specialize.hoist(jaxpr, info.thread_name,
+                          lambda kind, aval: allocate(gen, kind, aval, phases=False), gen.hoisted)
     main = gen.lines
     parts = warp_specialize.partitions(gen, jaxpr, [*ids, *refs], info)
   else:

@@ -38,7 +38,9 @@ def _broadcast_tile(ctx, x, shape, broadcast_dimensions):
 def _broadcast(ctx, x, *, shape, broadcast_dimensions, **_):
   if x.shape:
     return _broadcast_tile(ctx, x, tuple(shape), tuple(broadcast_dimensions))
-  return ctx.gen.splat(x, tuple(shape), ctx.gen.declared(ctx.gen.assigned(ctx.eqn.outvars[0])))
+  gen, shape = ctx.gen, tuple(shape)
+  return gen.unwritten(ctx.eqn, lambda new: gen.splat(x, shape, new)) or \
+      gen.splat(x, shape, gen.declared(gen.assigned(ctx.eqn.outvars[0])))
 
 
 @rule(lax.iota_p)
@@ -47,8 +49,10 @@ def _iota(ctx, *, dtype, shape, dimension, **_):
   shape = tuple(shape)
   if len(shape) > 2:
     ctx.gen.unsupported("iotas of rank 3 or more")
-  layout = ctx.gen.declared(ctx.gen.assigned(ctx.eqn.outvars[0]))
-  return iota_in(ctx.gen, np.dtype(dtype), shape, dimension, layout)
+  gen = ctx.gen
+  again = lambda new: None if new.kind == "other" else iota_in(gen, np.dtype(dtype), shape, dimension, new)  # noqa: E731
+  return gen.unwritten(ctx.eqn, again) or \
+      iota_in(gen, np.dtype(dtype), shape, dimension, gen.declared(gen.assigned(ctx.eqn.outvars[0])))
 
 
 

@@ -216,6 +216,19 @@ class Writer(src.Source):
       return v
     return self.convert(v, layout)
 
+  def unwritten(self, eqn, again) -> ex.Name | None:
+    """The result of ``eqn`` (a splat or an iota) left unwritten where the layout assignment
+    found that no operation takes it as it is: every use computes it again in its own layout,
+    with ``again(layout)``. None: it is taken as it is somewhere (write it)."""
+    var = eqn.outvars[0]
+    v = self.scope.values.get(var)
+    if v is None or v.used or v.rebuild is None:
+      return None
+    name = ex.Name(self.fresh("v"), dtype=np.dtype(var.aval.dtype), shape=tuple(var.aval.shape))
+    self.layouts[name.name] = self.assigned(var)
+    self.remat[name.name] = again
+    return name
+
   def splat(self, x, shape: tuple, layout: L.Layout) -> ex.Name:
     """A tile of ``shape`` filled with scalar ``x``, in ``layout``."""
     v = self.value(ex.call("gl.full", ex.Token(str(list(L.padded(shape)))), x,
