@@ -60,3 +60,20 @@ def load_jax_ops_module(name: str, imports: dict, prefix: str, strict: bool = Tr
                             category=DeprecationWarning)
     exec(compile(src, path, "exec"), mod.__dict__)
   return mod
+
+
+def unused_definitions(source: str, layouts: bool = True) -> list[str]:
+  """The variables and (with ``layouts``) named layouts a generated kernel module assigns and
+  never reads, per function (a property of the code, not of its names: generated code defines
+  nothing it does not use). Each thread function of a warp-specialized kernel declares every
+  layout of the kernel: ``layouts=False`` leaves those out."""
+  import ast
+  unused = []
+  for fn in [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]:
+    read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    for n in ast.walk(fn):
+      targets = n.targets if isinstance(n, ast.Assign) else \
+          [n.target] if isinstance(n, ast.AnnAssign) and layouts else []
+      unused += [f"{fn.name}: {ast.unparse(n)}" for t in targets
+                 if isinstance(t, ast.Name) and t.id not in read and t.id != "_"]
+  return unused

@@ -15,6 +15,8 @@ import pallax.mosaic_gpu as plgpu
 from pallax._src.gluon import events as ev
 from pallax._src.gluon import layouts as L
 
+from helpers import unused_definitions
+
 S = jax.ShapeDtypeStruct
 
 
@@ -63,6 +65,9 @@ def test_a_carry_that_starts_as_a_splat_takes_the_layout_of_the_loop(dtype):
   (conversion,) = k.generated.conversions
   assert (conversion.source, conversion.target.kind, conversion.shape) == (row, "blocked", (64,))
   assert conversion.frame.startswith(f"{_line_of('# <- store')} ")
+  # Splats written again in the layouts their uses need are not also written in their own; the
+  # loop's next index and unused layouts are not written either.
+  assert unused_definitions(k.source) == []
 
 
 def test_debug_reports_the_conversions_the_assignment_found(capsys):

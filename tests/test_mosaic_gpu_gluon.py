@@ -16,6 +16,8 @@ import pallax.mosaic_gpu as plgpu
 from pallax._src.gluon import events as ev
 from pallax._src.gluon import layouts as L
 
+from helpers import unused_definitions
+
 BLOCK = 64
 
 
@@ -466,6 +468,8 @@ def test_threads_lower_to_warp_specialized_ptx():
   assert [type(e).__name__ for e in producer.events] == ["BarrierOp", "BarrierOp", "Copy"]
   assert [(e.kind, e.barrier[:10]) for e in events(k, ev.BarrierOp)] == [
       ("wait", "barrier[0]"), ("arrive", "barrier[1]")]
+  # Each thread starts the phases of the barriers it waits on, and no others.
+  assert unused_definitions(k.source, layouts=False) == []
   assert [e.kind for e in events(k, ev.Access)] == ["load", "store"]
 
 
