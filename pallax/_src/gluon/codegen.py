@@ -23,6 +23,7 @@ from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src.gluon import control, elementwise, mma, shapes  # noqa: F401 (their rules register)
 from pallax._src.gluon import copies, memory  # noqa: F401 (their rules register)
+from pallax._src.gluon import clusters
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon import order
 from pallax._src.gluon import threads as warp_specialize
@@ -80,8 +81,12 @@ def generate(params) -> GluonSource:
   gen.mma_bits, gen.wgmma = _mma_bits(jaxpr)
   gen.assignment = _assign(gen, jaxpr, gm, info)
   gen.scope = gen.assignment.top
-  ids = _grid_ids(gen, gm.grid)
-  gen.axes = {**dict(zip(names, ids)), **_fixed_axes(info)}
+  # Clusters run as independent blocks (gluon/clusters.py): the cluster axes decode from the
+  # block id like grid axes.
+  launch, launch_names = clusters.launch_axes(gm, info)
+  launch_ids = _grid_ids(gen, launch)
+  gen.axes = {**dict(zip(launch_names, launch_ids)), **_fixed_axes(info)}
+  ids = launch_ids[:len(gm.grid)]
   refs = []
   for k, bm in enumerate(gm.block_mappings):
     ptr = src.identifier(f"{'in' if bm.origin.startswith('args') else 'out'}{k}_ptr")
@@ -98,35 +103,36 @@ def generate(params) -> GluonSource:
     gen.lower_jaxpr(jaxpr, [*ids, *refs])
     parts = [Partition(gen.lines, None, L.WARPS, gen.events)]
   _check(gen, params.name)
+  clusters.refuse(params, gen, parts)
   signature, host = _signature(gen, refs)
   if threads:
-    source = _threaded_module(gen, name, list(signature), main, parts, ids)
+    source = _threaded_module(gen, name, list(signature), main, parts, launch_ids)
   else:
     source = _module(gen, name, list(signature))
   if params.debug:
     print(layout_report(gen, params.name))
-  return GluonSource(name, source, signature, (math.prod(gm.grid), 1, 1), host_descriptors=host,
+  return GluonSource(name, source, signature, (math.prod(gm.grid) * clusters.size(info), 1, 1),
+                     host_descriptors=host,
                      partitions=tuple(parts), buffers=tuple(gen.assignment.buffers),
                      layouts=tuple(gen.constexprs), conversions=tuple(gen.assignment.conversions),
                      program_ids=tuple(ids))
 
 
 def _fixed_axes(info) -> dict:
-  """Axes whose index is known when the code is written: cluster axes (clusters of one block),
-  the thread axis (each thread's partition sets its own)."""
+  """Axes whose index is known when the code is written: the thread axis (each thread's
+  partition sets its own)."""
   zero = ex.Lit(0, dtype=np.dtype(np.int32))
-  axes = {n: zero for n, _ in info.cluster} if info is not None else {}
-  if info is not None and info.thread_name is not None:
-    axes[info.thread_name] = zero
-  return axes
+  return {info.thread_name: zero} if info is not None and info.thread_name is not None else {}
 
 
 def _assign(gen: Writer, jaxpr, gm, info) -> Assignment:
   """The layout assignment of the kernel: the jaxprs ``generate`` lowers, analysed in the
   same order (index maps, then the body, once per thread)."""
   a = Assigner(gen)
-  ids = [Val((), np.dtype(np.int32)) for _ in gm.grid]
-  a.axes = {**dict(zip(tuple(gm.grid_names or ()), ids)), **_fixed_axes(info)}
+  launch, launch_names = clusters.launch_axes(gm, info)
+  ids = [Val((), np.dtype(np.int32)) for _ in launch]
+  a.axes = {**dict(zip(launch_names, ids)), **_fixed_axes(info)}
+  ids = ids[:len(gm.grid)]
   refs = []
   for bm in gm.block_mappings:
     lead = _squeezed_lead(bm)
