@@ -28,11 +28,17 @@ from pallax._src.gluon import events as ev
 
 
 def launch_axes(gm, info) -> tuple[tuple, tuple]:
-  """(sizes, names) of the launch's axes: the grid's, then the cluster's (fastest)."""
-  cluster = tuple(info.cluster) if info is not None else ()
+  """(sizes, names) of the launch's axes: the grid's, then the cluster's of more than one block
+  (fastest; the others are 0, ``fixed_axes``)."""
+  cluster = tuple((n, k) for n, k in info.cluster if k > 1) if info is not None else ()
   names = tuple(gm.grid_names or ()) or tuple(f"axis{i}" for i in range(len(gm.grid)))
   return (tuple(gm.grid) + tuple(n for _, n in cluster),
           names + tuple(name for name, _ in cluster))
+
+
+def fixed_axes(info) -> tuple:
+  """The cluster axes of size one (their index is 0)."""
+  return tuple(n for n, k in info.cluster if k == 1) if info is not None else ()
 
 
 def size(info) -> int:

@@ -119,10 +119,13 @@ def generate(params) -> GluonSource:
 
 
 def _fixed_axes(info) -> dict:
-  """Axes whose index is known when the code is written: the thread axis (each thread's
-  partition sets its own)."""
+  """Axes whose index is known when the code is written: cluster axes of size one, the thread
+  axis (each thread's partition sets its own)."""
   zero = ex.Lit(0, dtype=np.dtype(np.int32))
-  return {info.thread_name: zero} if info is not None and info.thread_name is not None else {}
+  axes = {n: zero for n in clusters.fixed_axes(info)}
+  if info is not None and info.thread_name is not None:
+    axes[info.thread_name] = zero
+  return axes
 
 
 def _assign(gen: Writer, jaxpr, gm, info) -> Assignment:
