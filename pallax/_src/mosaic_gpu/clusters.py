@@ -227,15 +227,24 @@ def _copy_gmem_to_smem(th, eqn, invals):
   sem.union_write(th, dst, mask)
   entry = (mask, (bar.buf, sem.barrier_index(th, bar, what)), PENDING, th.line)
   dst.buf.state["loads"].append(entry)
+  _rendezvous(th, members, p["collective_axes"], slot, src, dst, bar, entry, what)
+  return []
+
+
+def _rendezvous(th, members, axes, slot, src: View, dst: View, bar: View, entry, what: str):
+  """Records ``th``'s block's part of the ``seq``-th multicast into ``slot``, lands it in the
+  peers that have not issued theirs yet, and once every block of the group issued, completes
+  the copy on each block's barrier (``entry``: this block's record of the load into ``dst``)."""
+  mask = entry[0]
   counts = th.block.state.setdefault("multicasts", {})
   seq = counts[slot] = counts.get(slot, 0) + 1
   book = members[0].state.setdefault("multicast_book", {})
-  issued = book.setdefault((tuple(sorted(p["collective_axes"], key=str)), slot, seq), [])
+  issued = book.setdefault((tuple(sorted(axes, key=str)), slot, seq), [])
   sig = (src.buf, flat_indices(src).tobytes(), tuple(dst.shape), bar.buf.state.get("scope"),
          flat_indices(bar).tobytes())
   if issued and issued[0][4] != sig:
     other = issued[0][0]
-    fail(th, f"{what} with collective_axes={p['collective_axes']}: block {block_name(th.block)} "
+    fail(th, f"{what} with collective_axes={axes}: block {block_name(th.block)} "
              f"copies {src.buf.name} (a view of shape {tuple(src.shape)}) into {dst.buf.name} "
              f"with barrier {bar.buf.name}, but its cluster peer block {block_name(other.block)} "
              f"issued a different copy at {issued[0][3] or 'a line of library code'}: every "
@@ -248,4 +257,3 @@ def _copy_gmem_to_smem(th, eqn, invals):
     for t, b, buf, _, _, e in issued:
       phase = sem.arrive(t, b, what)
       buf.state["loads"] = [(e[0], e[1], phase, e[3]) if x is e else x for x in buf.state["loads"]]
-  return []

@@ -522,4 +522,4 @@ eager.ON_BLOCK_START.append(_remember_threads)
 
 
 # What clusters.py (multicast copies, cluster barriers) builds on.
-copy_views, check_box, check_not_in_use, pending = _copy_views, _check_box, _check_not_in_use, _pending
+copy_views, check_box, check_not_in_use = _copy_views, _check_box, _check_not_in_use
