@@ -18,6 +18,7 @@ The entry points run a pallas_call's Params: ``run_now`` eagerly (errors raise h
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable, Hashable
 
@@ -325,17 +326,10 @@ def _run_scoped(th, eqn, invals):
   key = (id(eqn), count) if collective else (id(eqn), count, th.index)
   bufs = th.block.shared.get(key)
   if bufs is None:
-    def make(block):
-      names = _param_names(body)[p["num_consts"]:]
-      made = [allocate(t, v.aval.inner_aval, _scratch_name(v, i, names))
-              for i, (t, v) in enumerate(zip(types, body.invars[p["num_consts"]:]))]
-      for b in made:
-        if b.init is not None and not block.track:
-          b.init = None
-      for hook in ON_ALLOCATE:
-        hook(th, made)
-      return made
-    bufs = th.block.shared[key] = make(th.block)
+    make = functools.partial(_allocate_scope, th, body, p["num_consts"], types)
+    bufs = make(th.block)
+    if collective or len(th.block.peers) > 1:   # kept for the block's other threads or its peers
+      th.block.shared[key] = bufs
     for hook in ON_SCOPE:
       hook(th, key, bufs, make)
   last = th.state.setdefault("scopes", {})   # run_scoped eqn -> the last entry's buffers
@@ -344,6 +338,19 @@ def _run_scoped(th, eqn, invals):
       REUSE_CHECKS[b.space](th, b)
   last[id(eqn)] = bufs
   return (yield from eval_jaxpr(th, body, [], [*invals, *[View(b) for b in bufs]]))
+
+
+def _allocate_scope(th, body, num_consts, types, block) -> list[Buffer]:
+  """The buffers of a run_scoped body's scratch, for ``block`` (``th``'s or a cluster peer's)."""
+  names = _param_names(body)[num_consts:]
+  made = [allocate(t, v.aval.inner_aval, _scratch_name(v, i, names))
+          for i, (t, v) in enumerate(zip(types, body.invars[num_consts:]))]
+  for b in made:
+    if b.init is not None and not block.track:
+      b.init = None
+  for hook in ON_ALLOCATE:
+    hook(th, made)
+  return made
 
 
 def _param_names(body) -> tuple:
