@@ -33,6 +33,16 @@ CONFIGS = {   # name -> TuningConfig fields (JAX's test and tuning space, no clu
 }
 
 
+# Clusters of two blocks sharing a tile (multicast TMA in JAX; on pallax emulated: each block
+# loads its own copy, docs/mosaic_gpu.md), beside the same tiles without clusters.
+CLUSTER_CONFIGS = {
+    "128x128x64 s4 wgN w8 cluster M": dict(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
+                                           grid_tile_width=8, cluster_dimension="M"),
+    "128x128x64 s4 wgN w8 cluster N": dict(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
+                                           grid_tile_width=8, cluster_dimension="N"),
+}
+
+
 HEADER = ["| work | config | kernel | mismatches vs XLA | kernel time (µs) | TFLOP/s | wall per call (µs) | kernel time / cuBLAS | / JAX |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 NOTE = ("Speed columns: cuBLAS time / kernel time and JAX time / kernel time (above 1 is faster). "
@@ -44,6 +54,14 @@ def modules():
   """(pallax's, JAX's) hopper_matmul_mgpu: the same source, its imports switched."""
   import jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu as jax_hm
   return mgpu_ops.load("hopper_matmul_mgpu", num_sms=jax.devices()[0].core_count), jax_hm
+
+
+def _fields(hm, fields: dict) -> dict:
+  """TuningConfig fields with the dimensions as ``hm``'s own enum (each module has its own)."""
+  out = {**fields, "wg_dimension": hm.MatmulDimension(fields.get("wg_dimension", 1))}
+  if "cluster_dimension" in fields:
+    out["cluster_dimension"] = getattr(hm.MatmulDimension, fields["cluster_dimension"])
+  return out
 
 
 def matmul_rows(hms, dtype, m, k, n, configs: dict) -> list[str]:
@@ -59,7 +77,7 @@ def matmul_rows(hms, dtype, m, k, n, configs: dict) -> list[str]:
   for cname, fields in configs.items():
     fns = {"cublas": cublas}
     for kname, hm in zip(("pallax", "jax_mosaic"), hms):
-      cfg = hm.TuningConfig(**{**fields, "wg_dimension": hm.MatmulDimension(fields.get("wg_dimension", 1))})
+      cfg = hm.TuningConfig(**_fields(hm, fields))
       fns[kname] = jax.jit(lambda x, y, hm=hm, cfg=cfg: hm.matmul(x, y, None, cfg))
     outs = timing.checked_outputs(fns, (a, b), cname)
     bad = {name: int(np.sum(got != ref)) for name, got in outs.items()}
@@ -85,7 +103,7 @@ def main():
   lines = [f"# JAX's hopper_matmul_mgpu: pallax (Gluon) vs JAX Mosaic GPU vs cuBLAS, {device}, "
            f"{datetime.date.today()}", ""] + HEADER
   sizes = [(1024, 1024, 1024)] if args.small else [(4096, 4096, 4096), (4096, 8192, 4096)]
-  configs = dict(list(CONFIGS.items())[:1]) if args.small else CONFIGS
+  configs = dict(list(CONFIGS.items())[:1]) if args.small else {**CONFIGS, **CLUSTER_CONFIGS}
   for dtype in (jnp.float16, jnp.bfloat16):
     for m, k, n in sizes:
       lines += matmul_rows(hms, dtype, m, k, n, configs)

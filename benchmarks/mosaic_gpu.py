@@ -4,7 +4,9 @@ same source on JAX's Mosaic GPU and against cuBLAS / cuDNN.
 1. The docs' one-warpgroup matmul (``plgpu.emit_pipeline`` over K, ``wgmma`` into an accumulator,
    TMA in and out), written once against a ``pl``/``plgpu`` pair.
 2. JAX's warp-specialized ``hopper_matmul_mgpu`` (imports switched): bf16 8192^3 and fp16
-   4096x8192x4096, the configurations of ``hopper_matmul.py``.
+   4096x8192x4096, the configurations of ``hopper_matmul.py``, with and without clusters of two
+   blocks (``cluster_dimension``: emulated on pallax, each block loading its own copy of the
+   shared tile).
 3. JAX's ``attention_mgpu`` (imports switched): fp16, batch 1, 16 heads, seq 4096, head dim 128,
    causal and not, forward; and forward + backward (JAX has no causal backward).
 
@@ -117,7 +119,8 @@ def main():
   if args.only in (None, "matmul"):
     lines += ["", "## JAX's hopper_matmul_mgpu (warp-specialized)", ""] + mm_bench.HEADER
     hms = mm_bench.modules()
-    configs = dict(list(mm_bench.CONFIGS.items())[:1]) if args.small else mm_bench.CONFIGS
+    configs = (dict(list(mm_bench.CONFIGS.items())[:1]) if args.small
+               else {**mm_bench.CONFIGS, **mm_bench.CLUSTER_CONFIGS})
     for dtype, m, k, n in shapes:
       lines += mm_bench.matmul_rows(hms, dtype, m, k, n, configs)
     lines += ["", mm_bench.NOTE]

@@ -7,6 +7,7 @@ one-warpgroup kernels compile to Gluon (a first subset: see the README).
 """
 from pallax._src.gluon import backend as _backend  # noqa: F401 (registers the Gluon backend)
 from pallax._src.mosaic_gpu import semantics as _semantics  # noqa: F401 (registers the rules)
+from pallax._src.mosaic_gpu import clusters as _clusters  # noqa: F401 (registers the rules)
 from pallax._src.mosaic_gpu import sync as _sync  # noqa: F401 (registers the rules)
 from pallax._src.jax_internals import Transform
 from pallax._src.mosaic_gpu.core import (

@@ -166,7 +166,7 @@ UNSUPPORTED = {
     "dynamic_scheduling_loop": "nd_loop",
     "multimem_store": "shard_map", "multimem_load_reduce": "shard_map",
     "semaphore_signal_parallel": "shard_map", "remote_ref": "shard_map",
-    "multicast_ref": "cluster=(1,)", "cluster_ref": "cluster=(1,)",
+    "multicast_ref": "shard_map", "cluster_ref": "collective_axes",
     "async_store_smem": "commit_smem", "mma": "plgpu.wgmma",
     "warp_map": "num_threads",
 }
@@ -178,13 +178,6 @@ def test_unsupported_names_raise_with_what_works_instead(name):
   with pytest.raises(NotImplementedError, match=rf"plgpu\.{name}: .*not supported.*; "
                                                 rf".*{re.escape(UNSUPPORTED[name])}"):
     fn(None, None, None)
-
-
-def test_cluster_of_more_than_one_block_is_refused_with_what_works():
-  def body(o_ref):
-    o_ref[...] = jnp.ones(o_ref.shape, o_ref.dtype)
-  with pytest.raises(NotImplementedError, match=r"cluster=\(2,\).*use cluster=\(1,\)"):
-    plgpu.kernel(body, out_type=S((8,), jnp.float32), cluster=(2,), cluster_names=("c",))()
 
 
 # =============================================================================================

@@ -64,6 +64,8 @@ def allocate(gen, kind, aval, phases: bool = True):
     if phases:   # (collective barriers of threads: each thread starts its own, threads.py)
       gen.emit(f"{phase} = 0")
     gen.barriers += 1
+    # A cluster barrier counts this block's own arrivals (clusters run as independent blocks).
+    gen.cluster_barriers += isinstance(kind, mc.ClusterBarrier)
     return BarrierRef(name, phase, n, id=gen.barriers - 1)
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
     # Rank > 3: the leading dimensions flattened into one, each padded to a power of two so

@@ -20,9 +20,10 @@ import numpy as np
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
-from pallax._src.plan import plan_for
+from pallax._src.plan import ProgramAxis, plan_for
 from pallax._src.gluon import control, elementwise, mma, shapes  # noqa: F401 (their rules register)
 from pallax._src.gluon import copies, memory  # noqa: F401 (their rules register)
+from pallax._src.gluon import clusters
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon import order
 from pallax._src.gluon import threads as warp_specialize
@@ -36,11 +37,17 @@ from pallax._src.gpu.legalize import legalize
 from pallax._src.mosaic_gpu import primitives as mp
 
 
-def _grid_ids(gen: Writer, plan) -> list[ex.Expr]:
-  """Program coordinates from launch axis 0, decoded as the kernel plan says for Mosaic GPU
-  kernels (``plan.LAUNCH_ORDERS``: every axis concurrent, the last fastest)."""
-  _, ids = gen.program_ids(plan.decode, plan.lanes, hint="id")
-  return [ids[p.axis] for p in sorted(plan.decode, key=lambda p: p.axis)]
+def _launch_ids(gen: Writer, plan, gm, info) -> tuple[list[ex.Expr], tuple, int]:
+  """(ids, names, blocks launched): the coordinates of every launch axis from launch axis 0.
+  The grid's decode as the kernel plan says for Mosaic GPU kernels (``plan.LAUNCH_ORDERS``: every
+  axis concurrent, the last fastest); clusters run as independent blocks (``clusters.py``), their
+  axes of more than one block faster still, the last fastest."""
+  sizes, names = clusters.launch_axes(gm, info)
+  n = len(gm.grid)
+  cluster = [ProgramAxis(a, sizes[a], False) for a in reversed(range(n, len(sizes)))]
+  lanes = plan.lanes * clusters.size(info)
+  _, ids = gen.program_ids((*cluster, *plan.decode), lanes, hint="id")
+  return [ids[a] for a in range(len(sizes))], names, lanes
 
 
 def _refuse_unplaced_buffers(params):
@@ -74,8 +81,9 @@ def generate(params) -> GluonSource:
   gen.assignment = _assign(gen, jaxpr, gm, info)
   gen.scope = gen.assignment.top
   plan = plan_for(params, kind="mosaic_gpu")
-  ids = _grid_ids(gen, plan)
-  gen.axes = {**dict(zip(names, ids)), **_fixed_axes(info)}
+  launch_ids, launch_names, lanes = _launch_ids(gen, plan, gm, info)
+  gen.axes = {**dict(zip(launch_names, launch_ids)), **_fixed_axes(info)}
+  ids = launch_ids[:len(gm.grid)]
   refs = []
   for k, bm in enumerate(gm.block_mappings):
     ptr = src.identifier(f"{'in' if bm.origin.startswith('args') else 'out'}{k}_ptr")
@@ -93,24 +101,25 @@ def generate(params) -> GluonSource:
     gen.lower_jaxpr(jaxpr, [*ids, *refs])
     parts = [Partition(gen.lines, None, L.WARPS, gen.events)]
   _check(gen, params.name)
+  clusters.refuse(params, gen, parts)
   signature, host = _signature(gen, refs)
   if threads:
-    source = _threaded_module(gen, name, list(signature), main, parts, ids)
+    source = _threaded_module(gen, name, list(signature), main, parts, launch_ids)
   else:
     source = _module(gen, name, list(signature))
   if params.debug:
     print(layout_report(gen, params.name))
-  return GluonSource(name, source, signature, (plan.lanes, 1, 1), host_descriptors=host,
+  return GluonSource(name, source, signature, (lanes, 1, 1), host_descriptors=host,
                      partitions=tuple(parts), buffers=tuple(gen.assignment.buffers),
                      layouts=tuple(gen.constexprs), conversions=tuple(gen.assignment.conversions),
                      program_ids=tuple(ids))
 
 
 def _fixed_axes(info) -> dict:
-  """Axes whose index is known when the code is written: cluster axes (clusters of one block),
-  the thread axis (each thread's partition sets its own)."""
+  """Axes whose index is known when the code is written: cluster axes of size one, the thread
+  axis (each thread's partition sets its own)."""
   zero = ex.Lit(0, dtype=np.dtype(np.int32))
-  axes = {n: zero for n, _ in info.cluster} if info is not None else {}
+  axes = {n: zero for n in clusters.fixed_axes(info)}
   if info is not None and info.thread_name is not None:
     axes[info.thread_name] = zero
   return axes
@@ -120,8 +129,10 @@ def _assign(gen: Writer, jaxpr, gm, info) -> Assignment:
   """The layout assignment of the kernel: the jaxprs ``generate`` lowers, analysed in the
   same order (index maps, then the body, once per thread)."""
   a = Assigner(gen)
-  ids = [Val((), np.dtype(np.int32)) for _ in gm.grid]
-  a.axes = {**dict(zip(tuple(gm.grid_names or ()), ids)), **_fixed_axes(info)}
+  launch, launch_names = clusters.launch_axes(gm, info)
+  ids = [Val((), np.dtype(np.int32)) for _ in launch]
+  a.axes = {**dict(zip(launch_names, ids)), **_fixed_axes(info)}
+  ids = ids[:len(gm.grid)]
   refs = []
   for bm in gm.block_mappings:
     lead = _squeezed_lead(bm)

@@ -156,8 +156,9 @@ def _tma(gen, smem_ref, gmem_ref, direction: str, barrier=None) -> tuple[list, i
 def _copy_gmem_to_smem(ctx, *invals, **params):
   gen = ctx.gen
   (src, dst, bar), rest = _refs(ctx, invals)
-  if params["collective_axes"]:
-    gen.unsupported("collective (multicast) copies")
+  # A multicast copy: each block of the cluster loads the whole box itself (gluon/clusters.py).
+  if params["collective_axes"] and params.get("leader_tracked") is not None:
+    gen.unsupported("leader-tracked cluster copies (copy_gmem_to_smem(leader_tracked=...))")
   if bar is None:
     raise NotImplementedError("copy_gmem_to_smem needs a barrier on Hopper")
   if not isinstance(src[0], GmemRef) or not isinstance(dst[0], SmemRef):

@@ -125,6 +125,7 @@ class Writer(src.Source):
     self.descriptors: dict = {}              # (ptr, box) -> its Descriptor
     self.pointer_uses: set = set()           # GMEM operands accessed through registers
     self.axes: dict = {}                     # axis name -> index expression
+    self.cluster_barriers = 0                # plgpu.ClusterBarrier allocations (clusters.py)
     self.mma_bits = 16                       # the operand width of the kernel's wgmmas
     self.wgmma = False                       # whether the kernel has wgmmas
     self.conversions: list = []              # (from, to, shape, line) of each layout conversion

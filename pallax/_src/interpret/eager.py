@@ -18,6 +18,7 @@ The entry points run a pallas_call's Params: ``run_now`` eagerly (errors raise h
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Callable, Hashable
 
@@ -64,6 +65,7 @@ class Block:
   shared: dict = dataclasses.field(default_factory=dict)
   state: dict = dataclasses.field(default_factory=dict)   # per-block bookkeeping of rules
   run: dict = dataclasses.field(default_factory=dict)     # shared by the call's blocks: "events"
+  peers: list = dataclasses.field(default_factory=list)   # the blocks of its cluster, itself included
 
 
 @dataclasses.dataclass(eq=False)
@@ -308,6 +310,8 @@ def semaphores(kind, aval, name: str) -> Buffer:
 
 
 ON_ALLOCATE: list = []   # hooks(thread, buffers) after a run_scoped allocates its buffers
+ON_SCOPE: list = []      # hooks(thread, key, buffers, make): make(block) allocates them for another
+                         # block (the cluster's blocks share keys: clusters.py)
 
 
 @rule(prims.run_scoped_p)
@@ -318,26 +322,35 @@ def _run_scoped(th, eqn, invals):
   collective = bool(p.get("collective_axes"))
   count = th.scoped.get(id(eqn), 0)
   th.scoped[id(eqn)] = count + 1
-  key = (id(eqn), count)
-  if collective and key in th.block.shared:
-    bufs = th.block.shared[key]
-  else:
-    names = _param_names(body)[p["num_consts"]:]
-    bufs = [allocate(t, v.aval.inner_aval, _scratch_name(v, i, names))
-            for i, (t, v) in enumerate(zip(types, body.invars[p["num_consts"]:]))]
-    for b in bufs:
-      if b.init is not None and not th.block.track:
-        b.init = None
-    for hook in ON_ALLOCATE:
-      hook(th, bufs)
-    if collective:
+  # The same key in every block of a cluster: a peer may have allocated this block's buffers.
+  key = (id(eqn), count) if collective else (id(eqn), count, th.index)
+  bufs = th.block.shared.get(key)
+  if bufs is None:
+    make = functools.partial(_allocate_scope, th, body, p["num_consts"], types)
+    bufs = make(th.block)
+    if collective or len(th.block.peers) > 1:   # kept for the block's other threads or its peers
       th.block.shared[key] = bufs
+    for hook in ON_SCOPE:
+      hook(th, key, bufs, make)
   last = th.state.setdefault("scopes", {})   # run_scoped eqn -> the last entry's buffers
   for b in () if collective else last.get(id(eqn), ()):
     if b.space in REUSE_CHECKS:
       REUSE_CHECKS[b.space](th, b)
   last[id(eqn)] = bufs
   return (yield from eval_jaxpr(th, body, [], [*invals, *[View(b) for b in bufs]]))
+
+
+def _allocate_scope(th, body, num_consts, types, block) -> list[Buffer]:
+  """The buffers of a run_scoped body's scratch, for ``block`` (``th``'s or a cluster peer's)."""
+  names = _param_names(body)[num_consts:]
+  made = [allocate(t, v.aval.inner_aval, _scratch_name(v, i, names))
+          for i, (t, v) in enumerate(zip(types, body.invars[num_consts:]))]
+  for b in made:
+    if b.init is not None and not block.track:
+      b.init = None
+  for hook in ON_ALLOCATE:
+    hook(th, made)
+  return made
 
 
 def _param_names(body) -> tuple:
@@ -380,9 +393,10 @@ POLL_LIMIT = 1000   # rounds of only polls, with no event anywhere, before that 
 
 
 def _run_blocks(blocks) -> None:
-  """Runs the threads of ``blocks`` (an iterator of (block, threads, bodies)) until all finish.
-  Blocks run one after another in grid order; a block whose threads all wait, some of them on
-  a ``pl.get_global`` semaphore, lets the next block start (on a GPU blocks run concurrently).
+  """Runs the threads of ``blocks`` (an iterator of clusters, each a list of (block, threads,
+  bodies)) until all finish. Clusters run one after another in grid order, the blocks of one
+  together; a cluster whose threads all wait, some of them on a ``pl.get_global`` semaphore,
+  lets the next one start (on a GPU blocks run concurrently).
   When nothing can go on, that is a deadlock, reported with each thread's wait and line."""
   live, pending, idle = [], iter(blocks), 0
 
@@ -390,10 +404,10 @@ def _run_blocks(blocks) -> None:
     nxt = next(pending, None)
     if nxt is None:
       return False
-    block, threads, bodies = nxt
-    for hook in ON_BLOCK_START:
-      hook(block, threads)
-    live.extend((th, gen, None) for th, gen in bodies)
+    for block, threads, bodies in nxt:   # the blocks of a cluster start together
+      for hook in ON_BLOCK_START:
+        hook(block, threads)
+      live.extend((th, gen, None) for th, gen in bodies)
     return True
 
   while live or start():
@@ -473,22 +487,34 @@ def run_kernel(params, args, track: bool = False) -> list[np.ndarray]:
 
 
 def _blocks(params, bufs, glob, track):
-  """(block, threads, their bodies) for each block of the grid, in row-major order."""
-  gm, info, run = params.grid_mapping, getattr(params, "threads", None), {}
+  """For each point of the grid, in row-major order, its cluster: a list of (block, threads,
+  their bodies), one per block of the cluster (the grid counts clusters, as in Mosaic GPU)."""
+  gm, info = params.grid_mapping, getattr(params, "threads", None)
   names = tuple(gm.grid_names or ()) or tuple(f"axis{i}" for i in range(len(gm.grid)))
-  n_threads = info.num_threads if info else 1
-  extra = dict(info.cluster) if info else {}
+  cluster = dict(info.cluster) if info else {}
+  run = {"cluster": cluster}
   for ids in itertools.product(*[range(g) for g in gm.grid]):
-    axes = {**dict(zip(names, ids)), **{k: 0 for k in extra}}
-    block = Block(axes, params.name, track, run=run)
-    threads = [Thread(block, t, info.thread_name if info else None,
-                      {**axes, **({info.thread_name: t} if info and info.thread_name else {})})
-               for t in range(n_threads)]
-    refs = [_block_view(bm, b, ids, params.name) for bm, b in zip(gm.block_mappings, bufs)]
-    refs += [View(g) for g in glob]
-    bodies = [(th, eval_jaxpr(th, params.jaxpr, params.jaxpr.consts,
-                              [jnp.int32(i) for i in ids] + refs)) for th in threads]
-    yield block, threads, bodies
+    members = [_block(params, bufs, glob, track, run,
+                      {**dict(zip(names, ids)), **dict(zip(cluster, c))}, ids)
+               for c in itertools.product(*[range(n) for n in cluster.values()])]
+    for block, _, _ in members:
+      block.peers = [b for b, _, _ in members]
+    yield members
+
+
+def _block(params, bufs, glob, track, run, axes, ids):
+  """A block of the cluster at grid position ``ids`` (``axes``: its grid and cluster indices)."""
+  gm, info = params.grid_mapping, getattr(params, "threads", None)
+  n_threads = info.num_threads if info else 1
+  block = Block(axes, params.name, track, run=run)
+  threads = [Thread(block, t, info.thread_name if info else None,
+                    {**axes, **({info.thread_name: t} if info and info.thread_name else {})})
+             for t in range(n_threads)]
+  refs = [_block_view(bm, b, ids, params.name) for bm, b in zip(gm.block_mappings, bufs)]
+  refs += [View(g) for g in glob]
+  bodies = [(th, eval_jaxpr(th, params.jaxpr, params.jaxpr.consts,
+                            [jnp.int32(i) for i in ids] + refs)) for th in threads]
+  return block, threads, bodies
 
 
 def _unwritten_message(kernel: str, out: Buffer) -> str:

@@ -39,7 +39,7 @@ class OOBFillMode(enum.IntEnum):
 
 
 class CopyPartition:
-  """Cluster copies that split or replicate a transfer (clusters larger than one: not supported)."""
+  """Leader-tracked cluster copies that split or replicate a transfer (not supported yet)."""
 
   @staticmethod
   def PARTITIONED(axis: int):   # noqa: N802 (JAX's spelling)
@@ -217,7 +217,9 @@ class Barrier:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ClusterBarrier(Barrier):
-  """A barrier shared by the blocks of a cluster (only clusters of one block are supported)."""
+  """A barrier of each block of a cluster: an arrival reaches the barrier of every block that
+  differs from the arriving one along at most one of ``collective_axes`` (each completes a
+  phase after ``num_arrivals`` arrivals from every such block: clusters.py)."""
   collective_axes: tuple = ()
   leader_tracked: bool = False
 
@@ -439,10 +441,11 @@ class Mesh:
 
   def as_pallas_mesh(self):
     """(the grid as a pl.Mesh, the cluster and thread axes) for pl.kernel."""
-    if any(c != 1 for c in self.cluster):
-      raise NotImplementedError(
-          f"plgpu.Mesh: cluster={self.cluster}: clusters of more than one block (multicast TMA, "
-          "cluster barriers) are not supported by pallax yet; use cluster=(1,) or none")
+    for n in self.cluster_names:
+      if not isinstance(n, str):
+        raise NotImplementedError(
+            f"plgpu.Mesh: cluster_names={self.cluster_names}: composite cluster axis names are "
+            "not supported by pallax yet; name each cluster axis with a string")
     threads = ThreadInfo(tuple(zip(self.cluster_names, self.cluster)), self.num_threads or 1,
                          self.thread_name)
     return pc.Mesh(self.grid, self.grid_names), threads

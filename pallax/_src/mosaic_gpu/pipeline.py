@@ -237,7 +237,8 @@ class _Operand:
     """Copies the block at ``index`` into ``slot``: one arrival on ``barriers[slot]``."""
     if self.staged:
       mp.copy_gmem_to_smem(self.block(index), self.smem.at[slot], barriers.at[slot],
-                           oob_mode=self.spec.oob_fill_mode)
+                           oob_mode=self.spec.oob_fill_mode,
+                           collective_axes=getattr(self.spec, "collective_axes", None) or None)
 
   def store(self, slot, index, predicate=None):
     if self.staged:
@@ -379,16 +380,6 @@ def _common_delay(in_specs) -> int:
   return delays.pop() if delays else 0
 
 
-def _cluster_axes_of_size_one(specs) -> None:
-  """Collective copies over a cluster of one block are ordinary copies (the only kind pallax
-  supports); larger clusters are refused."""
-  for s in specs:
-    if s.collective_axes and lax.axis_size(tuple(s.collective_axes)) != 1:
-      raise NotImplementedError(
-          f"BlockSpec(collective_axes={tuple(s.collective_axes)}): collective copies over a "
-          "cluster of more than one block are not supported by pallax")
-
-
 def emit_pipeline_warp_specialized(body: Callable[..., Any], *, grid, memory_registers: int,
                                    in_specs=(), out_specs=(), max_concurrent_steps: int = 2,
                                    wg_axis: str, num_compute_wgs: int, pipeline_state=None,
@@ -427,7 +418,6 @@ def emit_pipeline_warp_specialized(body: Callable[..., Any], *, grid, memory_reg
 
   def get_allocations(*gmem_refs):
     flat_i, flat_o = flat_gmem(gmem_refs)
-    _cluster_axes_of_size_one(flat_in)
     return _allocations(flat_in, flat_out, flat_i, flat_o, slots, out_varies, num_compute_wgs,
                         manual_produced_barriers, manual_consumed_barriers)
 
@@ -436,7 +426,6 @@ def emit_pipeline_warp_specialized(body: Callable[..., Any], *, grid, memory_reg
     if allocations is None:
       return prims.run_scoped(lambda allocs: pipeline(*gmem_refs, allocations=allocs),
                               get_allocations(*gmem_refs), collective_axes=wg_axis)
-    _cluster_axes_of_size_one(flat_in)
     ins = [_Operand(s, g, m, True) for s, g, m in zip(flat_in, flat_i, allocations["in_smem"])]
     outs = [_Operand(s, g, m, v)
             for s, g, m, v in zip(flat_out, flat_o, allocations["out_smem"], out_varies)]
@@ -493,7 +482,12 @@ def _check_warp_specialized(flat_in, flat_out, grid, max_concurrent_steps, memor
 def _allocations(flat_in, flat_out, flat_i, flat_o, slots, out_varies, num_compute_wgs,
                  manual_produced, manual_consumed) -> dict:
   """The scratch of a warp-specialized pipeline: SMEM slots and the produced/consumed barriers."""
-  consumed = mc.Barrier(num_arrivals=num_compute_wgs, num_barriers=slots)
+  # Multicast inputs (BlockSpec(collective_axes=...)) land in every block of the group: a slot
+  # is refilled once the compute threads of all those blocks released it.
+  axes = tuple(dict.fromkeys(a for s in flat_in for a in (s.collective_axes or ())))
+  consumed = (mc.ClusterBarrier(num_arrivals=num_compute_wgs, num_barriers=slots,
+                                collective_axes=axes) if axes
+              else mc.Barrier(num_arrivals=num_compute_wgs, num_barriers=slots))
   return dict(
       in_smem=[_smem_type(s, r, slots) for s, r in zip(flat_in, flat_i)],
       out_smem=[_smem_type(s, r, slots if v else 1) for s, r, v in zip(flat_out, flat_o, out_varies)],

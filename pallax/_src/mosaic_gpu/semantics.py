@@ -519,3 +519,7 @@ def _remember_threads(block, threads):
 
 
 eager.ON_BLOCK_START.append(_remember_threads)
+
+
+# What clusters.py (multicast copies, cluster barriers) builds on.
+copy_views, check_box, check_not_in_use = _copy_views, _check_box, _check_not_in_use

@@ -15,8 +15,9 @@ def _unsupported(name: str, why: str, instead: str):
 
 _BLACKWELL = ("Blackwell (sm_100) tensor-memory and tcgen05 operations",
               "on Hopper use plgpu.wgmma with a plgpu.ACC accumulator")
-_CLUSTER = ("cluster-wide operations (clusters of more than one block)",
-            "use cluster=(1,) and per-block copies")
+_CLUSTER = ("references to a cluster peer's shared memory",
+            "share data between a cluster's blocks with copy_gmem_to_smem(..., collective_axes=...) "
+            "(multicast) or through GMEM ordered by a plgpu.ClusterBarrier")
 _MULTIMEM = ("multimem (NVLink multicast) operations", "use shard_map with collectives around the kernel")
 _REMOTE = ("references to other devices' memory", "use shard_map with collectives around the kernel")
 
@@ -41,7 +42,7 @@ multimem_load_reduce = _unsupported("multimem_load_reduce", *_MULTIMEM)
 semaphore_signal_multicast = _unsupported("semaphore_signal_multicast", *_MULTIMEM)
 semaphore_signal_parallel = _unsupported("semaphore_signal_parallel", *_REMOTE)
 remote_ref = _unsupported("remote_ref", *_REMOTE)
-multicast_ref = _unsupported("multicast_ref", *_CLUSTER)
+multicast_ref = _unsupported("multicast_ref", *_MULTIMEM)
 cluster_ref = _unsupported("cluster_ref", *_CLUSTER)
 warp_map = _unsupported("warp_map", "per-warp code inside a warpgroup (plgpu.WarpMesh)",
                         "write the warpgroup's code with plgpu.kernel(num_threads=...) threads")

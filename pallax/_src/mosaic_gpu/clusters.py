@@ -1,0 +1,259 @@
+"""Clusters of blocks (``plgpu.kernel(cluster=..., cluster_names=...)``) in the eager interpreter.
+
+As in Mosaic GPU, the grid counts clusters: each grid position runs ``prod(cluster)`` blocks,
+which ``lax.axis_index(<cluster name>)`` tells apart. The blocks of a cluster run together (the
+scheduler interleaves their threads), so that one can wait for another. Each block has its own
+scratch; a buffer or barrier of one block has a twin in every other block of its cluster (the
+same allocation: on the GPU, the same shared-memory address), which is what cluster operations
+reach:
+
+- ``ClusterBarrier(collective_axes=axes, num_arrivals=n)``: ``barrier_arrive`` arrives on the
+  barrier of every block that differs from the arriving one along at most one of ``axes`` (an
+  entry of ``axes`` may be a tuple of names, one composite axis), itself included; a phase
+  completes after ``n`` arrivals from each of them. ``barrier_wait`` waits on the block's own.
+- ``copy_gmem_to_smem(..., collective_axes=axes)`` (multicast TMA): every block of the group
+  that differs only along ``axes`` issues the same copy; each issues a part and sends it to all,
+  so every block's SMEM receives the whole box, and each block's barrier gets its arrival once
+  every block of the group has issued. The checks: the group's copies must be the same, and a
+  peer's part may land before this block issued its own copy: until then this block may not
+  read or write that SMEM, and nothing of its own may still use it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from pallax._src.interpret import eager
+from pallax._src.interpret.eager import View, fail, flat_indices, rule
+from pallax._src.mosaic_gpu import core as mc
+from pallax._src.mosaic_gpu import primitives as mp
+from pallax._src.mosaic_gpu import semantics as sem
+
+PENDING = 2 ** 62                               # the phase of an arrival that has not happened yet
+PEER = ("a multicast copy from a cluster peer",)  # a loads key that no thread ever observes
+
+_local_arrive = eager.RULES[mp.barrier_arrive_p]
+_local_copy = eager.RULES[mp.copy_gmem_to_smem_p]
+
+
+# --- cluster geometry ------------------------------------------------------------------------
+
+def sizes(block) -> dict:
+  return block.run.get("cluster", {})
+
+
+def block_name(block) -> str:
+  return "(" + ", ".join(f"{k}={v}" for k, v in block.axes.items()) + ")"
+
+
+def _dims(th, axes, what: str) -> list[tuple]:
+  """``axes`` as a list of dimensions, each a tuple of cluster axis names."""
+  cluster = sizes(th.block)
+  dims = [tuple(a) if isinstance(a, (tuple, list)) else (a,) for a in axes]
+  for dim in dims:
+    for name in dim:
+      if name not in cluster:
+        fail(th, f"{what}: Unknown cluster axis {name!r}, available axes: {list(cluster)}. "
+                 "Name axes of plgpu.kernel(cluster=..., cluster_names=...)", LookupError)
+  return dims
+
+
+def group(th, axes, what: str) -> list:
+  """The blocks of ``th``'s cluster that agree with it on every cluster axis outside ``axes``."""
+  names = {n for d in _dims(th, axes, what) for n in d}
+  me = th.block.axes
+  return [b for b in th.block.peers
+          if all(b.axes[n] == me[n] for n in sizes(th.block) if n not in names)]
+
+
+def cross(th, axes, what: str) -> list:
+  """The blocks that a cluster barrier arrival reaches: those that differ from ``th``'s block
+  along at most one of the dimensions ``axes`` (and agree on the other cluster axes)."""
+  dims = _dims(th, axes, what)
+  names = {n for d in dims for n in d}
+  me = th.block.axes
+  out = []
+  for b in th.block.peers:
+    if any(b.axes[n] != me[n] for n in sizes(th.block) if n not in names):
+      continue
+    if sum(any(b.axes[n] != me[n] for n in d) for d in dims) <= 1:
+      out.append(b)
+  return out
+
+
+def twin(view: View, block) -> View:
+  """The view of ``block``'s buffer that is the same allocation as ``view``'s."""
+  key, i = view.buf.state["scope"]
+  return View(block.shared[key][i], view.transforms)
+
+
+# --- allocation: every block of a cluster gets its twin of each scratch buffer at once --------
+
+def _scale_barriers(th, block, bufs):
+  """A cluster barrier's phase takes ``num_arrivals`` arrivals from each block that reaches it."""
+  for b in bufs:
+    if isinstance(b.kind, mc.ClusterBarrier):
+      if b.kind.leader_tracked:
+        fail(th, "plgpu.ClusterBarrier(leader_tracked=True) is not supported by pallax yet; "
+                 "use a ClusterBarrier that every block arrives on")
+      cluster = sizes(block)
+      dims = _dims(th, b.kind.collective_axes, "plgpu.ClusterBarrier")
+      reach = sum(math.prod(cluster[n] for n in d) for d in dims) - len(dims) + 1
+      b.kind = dataclasses.replace(b.kind, num_arrivals=b.kind.num_arrivals * reach)
+
+
+def _on_scope(th, key, bufs, make):
+  for i, b in enumerate(bufs):
+    b.state["scope"] = (key, i)
+  _scale_barriers(th, th.block, bufs)
+  for peer in th.block.peers:
+    if peer is not th.block and key not in peer.shared:
+      made = peer.shared[key] = make(peer)
+      for i, b in enumerate(made):
+        b.state["scope"] = (key, i)
+      _scale_barriers(th, peer, made)
+
+
+eager.ON_SCOPE.append(_on_scope)
+
+
+# --- cluster barriers ------------------------------------------------------------------------
+
+@rule(mp.barrier_arrive_p)
+def _barrier_arrive(th, eqn, invals):
+  (bar,), rest = mp.split_refs(invals, eqn.params["trees"])
+  view = bar[0].at(bar[1])
+  if not isinstance(view.buf.kind, mc.ClusterBarrier) or len(th.block.peers) <= 1:
+    return (yield from _local_arrive(th, eqn, invals))
+  if not eqn.params["has_predicate"] or bool(rest[0]):
+    sem.barrier_index(th, view, "barrier_arrive")
+    for b in cross(th, view.buf.kind.collective_axes, "barrier_arrive"):
+      sem.arrive(th, twin(view, b), f"barrier_arrive of block {block_name(th.block)}")
+  yield from ()
+  return []
+
+
+# --- multicast copies ------------------------------------------------------------------------
+
+def _region(mask) -> tuple:
+  idx = np.flatnonzero(mask)
+  return (int(idx[0]), int(idx[-1]), idx.size) if idx.size else (0, 0, 0)
+
+
+def _check_divisible(th, dst: View, n: int, what: str):
+  """Mosaic GPU splits a multicast box between the group's blocks along a leading dimension
+  (the last one too when the SMEM is not swizzled)."""
+  swizzled = any(isinstance(t, mc.SwizzleTransform) for t in getattr(dst.buf.kind, "transforms", ()))
+  shape, rem = list(dst.shape), n
+  for d in shape[:-1] if swizzled else shape:
+    if d % rem == 0:
+      return
+    if rem % d:
+      break
+    rem //= d
+  fail(th, f"{what}: None of the leading dimensions in the slice shape {tuple(shape)} is "
+           f"divisible by the collective size {n}: each block of the multicast group copies a "
+           "part of the box. Copy a box with a leading dimension that is a multiple of it")
+
+
+def _peer_lands(th, q, dst: View, mask, what: str):
+  """``th``'s part of a multicast lands in block ``q``'s twin of ``dst`` (q has not issued its
+  own copy yet): q's own users of that SMEM must be done, and until q issues the copy, q may
+  neither read nor write it."""
+  view = twin(dst, q)
+  threads = q.state.get("threads", ())
+  where = f"block {block_name(th.block)} at {th.line or 'a line of library code'}"
+  for t in threads:
+    ts = sem.thread_state(t)
+    users = [("a copy_smem_to_gmem", st.line) for g in ts.stores for st in g if st.reads(view.buf, mask)]
+    users += [("a copy_smem_to_gmem", st.line) for st in ts.uncommitted if st.reads(view.buf, mask)]
+    users += [("a wgmma", line) for _, ops, line in ts.wgmmas
+              if any(b is view.buf and (m & mask).any() for b, m in ops)]
+    if users:
+      fail(th, f"{what} (multicast) writes {view.buf.name} of cluster peer block {block_name(q)} "
+               f"while {users[0][0]} issued there by {t.describe()} at "
+               f"{users[0][1] or 'a line of library code'} may still read it: let every block of "
+               "the group release the SMEM (a plgpu.ClusterBarrier) before the next multicast")
+  own = [e for e in view.buf.state.get("loads", ()) if e[1] is not PEER and (e[0] & mask).any()]
+  for m, key, phase, line in own:
+    if threads and all(sem.thread_state(t).observed.get(key, 0) <= phase for t in threads):
+      fail(th, f"{what} (multicast) writes {view.buf.name} of cluster peer block {block_name(q)} "
+               "while the copy into it that block issued before has not been awaited there: "
+               "let every block of the group consume the data (a plgpu.ClusterBarrier) before "
+               "the next multicast into it")
+  view.buf.state.setdefault("loads", []).append(
+      (mask, PEER, PENDING, f"{where} (a multicast from a cluster peer; this block has not "
+                            "issued its own copy yet)"))
+
+
+@rule(mp.copy_gmem_to_smem_p)
+def _copy_gmem_to_smem(th, eqn, invals):
+  p = eqn.params
+  if not p["collective_axes"]:
+    return (yield from _local_copy(th, eqn, invals))
+  what = "copy_gmem_to_smem"
+  if p.get("leader_tracked") is not None:
+    fail(th, f"{what}(leader_tracked=...): leader-tracked (partitioned or replicated) cluster "
+             "copies are not supported by pallax yet; use a multicast copy "
+             "(collective_axes=... alone)", NotImplementedError)
+  members = group(th, p["collective_axes"], what)
+  if len(members) <= 1:
+    return (yield from _local_copy(th, eqn, invals))
+  yield from ()
+  views = sem.copy_views(th, eqn, invals, ("gmem", "smem"))
+  if views is None:
+    return []
+  src, dst, bar = views
+  if bar is None:
+    fail(th, f"{what} needs a barrier on Hopper GPUs (TMA): pass plgpu.Barrier scratch")
+  bar = bar[0].at(bar[1])
+  sem.check_box(th, dst, src, what)
+  _check_divisible(th, dst, len(members), what)
+  mask = sem.view_mask(dst)
+  slot = (dst.buf.state.get("scope"), _region(mask))
+  # This block's own issue supersedes what its peers' parts announced.
+  dst.buf.state["loads"] = [e for e in dst.buf.state["loads"]
+                            if not (e[1] is PEER and not (e[0] & ~mask).any())]
+  sem.check_not_in_use(th, dst, mask, what)
+  for m, key, phase, line in dst.buf.state["loads"]:
+    if (m & mask).any() and all(sem.thread_state(t).observed.get(key, 0) <= phase
+                                for t in th.block.state.get("threads", [th])):
+      fail(th, f"{what} into {dst.buf.name} while the copy_gmem_to_smem into it issued at "
+               f"{line or 'a line of library code'} may not have landed (no thread waited on "
+               "its barrier): on the GPU either could land last")
+  eager.write(dst, eager.read(src, fill=0), init=eager.read_init(src))
+  sem.union_write(th, dst, mask)
+  entry = (mask, (bar.buf, sem.barrier_index(th, bar, what)), PENDING, th.line)
+  dst.buf.state["loads"].append(entry)
+  _rendezvous(th, members, p["collective_axes"], slot, src, dst, bar, entry, what)
+  return []
+
+
+def _rendezvous(th, members, axes, slot, src: View, dst: View, bar: View, entry, what: str):
+  """Records ``th``'s block's part of the ``seq``-th multicast into ``slot``, lands it in the
+  peers that have not issued theirs yet, and once every block of the group issued, completes
+  the copy on each block's barrier (``entry``: this block's record of the load into ``dst``)."""
+  mask = entry[0]
+  counts = th.block.state.setdefault("multicasts", {})
+  seq = counts[slot] = counts.get(slot, 0) + 1
+  book = members[0].state.setdefault("multicast_book", {})
+  issued = book.setdefault((tuple(sorted(axes, key=str)), slot, seq), [])
+  sig = (src.buf, flat_indices(src).tobytes(), tuple(dst.shape), bar.buf.state.get("scope"),
+         flat_indices(bar).tobytes())
+  if issued and issued[0][4] != sig:
+    other = issued[0][0]
+    fail(th, f"{what} with collective_axes={axes}: block {block_name(th.block)} "
+             f"copies {src.buf.name} (a view of shape {tuple(src.shape)}) into {dst.buf.name} "
+             f"with barrier {bar.buf.name}, but its cluster peer block {block_name(other.block)} "
+             f"issued a different copy at {issued[0][3] or 'a line of library code'}: every "
+             "block of a multicast group must issue the same copy (its parts land in all of them)")
+  issued.append((th, bar, dst.buf, th.line, sig, entry))
+  for q in members:
+    if q is not th.block and q.state.get("multicasts", {}).get(slot, 0) < seq:
+      _peer_lands(th, q, dst, mask, what)
+  if len(issued) == len(members):   # every part sent: the box has landed in every block
+    for t, b, buf, _, _, e in issued:
+      phase = sem.arrive(t, b, what)
+      buf.state["loads"] = [(e[0], e[1], phase, e[3]) if x is e else x for x in buf.state["loads"]]
