@@ -456,13 +456,6 @@ class Mesh:
     return dict(zip(names, sizes))
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WarpMesh:
-  """Per-warp semantics inside a warpgroup (Blackwell kernels): not supported yet."""
-  axis_name: str
-  num_warps: int = 4
-
-
 @dataclasses.dataclass(frozen=True)
 class ThreadInfo:
   """What a Mosaic GPU kernel adds to a pallas_call: cluster and thread axes (names, sizes), and
