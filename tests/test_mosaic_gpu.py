@@ -168,7 +168,6 @@ UNSUPPORTED = {
     "semaphore_signal_parallel": "shard_map", "remote_ref": "shard_map",
     "multicast_ref": "cluster=(1,)", "cluster_ref": "cluster=(1,)",
     "async_store_smem": "commit_smem", "mma": "plgpu.wgmma",
-    "warp_map": "num_threads",
 }
 
 
