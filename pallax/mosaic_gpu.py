@@ -19,6 +19,7 @@ from pallax._src.mosaic_gpu.core import shape_dtype_struct as ShapeDtypeStruct  
 from pallax._src.gluon.compile import lower
 from pallax._src.mosaic_gpu.helpers import NDLoopInfo, find_swizzle, nd_loop, planar_snake
 from pallax._src.mosaic_gpu.kernel import kernel
+from pallax._src.mosaic_gpu.mma import mma
 from pallax._src.mosaic_gpu.warps import WarpMesh, warp_map
 from pallax._src.mosaic_gpu.primitives import (
     async_prefetch, atomic_add, atomic_and, atomic_max, atomic_min, atomic_or, atomic_xor,
@@ -32,7 +33,7 @@ from pallax._src.mosaic_gpu.unsupported import (
     async_copy_sparse_metadata_to_tmem, async_load_tmem, async_store_smem,
     async_store_tmem, cluster_ref, commit_tmem, dynamic_scheduling_loop,
     format_tcgen05_sparse_metadata, griddepcontrol_launch_dependents, griddepcontrol_wait,
-    inline_mgpu, mma, multicast_ref, multimem_load_reduce, multimem_store, query_cluster_cancel,
+    inline_mgpu, multicast_ref, multimem_load_reduce, multimem_store, query_cluster_cancel,
     remote_ref, semaphore_signal_multicast, semaphore_signal_parallel, tcgen05_commit_arrive,
     tcgen05_mma, try_cluster_cancel, wait_load_tmem)
 

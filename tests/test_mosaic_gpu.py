@@ -167,7 +167,7 @@ UNSUPPORTED = {
     "multimem_store": "shard_map", "multimem_load_reduce": "shard_map",
     "semaphore_signal_parallel": "shard_map", "remote_ref": "shard_map",
     "multicast_ref": "cluster=(1,)", "cluster_ref": "cluster=(1,)",
-    "async_store_smem": "commit_smem", "mma": "plgpu.wgmma",
+    "async_store_smem": "commit_smem",
 }
 
 

@@ -50,7 +50,6 @@ griddepcontrol_wait = _unsupported("griddepcontrol_wait", "programmatic dependen
                                    "let XLA order the kernels")
 griddepcontrol_launch_dependents = _unsupported("griddepcontrol_launch_dependents",
                                                 "programmatic dependent launch", "let XLA order the kernels")
-mma = _unsupported("mma", "register-level mma.sync products", "use plgpu.wgmma on Hopper")
 
 
 @dataclasses.dataclass(frozen=True)
