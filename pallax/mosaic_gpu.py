@@ -14,7 +14,8 @@ from pallax._src.mosaic_gpu.core import (
     ACC, GMEM, REGS, SMEM, TMEM, Barrier, BlockSpec, ClusterBarrier, CompilerParams, CopyPartition,
     GPUMemoryRef, Layout, LoweringSemantics, MemorySpace, Mesh, OOBFillMode, ParameterizedLayout,
     RefType, RefUnion, Replicated, SemaphoreType, SomeLayout, SwizzleTransform, Tiling,
-    TilingTransform, TMEMLayout, TraceScope, TransposeTransform, WGMMAAccumulatorRef)
+    TilingTransform, TMEMLayout, TraceScope, TransposeTransform, TryClusterCancelResult,
+    WGMMAAccumulatorRef)
 from pallax._src.mosaic_gpu.core import shape_dtype_struct as ShapeDtypeStruct  # noqa: N812
 from pallax._src.gluon.compile import lower
 from pallax._src.mosaic_gpu.helpers import NDLoopInfo, find_swizzle, nd_loop, planar_snake
@@ -39,4 +40,5 @@ from pallax._src.mosaic_gpu.unsupported import (
 
 GPUMemorySpace = MemorySpace   # the docs' older name
 from pallax._src.mosaic_gpu.pipeline import emit_pipeline, emit_pipeline_warp_specialized  # noqa: E402
+from pallax._src.mosaic_gpu.pipeline_state import PipelinePipeline  # noqa: E402
 from pallax._src.torch.kernel import as_torch_kernel  # noqa: E402,F401  (Triton kernels; plgpu kernels refused clearly)
