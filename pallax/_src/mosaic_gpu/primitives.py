@@ -167,7 +167,8 @@ def copy_gmem_to_smem(src, dst, barrier=None, *, collective_axes=None, leader_tr
   barrier = None if barrier is None else barrier_view(barrier)
   _bind_refs(copy_gmem_to_smem_p, (src, dst, barrier), _predicate(predicate),
              what="copy_gmem_to_smem", has_predicate=predicate is not None,
-             collective_axes=tuple(collective_axes or ()), leader_tracked=leader_tracked)
+             collective_axes=tuple(collective_axes or ()), leader_tracked=leader_tracked,
+             oob_mode=oob_mode)
 
 
 def copy_smem_to_gmem(src, dst, predicate=None, *, commit_group=True, reduction_op=None) -> None:
