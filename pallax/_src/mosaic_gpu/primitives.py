@@ -144,9 +144,18 @@ def _bind_refs(p, refs, extra=(), **params):
 
 def _copy_abstract_eval(*avals, trees, what, **_):
   (src, sdt), (dst, ddt) = _shapes(avals, trees)[:2]
-  if src != dst or sdt != ddt:
-    raise ValueError(f"{what}: the source is {jnp.dtype(sdt).name}{list(src)} but the destination "
-                     f"is {jnp.dtype(ddt).name}{list(dst)}; slice them to one shape and dtype")
+  views = (f"the source is {jnp.dtype(sdt).name}{list(src)} but the destination is "
+           f"{jnp.dtype(ddt).name}{list(dst)}")
+  if sdt != ddt:   # JAX's words first (users match them), then which views
+    raise ValueError(f"{what}: Expected dtypes to match but src had type {jnp.dtype(sdt).name} "
+                     f"and dst had type {jnp.dtype(ddt).name}: {views}; cast one of them "
+                     "(copies do not convert)")
+  if src != dst:
+    jax_words = (f"Expected source shape to be {tuple(dst)}, but got {tuple(src)}"
+                 if what == "copy_gmem_to_smem" else
+                 f"Expected shapes to match, but src has shape {tuple(src)} and dst has shape "
+                 f"{tuple(dst)}")
+    raise ValueError(f"{what}: {jax_words}: {views}; slice them to one shape")
   return [], _effects(trees, reads=(0,), writes=(1, 2))
 
 
