@@ -17,6 +17,9 @@ import pallax as pl
 import pallax.mosaic_gpu as plgpu
 
 S = jax.ShapeDtypeStruct
+# Semantics tests: on a GPU machine they run in the interpreter on the host, and each plgpu kernel
+# also runs as Gluon on the GPU, compared with the interpreter (conftest.py, gluon_check.py).
+pytestmark = pytest.mark.interpreter
 
 
 def operands(seed, m, k, n, dtype):

@@ -24,6 +24,9 @@ import pallax.mosaic_gpu as plgpu
 from pallax import KernelCheckError
 
 S = jax.ShapeDtypeStruct
+# Semantics tests: on a GPU machine they run in the interpreter on the host, and each plgpu kernel
+# also runs as Gluon on the GPU, compared with the interpreter (conftest.py, gluon_check.py).
+pytestmark = pytest.mark.interpreter
 REFUSES_WAITING_WARPS = pytest.mark.gluon_refuses("plgpu.warp_map: warp")
 
 
