@@ -172,3 +172,22 @@ def test_refilling_the_slot_of_an_unawaited_wgmma_stays_an_error():
   with pytest.raises(KernelCheckError, match="copy_gmem_to_smem overwrites .* while a wgmma"):
     _k_loop_matmul(wait_in_body=False)
   _k_loop_matmul(wait_in_body=True)
+
+
+@pytest.mark.parametrize("b_shape, b_dtype, words", [
+    ((32, 64), jnp.float16, r"Incompatible shapes for matrix multiplication: lhs=\(64, 48\), "
+                            r"rhs=\(32, 64\), acc=\(64, 64\)"),
+    ((48, 64), jnp.bfloat16, r"Mixed input dtypes for matrix multiplication unsupported: "
+                             r"lhs=float16, rhs=bfloat16"),
+])
+def test_wgmma_type_errors_carry_jaxs_words(b_shape, b_dtype, words):
+  @plgpu.kernel(out_type=S((64, 64), jnp.float32), interpret=True,
+                scratch_types=[plgpu.SMEM((64, 48), jnp.float16), plgpu.SMEM(b_shape, b_dtype)])
+  def k(o_ref, a_smem, b_smem):
+    def compute(acc_ref):
+      plgpu.wgmma(acc_ref, a_smem, b_smem)
+      return acc_ref[...]
+    o_ref[...] = pl.run_scoped(compute, plgpu.ACC((64, 64)))
+
+  with pytest.raises(ValueError, match=words):
+    jax.make_jaxpr(k)()

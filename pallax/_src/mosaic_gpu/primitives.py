@@ -263,8 +263,16 @@ def _wgmma_abstract_eval(*avals, trees):
   a = rest[0].shape if refs[1] is None else view_shape(refs[1][0].inner_aval, refs[1][1])
   b = view_shape(refs[2][0].inner_aval, refs[2][1])
   if len(a) != 2 or len(b) != 2 or len(acc) != 2 or a[1] != b[0] or acc != (a[0], b[1]):
-    raise ValueError(f"wgmma: acc{list(acc)} += a{list(a)} @ b{list(b)} does not match; a must be "
-                     "(M, K), b (K, N) and the accumulator (M, N)")
+    raise ValueError(f"wgmma: acc{list(acc)} += a{list(a)} @ b{list(b)} does not match "
+                     f"(JAX: Incompatible shapes for matrix multiplication: lhs={a}, rhs={b}, "
+                     f"acc={acc}); a must be (M, K), b (K, N) and the accumulator (M, N)")
+  a_dtype = rest[0].dtype if refs[1] is None else refs[1][0].inner_aval.dtype
+  b_dtype = refs[2][0].inner_aval.dtype
+  fp8 = (jnp.float8_e4m3fn, jnp.float8_e5m2)
+  if a_dtype != b_dtype and not (a_dtype in fp8 and b_dtype in fp8):
+    raise ValueError(f"wgmma: Mixed input dtypes for matrix multiplication unsupported: "
+                     f"lhs={jnp.dtype(a_dtype).name}, rhs={jnp.dtype(b_dtype).name}; cast one "
+                     "of them (only the two float8 types mix)")
   return [], _effects(trees, reads=(1, 2), writes=(0,))
 
 
