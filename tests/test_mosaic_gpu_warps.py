@@ -181,7 +181,6 @@ def test_nd_loop_inside_a_warp_over_the_grid():
 # 2. warps that wait for each other
 # =============================================================================================
 
-@REFUSES_WAITING_WARPS
 def test_a_warp_waits_for_a_later_warps_arrival():
   x = rand(6, (16, 64))
 
@@ -191,7 +190,7 @@ def test_a_warp_waits_for_a_later_warps_arrival():
   def handoff(x_ref, o_ref, smem, loaded, ready):
     @plgpu.warp_map
     def _(warp):
-      @pl.when(warp == 0)   # waits for warp 3, which the interpreter runs alongside
+      @pl.when(warp == 0)   # waits for warp 3 (Gluon writes warp 3's body first)
       def _():
         plgpu.barrier_wait(ready)
         plgpu.copy_gmem_to_smem(x_ref, smem, loaded)
@@ -206,16 +205,51 @@ def test_a_warp_waits_for_a_later_warps_arrival():
   np.testing.assert_array_equal(handoff(x), x)
 
 
-def test_gluon_refuses_warps_that_wait_for_later_warps():
-  @plgpu.kernel(out_type=S((16, 64), jnp.float32),
-                scratch_types=[plgpu.Barrier(num_arrivals=1)])
-  def handoff(o_ref, ready):
+@REFUSES_WAITING_WARPS
+def test_warps_that_wait_for_each_other():
+  """Warp 0 hands warp 1 a turn and waits for it to hand one back: only concurrent warps run
+  this (the interpreter interleaves them; Gluon, which writes one warp after the other, refuses)."""
+  x = rand(12, (8,))
+
+  @plgpu.kernel(out_type=S((8,), jnp.float32), interpret=True,
+                scratch_types=[plgpu.Barrier(), plgpu.Barrier()])
+  def ping_pong(x_ref, o_ref, ping, pong):
     @plgpu.warp_map
     def _(warp):
-      pl.when(warp == 0)(lambda: plgpu.barrier_wait(ready))
-      pl.when(warp == 1)(lambda: plgpu.barrier_arrive(ready))
+      @pl.when(warp == 0)
+      def _():
+        o_ref[0] = x_ref[0] + 1.0
+        plgpu.barrier_arrive(ping)
+        plgpu.barrier_wait(pong)
+        o_ref[2] = o_ref[1] * 2.0
 
-  with pytest.raises(NotImplementedError, match="warp 0 waits on barrier.0. and warp 1"):
+      @pl.when(warp == 1)
+      def _():
+        plgpu.barrier_wait(ping)
+        o_ref[1] = o_ref[0] * 3.0
+        plgpu.barrier_arrive(pong)
+
+    for i in range(3, 8):
+      o_ref[i] = x_ref[i]
+
+  want = x.copy()
+  want[0] = x[0] + 1
+  want[1] = want[0] * 3
+  want[2] = want[1] * 2
+  np.testing.assert_allclose(ping_pong(x), want, rtol=1e-6)
+
+
+def test_gluon_refuses_warps_that_wait_for_each_other_by_name():
+  @plgpu.kernel(out_type=S((16, 64), jnp.float32),
+                scratch_types=[plgpu.Barrier(), plgpu.Barrier()])
+  def handoff(o_ref, ping, pong):
+    @plgpu.warp_map
+    def _(warp):
+      pl.when(warp == 0)(lambda: (plgpu.barrier_arrive(ping), plgpu.barrier_wait(pong)))
+      pl.when(warp == 1)(lambda: (plgpu.barrier_wait(ping), plgpu.barrier_arrive(pong)))
+
+  with pytest.raises(NotImplementedError, match=r"warp 0 waits on barrier.1. and warp 1, which "
+                                                r"would be written after it, arrives"):
     plgpu.lower(handoff)
 
 

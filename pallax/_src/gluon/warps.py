@@ -6,22 +6,24 @@ scalar store writes one value). So a warp's body needs no warp of its own: with 
 literal, the writer folds its ``pl.when(warp_id == k)`` branches, and the bodies of warps 0..3
 are written one after another into the warpgroup's code.
 
-That is the meaning of the fork exactly when no warp waits for something a later warp does: a
-warp's waits then find every arrival and copy of the earlier warps already issued. So a body
-with a ``barrier_wait`` is allowed only in the last warp that has code (the common shape: warp
-0 copies, warp 1 waits and stores). Barrier phases: each warp tracks its own on the GPU, and
+Written one after another, the warps run in one of the orders the fork allows, provided no warp
+waits for something a warp written after it does. So the warps that never wait are written
+first (they cannot block), then those that wait, in order; a waiting warp followed by one that
+arrives on a barrier or starts a copy (what the first may wait for, perhaps through another
+thread) is refused. Barrier phases: each warp tracks its own on the GPU, and
 the writer keeps one phase variable per barrier, so a barrier may be waited on by one warp
 (and only that warp, in every ``warp_map`` of the kernel) or by the warpgroup outside them,
 not both. What falls outside is refused by name; the interpreter runs it.
 """
 from __future__ import annotations
 
+import dataclasses
 import weakref
 
 import numpy as np
 
 from pallax._src.gluon.assign import layout_rule
-from pallax._src.gluon.events import BarrierOp
+from pallax._src.gluon.events import BarrierOp, Copy
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
 from pallax._src.mosaic_gpu import warps as mw
@@ -37,27 +39,44 @@ def _warp_id(w: int) -> ex.Lit:
 @rule(mw.warp_map_p)
 def _warp_map(ctx, *consts, jaxpr, num_consts, axis_name):
   gen = ctx.gen
-  did, waits = [], []   # per warp: whether it does anything, the barriers it waits on
-  for w in range(mw.NUM_WARPS):
-    start, first = len(gen.events), len(gen.lines)
-    gen.lower_jaxpr(jaxpr, [*consts, _warp_id(w)])
-    ops = gen.events[start:]
-    if all(line.lstrip().startswith("#") for line in gen.lines[first:]):
-      del gen.lines[first:]   # a warp with nothing to do (its pl.when branches folded away)
-    else:
-      gen.lines.insert(first, gen.lines[first][:len(gen.lines[first]) - len(gen.lines[first].lstrip())]
-                       + f"# warp {w} of plgpu.warp_map")
-    did.append(bool(ops))
-    waits.append([e.barrier for e in ops if isinstance(e, BarrierOp) and e.kind == "wait"])
-  for w, bars in enumerate(waits):
-    later = [k for k in range(w + 1, mw.NUM_WARPS) if did[k]]
-    if bars and later:
-      _refuse(f"warp {w} waits on {bars[0]} and warp {later[0]} has code after it: the "
-              f"bodies written one after another would make warp {later[0]}'s work wait for "
-              f"warp {w}'s wait")
-    for bar in bars:
-      _claim(gen, bar, w)
+  bodies = [_lower_warp(gen, jaxpr, consts, w) for w in range(mw.NUM_WARPS)]
+  # Warps that never wait run first (they cannot block), then those that wait, in order.
+  order = sorted(bodies, key=lambda b: (bool(b.waits), b.warp))
+  for i, b in enumerate(order):
+    later = [v.warp for v in order[i + 1:] if v.signals]
+    if b.waits and later:
+      _refuse(f"warp {b.warp} waits on {b.waits[0]} and warp {later[0]}, which would be written "
+              f"after it, arrives on a barrier or starts a copy that may be what it waits for")
+    for bar in b.waits:
+      _claim(gen, bar, b.warp)
+    gen.lines += b.lines
+    gen.events += b.events
   return []
+
+
+@dataclasses.dataclass
+class _Body:
+  warp: int
+  lines: list       # its statements (none where its pl.when branches folded away)
+  events: list      # what it does (events.py)
+  waits: list       # the barriers it waits on
+  signals: bool     # whether it arrives on a barrier or starts a copy that completes one
+
+
+def _lower_warp(gen, jaxpr, consts, w: int) -> _Body:
+  """Warp ``w``'s body, written and taken out of the kernel's statements (placed by the rule)."""
+  start, first = len(gen.events), len(gen.lines)
+  gen.lower_jaxpr(jaxpr, [*consts, _warp_id(w)])
+  lines, events = gen.lines[first:], gen.events[start:]
+  del gen.lines[first:], gen.events[start:]
+  if all(line.lstrip().startswith("#") for line in lines):
+    lines = []
+  else:
+    lines.insert(0, lines[0][:len(lines[0]) - len(lines[0].lstrip())] + f"# warp {w} of plgpu.warp_map")
+  waits = [e.barrier for e in events if isinstance(e, BarrierOp) and e.kind == "wait"]
+  signals = any((isinstance(e, BarrierOp) and e.kind == "arrive") or
+                (isinstance(e, Copy) and e.barrier is not None) for e in events)
+  return _Body(w, lines, events, waits, signals)
 
 
 def _claim(gen, bar: str, w: int) -> None:
@@ -76,8 +95,8 @@ def _claim(gen, bar: str, w: int) -> None:
 def _refuse(why: str):
   raise NotImplementedError(
       f"plgpu.warp_map: {why}. The Gluon backend writes the warps' bodies one after another, "
-      "which is the fork's meaning only when no warp waits for a later warp and each barrier "
-      "has one waiting warp; other per-warp code is not supported by the Gluon backend yet "
+      "which is the fork's meaning only when no warp waits for a warp written after it and "
+      "each barrier has one waiting warp; other per-warp code is not supported by the Gluon backend yet "
       "(the interpreter runs it: interpret=True)")
 
 
