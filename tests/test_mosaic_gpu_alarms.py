@@ -29,7 +29,8 @@ pytestmark = pytest.mark.interpreter
 
 
 def ints(seed, shape, dtype=jnp.int32):
-  return np.asarray(jax.random.randint(jax.random.key(seed), shape, -100, 100, jnp.int32)).astype(dtype)
+  x = jax.random.randint(jax.random.key(seed), shape, -100, 100, jnp.int32)
+  return np.asarray(x).astype(dtype)
 
 
 def one_step_copy(n, dtype, fill):

@@ -363,7 +363,7 @@ def test_warpgroup_wait_on_a_barrier_one_warp_waited_on_is_an_error():
     split(rand(10, (16, 64)))
 
 
-@REFUSES_WAITING_WARPS   # four warps waiting on one barrier: one wait on a GPU, four written in a row
+@REFUSES_WAITING_WARPS   # four warps waiting on one barrier: one wait each, four in a row
 def test_every_warp_waiting_once_agrees_again():
   x = rand(11, (16, 64))
 
@@ -403,7 +403,8 @@ def test_a_warps_store_in_flight_is_the_warpgroups_to_wait_for():
     plgpu.commit_smem()
     plgpu.warp_map(lambda w: pl.when(w == 2)(lambda: plgpu.copy_smem_to_gmem(smem, o_ref)))
     smem[...] = x_ref[...] * 2   # the store of warp 2 may still read it
-  with pytest.raises(KernelCheckError, match="overwrites SMEM smem while a copy_smem_to_gmem .* may still read it"):
+  with pytest.raises(KernelCheckError,
+                     match="overwrites SMEM smem while a copy_smem_to_gmem .* may still read it"):
     _run_warp_body(body)
 
 

@@ -72,7 +72,8 @@ def _lower_warp(gen, jaxpr, consts, w: int) -> _Body:
   if all(line.lstrip().startswith("#") for line in lines):
     lines = []
   else:
-    lines.insert(0, lines[0][:len(lines[0]) - len(lines[0].lstrip())] + f"# warp {w} of plgpu.warp_map")
+    indent = lines[0][:len(lines[0]) - len(lines[0].lstrip())]
+    lines.insert(0, f"{indent}# warp {w} of plgpu.warp_map")
   waits = [e.barrier for e in events if isinstance(e, BarrierOp) and e.kind == "wait"]
   signals = any((isinstance(e, BarrierOp) and e.kind == "arrive") or
                 (isinstance(e, Copy) and e.barrier is not None) for e in events)
@@ -96,7 +97,8 @@ def _refuse(why: str):
   raise NotImplementedError(
       f"plgpu.warp_map: {why}. The Gluon backend writes the warps' bodies one after another, "
       "which is the fork's meaning only when no warp waits for a warp written after it and "
-      "each barrier has one waiting warp; other per-warp code is not supported by the Gluon backend yet "
+      "each barrier has one waiting warp; other per-warp code is not supported by the Gluon "
+      "backend yet "
       "(the interpreter runs it: interpret=True)")
 
 
