@@ -98,8 +98,7 @@ def _refuse(why: str):
       f"plgpu.warp_map: {why}. The Gluon backend writes the warps' bodies one after another, "
       "which is the fork's meaning only when no warp waits for a warp written after it and "
       "each barrier has one waiting warp; other per-warp code is not supported by the Gluon "
-      "backend yet "
-      "(the interpreter runs it: interpret=True)")
+      "backend yet (the interpreter runs it: interpret=True)")
 
 
 @layout_rule(mw.warp_map_p)
