@@ -9,16 +9,20 @@ from pallax._src.gluon import backend as _backend  # noqa: F401 (registers the G
 from pallax._src.mosaic_gpu import semantics as _semantics  # noqa: F401 (registers the rules)
 from pallax._src.mosaic_gpu import clusters as _clusters  # noqa: F401 (registers the rules)
 from pallax._src.mosaic_gpu import sync as _sync  # noqa: F401 (registers the rules)
+from pallax._src.mosaic_gpu import warp_semantics as _warp_semantics  # noqa: F401 (registers the rules)
 from pallax._src.jax_internals import Transform
 from pallax._src.mosaic_gpu.core import (
     ACC, GMEM, REGS, SMEM, TMEM, Barrier, BlockSpec, ClusterBarrier, CompilerParams, CopyPartition,
     GPUMemoryRef, Layout, LoweringSemantics, MemorySpace, Mesh, OOBFillMode, ParameterizedLayout,
     RefType, RefUnion, Replicated, SemaphoreType, SomeLayout, SwizzleTransform, Tiling,
-    TilingTransform, TMEMLayout, TraceScope, TransposeTransform, WarpMesh, WGMMAAccumulatorRef)
+    TilingTransform, TMEMLayout, TraceScope, TransposeTransform, TryClusterCancelResult,
+    WGMMAAccumulatorRef)
 from pallax._src.mosaic_gpu.core import shape_dtype_struct as ShapeDtypeStruct  # noqa: N812
 from pallax._src.gluon.compile import lower
 from pallax._src.mosaic_gpu.helpers import NDLoopInfo, find_swizzle, nd_loop, planar_snake
 from pallax._src.mosaic_gpu.kernel import kernel
+from pallax._src.mosaic_gpu.mma import mma
+from pallax._src.mosaic_gpu.warps import WarpMesh, warp_map
 from pallax._src.mosaic_gpu.primitives import (
     async_prefetch, atomic_add, atomic_and, atomic_max, atomic_min, atomic_or, atomic_xor,
     barrier_arrive, barrier_test, barrier_wait, broadcasted_iota, commit_smem,
@@ -31,10 +35,11 @@ from pallax._src.mosaic_gpu.unsupported import (
     async_copy_sparse_metadata_to_tmem, async_load_tmem, async_store_smem,
     async_store_tmem, cluster_ref, commit_tmem, dynamic_scheduling_loop,
     format_tcgen05_sparse_metadata, griddepcontrol_launch_dependents, griddepcontrol_wait,
-    inline_mgpu, mma, multicast_ref, multimem_load_reduce, multimem_store, query_cluster_cancel,
+    inline_mgpu, multicast_ref, multimem_load_reduce, multimem_store, query_cluster_cancel,
     remote_ref, semaphore_signal_multicast, semaphore_signal_parallel, tcgen05_commit_arrive,
-    tcgen05_mma, try_cluster_cancel, wait_load_tmem, warp_map)
+    tcgen05_mma, try_cluster_cancel, wait_load_tmem)
 
 GPUMemorySpace = MemorySpace   # the docs' older name
 from pallax._src.mosaic_gpu.pipeline import emit_pipeline, emit_pipeline_warp_specialized  # noqa: E402
+from pallax._src.mosaic_gpu.pipeline_state import PipelinePipeline  # noqa: E402
 from pallax._src.torch.kernel import as_torch_kernel  # noqa: E402,F401  (Triton kernels; plgpu kernels refused clearly)

@@ -587,7 +587,8 @@ def ws_error(**kw):
      ValueError, "Pipeline was not called in `compute_context`"),
     (dict(compute_context=lambda pipeline: (pipeline(1), pipeline(1))),
      ValueError, "Cannot call pipeline more than once"),
-    (dict(pipeline_state=0), NotImplementedError, "pipeline_state"),
+    (dict(pipeline_state=0, grid=(3,)), NotImplementedError,
+     "A pipeline of pipelines is only allowed when the number of steps"),
     (dict(memory_thread_idx=0), NotImplementedError, "Memory thread must be the last thread"),
 ])
 def test_warp_specialized_api_errors(kw, exc, message):

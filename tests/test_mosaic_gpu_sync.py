@@ -66,8 +66,6 @@ def at_line(fn, needle):
 NOT_IN_PALLAX = {
     "InterpretGPUParams", "force_gpu_interpret_mode", "set_gpu_interpret_mode",  # JAX's interpreter
     "PeerMemRef",                 # references to other devices' memory
-    "PipelinePipeline",           # a newer emit_pipeline's staging enum
-    "TryClusterCancelResult",     # Blackwell cluster launch control
 }
 
 

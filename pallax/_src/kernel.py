@@ -100,6 +100,8 @@ def kernel(body=_NS, out_type=(), *, mesh, scratch_types=(), compiler_params=Non
     return lambda b: kernel(b, out_type, mesh=mesh, scratch_types=scratch_types,
                             compiler_params=compiler_params, interpret=interpret,
                             cost_estimate=cost_estimate, debug=debug, name=name, _threads=_threads)
+  if hasattr(mesh, "run_per_warp"):   # plgpu.WarpMesh: per-warp code inside a plgpu kernel
+    return mesh.run_per_warp(body, out_type, scratch_types)
   bodies = list(body) if isinstance(body, (list, tuple)) else [body]
   meshes = list(mesh) if isinstance(mesh, (list, tuple)) else [mesh]
   if len(bodies) != len(meshes):

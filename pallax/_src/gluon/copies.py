@@ -104,7 +104,7 @@ TMA_MAX_BOX = 256   # elements along one dimension of a hardware TMA box
 
 def _box_pieces(box, padded, gmem_shape, smem: SmemRef) -> list[list[tuple[int, int]]]:
   """Per dimension of a TMA box, the (offset, size) pieces it is copied in: boxes of 256 along a
-  leading dimension longer than TMA allows (a tiled SMEM buffer, as Mosaic GPU copies it); the
+  leading dimension longer than TMA allows (or the one dimension of a 1-D box) (a tiled SMEM buffer, as Mosaic GPU copies it); the
   powers of two that sum to it (16 + 8 for 24) along a leading dimension the box spans only
   part of, where padding it would reach into the next block; else the whole dimension. A piece
   must start in SMEM where TMA may write (128 bytes, or a whole swizzle pattern of 8 rows), and
@@ -113,8 +113,8 @@ def _box_pieces(box, padded, gmem_shape, smem: SmemRef) -> list[list[tuple[int, 
   out = []
   for d, (b, p, n) in enumerate(zip(box, padded, gmem_shape)):
     step = int(np.prod(padded[d + 1:])) * smem.dtype.itemsize   # SMEM bytes per index of d
-    if d == len(box) - 1:
-      sizes = [b]
+    if d == len(box) - 1:   # rows split only where there is one (a 1-D box: no swizzle)
+      sizes = [TMA_MAX_BOX] * (p // TMA_MAX_BOX) if len(box) == 1 and p > TMA_MAX_BOX else [b]
     elif p > TMA_MAX_BOX:
       sizes = [TMA_MAX_BOX] * (p // TMA_MAX_BOX)
     elif not L.is_pow2(b) and b != n:

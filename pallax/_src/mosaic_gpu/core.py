@@ -459,13 +459,6 @@ class Mesh:
     return dict(zip(names, sizes))
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class WarpMesh:
-  """Per-warp semantics inside a warpgroup (Blackwell kernels): not supported yet."""
-  axis_name: str
-  num_warps: int = 4
-
-
 @dataclasses.dataclass(frozen=True)
 class ThreadInfo:
   """What a Mosaic GPU kernel adds to a pallas_call: cluster and thread axes (names, sizes), and
@@ -487,3 +480,10 @@ def shape_dtype_struct(shape, dtype, layout=None):
   """``plgpu.ShapeDtypeStruct``: a type with a register layout hint."""
   del layout
   return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+
+def TryClusterCancelResult(num_buffers: int | None = None) -> GPUMemoryRef:  # noqa: N802 (JAX's name)
+  """SMEM for the opaque 16-byte results of ``try_cluster_cancel`` (Blackwell cluster launch
+  control): one of them, or ``num_buffers``."""
+  shape = (16,) if num_buffers is None else (num_buffers, 16)
+  return SMEM(shape, jnp.int8)

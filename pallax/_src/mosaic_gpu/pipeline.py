@@ -37,6 +37,7 @@ from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
 from pallax._src.mosaic_gpu import core as mc
 from pallax._src.mosaic_gpu import primitives as mp
+from pallax._src.mosaic_gpu.pipeline_state import check_pipeline_state
 
 
 # --- specs -----------------------------------------------------------------------------------
@@ -385,7 +386,8 @@ def emit_pipeline_warp_specialized(body: Callable[..., Any], *, grid, memory_reg
                                    wg_axis: str, num_compute_wgs: int, pipeline_state=None,
                                    manual_produced_barriers: bool = False,
                                    manual_consumed_barriers: bool = False,
-                                   compute_context=None, memory_thread_idx: int | None = None):
+                                   compute_context=None, memory_thread_idx: int | None = None,
+                                   manual_ready_barriers: bool = False):
   """A pipeline over ``grid`` split between threads of the ``wg_axis`` axis: the memory thread
   (the last, ``num_compute_wgs``) issues every GMEM->SMEM copy, and each of the
   ``num_compute_wgs`` compute threads calls ``body(indices, *in_smem, *out_smem,
@@ -401,10 +403,9 @@ def emit_pipeline_warp_specialized(body: Callable[..., Any], *, grid, memory_reg
 
   ``pipeline(*gmem_refs, allocations=None)``; ``pipeline.get_allocations(*gmem_refs)`` gives the
   scratch to allocate with ``pl.run_scoped(..., collective_axes=wg_axis)`` and pass back as
-  ``allocations`` (to share one allocation between several calls)."""
-  if pipeline_state is not None:
-    raise NotImplementedError("emit_pipeline_warp_specialized(pipeline_state=...): pipelines of "
-                              "pipelines are not supported by pallax yet")
+  ``allocations`` (to share one allocation between several calls). ``manual_ready_barriers``
+  is JAX's newer name of ``manual_produced_barriers``; ``pipeline_state``: see pipeline_state.py."""
+  manual_produced_barriers = manual_produced_barriers or manual_ready_barriers
   grid = _check_grid(grid)
   (flat_in, in_tree), (flat_out, out_tree) = _flat_specs(in_specs), _flat_specs(out_specs)
   delay = _check_warp_specialized(flat_in, flat_out, grid, max_concurrent_steps, memory_thread_idx,
@@ -412,8 +413,8 @@ def emit_pipeline_warp_specialized(body: Callable[..., Any], *, grid, memory_reg
   memory_thread_idx = num_compute_wgs
   out_varies = [_varies_with_grid(s, len(grid)) for s in flat_out]
   num_steps = _num_steps(grid)
+  check_pipeline_state(pipeline_state, num_steps, max_concurrent_steps, delay)
   slots = _slots(max_concurrent_steps, num_steps)
-
   flat_gmem = functools.partial(_flat_gmem, in_tree=in_tree, out_tree=out_tree)
 
   def get_allocations(*gmem_refs):

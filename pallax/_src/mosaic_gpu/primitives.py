@@ -144,9 +144,18 @@ def _bind_refs(p, refs, extra=(), **params):
 
 def _copy_abstract_eval(*avals, trees, what, **_):
   (src, sdt), (dst, ddt) = _shapes(avals, trees)[:2]
-  if src != dst or sdt != ddt:
-    raise ValueError(f"{what}: the source is {jnp.dtype(sdt).name}{list(src)} but the destination "
-                     f"is {jnp.dtype(ddt).name}{list(dst)}; slice them to one shape and dtype")
+  views = (f"the source is {jnp.dtype(sdt).name}{list(src)} but the destination is "
+           f"{jnp.dtype(ddt).name}{list(dst)}")
+  if sdt != ddt:   # JAX's words first (users match them), then which views
+    raise ValueError(f"{what}: Expected dtypes to match but src had type {jnp.dtype(sdt).name} "
+                     f"and dst had type {jnp.dtype(ddt).name}: {views}; cast one of them "
+                     "(copies do not convert)")
+  if src != dst:
+    jax_words = (f"Expected source shape to be {tuple(dst)}, but got {tuple(src)}"
+                 if what == "copy_gmem_to_smem" else
+                 f"Expected shapes to match, but src has shape {tuple(src)} and dst has shape "
+                 f"{tuple(dst)}")
+    raise ValueError(f"{what}: {jax_words}: {views}; slice them to one shape")
   return [], _effects(trees, reads=(0,), writes=(1, 2))
 
 
@@ -167,7 +176,8 @@ def copy_gmem_to_smem(src, dst, barrier=None, *, collective_axes=None, leader_tr
   barrier = None if barrier is None else barrier_view(barrier)
   _bind_refs(copy_gmem_to_smem_p, (src, dst, barrier), _predicate(predicate),
              what="copy_gmem_to_smem", has_predicate=predicate is not None,
-             collective_axes=tuple(collective_axes or ()), leader_tracked=leader_tracked)
+             collective_axes=tuple(collective_axes or ()), leader_tracked=leader_tracked,
+             oob_mode=oob_mode)
 
 
 def copy_smem_to_gmem(src, dst, predicate=None, *, commit_group=True, reduction_op=None) -> None:
@@ -253,8 +263,16 @@ def _wgmma_abstract_eval(*avals, trees):
   a = rest[0].shape if refs[1] is None else view_shape(refs[1][0].inner_aval, refs[1][1])
   b = view_shape(refs[2][0].inner_aval, refs[2][1])
   if len(a) != 2 or len(b) != 2 or len(acc) != 2 or a[1] != b[0] or acc != (a[0], b[1]):
-    raise ValueError(f"wgmma: acc{list(acc)} += a{list(a)} @ b{list(b)} does not match; a must be "
-                     "(M, K), b (K, N) and the accumulator (M, N)")
+    raise ValueError(f"wgmma: acc{list(acc)} += a{list(a)} @ b{list(b)} does not match "
+                     f"(JAX: Incompatible shapes for matrix multiplication: lhs={a}, rhs={b}, "
+                     f"acc={acc}); a must be (M, K), b (K, N) and the accumulator (M, N)")
+  a_dtype = rest[0].dtype if refs[1] is None else refs[1][0].inner_aval.dtype
+  b_dtype = refs[2][0].inner_aval.dtype
+  fp8 = (jnp.float8_e4m3fn, jnp.float8_e5m2)
+  if a_dtype != b_dtype and not (a_dtype in fp8 and b_dtype in fp8):
+    raise ValueError(f"wgmma: Mixed input dtypes for matrix multiplication unsupported: "
+                     f"lhs={jnp.dtype(a_dtype).name}, rhs={jnp.dtype(b_dtype).name}; cast one "
+                     "of them (only the two float8 types mix)")
   return [], _effects(trees, reads=(1, 2), writes=(0,))
 
 

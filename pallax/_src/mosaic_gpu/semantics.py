@@ -337,18 +337,31 @@ def _space(th, view: View, space: str, what: str, role: str):
              f"{view.buf.space.upper()}")
 
 
-def _check_box(th, smem: View, gmem: View, what: str):
-  """The TMA rules: at most 256 elements a box dimension (after tiling), 16-byte inner rows,
-  16-byte-aligned GMEM strides."""
+def _bulk(smem: View, gmem: View) -> bool:
+  """Whether Mosaic GPU copies this as one bulk copy of contiguous bytes (``cp.async.bulk``,
+  of any size) rather than a TMA box: an SMEM buffer without transforms, a contiguous GMEM
+  slice, no reduction, and no zero fill past the array's end (stores never fill; loads unless
+  ``oob_mode`` is UNDEFINED or PROMISE_IN_BOUNDS). JAX's test_pipeline_oob_mode copies 512
+  int8s so, and passes on a GPU; pallax's Gluon backend copies such a box in pieces."""
+  if getattr(smem.buf.kind, "transforms", ()):
+    return False
+  idx = flat_indices(gmem)
+  return bool(idx.size) and bool(np.all(np.diff(idx) == 1))
+
+
+def _check_box(th, smem: View, gmem: View, what: str, may_be_bulk: bool = False):
+  """The TMA rules: at most 256 elements a box dimension (after tiling; unless it is a bulk
+  copy), 16-byte inner rows, 16-byte-aligned GMEM strides."""
   shape, itemsize = list(smem.shape), smem.buf.data.dtype.itemsize
   tiling = next((t.tiling for t in getattr(smem.buf.kind, "transforms", ())
                  if isinstance(t, mc.TilingTransform)), ())
   if tiling and len(shape) >= len(tiling):
     lead, tail = shape[:-len(tiling)], shape[-len(tiling):]
     shape = lead + [-(-d // t) for d, t in zip(tail, tiling)] + list(tiling)
-  if shape and max(shape) > 256:
+  if shape and max(shape) > 256 and not (may_be_bulk and _bulk(smem, gmem)):
     fail(th, f"{what}: TMA copies at most 256 elements along each dimension, but the box of "
-             f"{smem.buf.name} is {tuple(shape)}; tile it (plgpu.TilingTransform) or copy in parts")
+             f"{smem.buf.name} is {tuple(shape)} (JAX: Async copies only support copying <=256 "
+             "elements along each dimension); tile it (plgpu.TilingTransform) or copy in parts")
   if shape and shape[-1] * itemsize % 16:
     fail(th, f"{what}: a TMA box's rows must be multiples of 16 bytes, but {smem.buf.name}'s are "
              f"{shape[-1]} x {itemsize} bytes")
@@ -382,7 +395,7 @@ def _copy_gmem_to_smem(th, eqn, invals):
   if bar is None:
     fail(th, f"{what} needs a barrier on Hopper GPUs (TMA): pass plgpu.Barrier scratch and "
              "barrier_wait on it before reading the data")
-  _check_box(th, dst, src, what)
+  _check_box(th, dst, src, what, eqn.params.get("oob_mode") not in (None, mc.OOBFillMode.ZEROS))
   mask = view_mask(dst)
   _check_not_in_use(th, dst, mask, what)
   for m, key, phase, line in dst.buf.state["loads"]:
@@ -408,7 +421,7 @@ def _copy_smem_to_gmem(th, eqn, invals):
     return []
   src, dst, _ = views
   what = "copy_smem_to_gmem"
-  _check_box(th, src, dst, what)
+  _check_box(th, src, dst, what, eqn.params["reduction_op"] is None)
   mask = view_mask(src)
   _check_committed(th, src, mask, what)
   _check_loaded(th, src, mask, what)

@@ -44,16 +44,15 @@ semaphore_signal_parallel = _unsupported("semaphore_signal_parallel", *_REMOTE)
 remote_ref = _unsupported("remote_ref", *_REMOTE)
 multicast_ref = _unsupported("multicast_ref", *_MULTIMEM)
 cluster_ref = _unsupported("cluster_ref", *_CLUSTER)
-warp_map = _unsupported("warp_map", "per-warp code inside a warpgroup (plgpu.WarpMesh)",
-                        "write the warpgroup's code with plgpu.kernel(num_threads=...) threads")
 inline_mgpu = _unsupported("inline_mgpu", "inline Mosaic GPU IR", "write the operation in JAX")
-async_store_smem = _unsupported("async_store_smem", "asynchronous register-to-SMEM stores",
-                                "store with ref[...] = value, then plgpu.commit_smem()")
+async_store_smem = _unsupported("async_store_smem",
+                                "asynchronous stores into another block's SMEM in a cluster",
+                                "use cluster=(1,), store with ref[...] = value, then "
+                                "plgpu.commit_smem()")
 griddepcontrol_wait = _unsupported("griddepcontrol_wait", "programmatic dependent launch",
                                    "let XLA order the kernels")
 griddepcontrol_launch_dependents = _unsupported("griddepcontrol_launch_dependents",
                                                 "programmatic dependent launch", "let XLA order the kernels")
-mma = _unsupported("mma", "register-level mma.sync products", "use plgpu.wgmma on Hopper")
 
 
 @dataclasses.dataclass(frozen=True)
