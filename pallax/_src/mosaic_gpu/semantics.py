@@ -519,3 +519,8 @@ def _remember_threads(block, threads):
 
 
 eager.ON_BLOCK_START.append(_remember_threads)
+
+
+# The checks that Blackwell's rules (tcgen05_semantics.py) share with these.
+check_committed = _check_committed
+check_loaded = _check_loaded

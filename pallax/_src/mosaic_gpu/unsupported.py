@@ -13,21 +13,12 @@ def _unsupported(name: str, why: str, instead: str):
   return fn
 
 
-_BLACKWELL = ("Blackwell (sm_100) tensor-memory and tcgen05 operations",
-              "on Hopper use plgpu.wgmma with a plgpu.ACC accumulator")
+_BLACKWELL = ("sparse tcgen05 MMAs (Blackwell)", "pass a dense a to plgpu.tcgen05_mma")
 _CLUSTER = ("cluster-wide operations (clusters of more than one block)",
             "use cluster=(1,) and per-block copies")
 _MULTIMEM = ("multimem (NVLink multicast) operations", "use shard_map with collectives around the kernel")
 _REMOTE = ("references to other devices' memory", "use shard_map with collectives around the kernel")
 
-tcgen05_mma = _unsupported("tcgen05_mma", *_BLACKWELL)
-tcgen05_commit_arrive = _unsupported("tcgen05_commit_arrive", *_BLACKWELL)
-async_load_tmem = _unsupported("async_load_tmem", *_BLACKWELL)
-async_store_tmem = _unsupported("async_store_tmem", *_BLACKWELL)
-wait_load_tmem = _unsupported("wait_load_tmem", *_BLACKWELL)
-commit_tmem = _unsupported("commit_tmem", *_BLACKWELL)
-async_copy_smem_to_tmem = _unsupported("async_copy_smem_to_tmem", *_BLACKWELL)
-async_copy_scales_to_tmem = _unsupported("async_copy_scales_to_tmem", *_BLACKWELL)
 async_copy_sparse_metadata_to_tmem = _unsupported("async_copy_sparse_metadata_to_tmem", *_BLACKWELL)
 format_tcgen05_sparse_metadata = _unsupported("format_tcgen05_sparse_metadata", *_BLACKWELL)
 try_cluster_cancel = _unsupported("try_cluster_cancel", "cluster launch control (Blackwell)",
