@@ -28,11 +28,13 @@ from pallax._src.mosaic_gpu.primitives import (
 from pallax._src.mosaic_gpu.unsupported import (
     SemaphoreSignal,
     async_copy_sparse_metadata_to_tmem, async_store_smem,
-    cluster_ref, dynamic_scheduling_loop,
+    cluster_ref,
     format_tcgen05_sparse_metadata, griddepcontrol_launch_dependents, griddepcontrol_wait,
     inline_mgpu, mma, multicast_ref, multimem_load_reduce, multimem_store, query_cluster_cancel,
     remote_ref, semaphore_signal_multicast, semaphore_signal_parallel,
-    try_cluster_cancel, warp_map)
+    try_cluster_cancel)
+from pallax._src.mosaic_gpu.scheduling import dynamic_scheduling_loop
+from pallax._src.mosaic_gpu.warps import warp_map
 from pallax._src.mosaic_gpu.tcgen05 import (
     async_copy_scales_to_tmem, async_copy_smem_to_tmem, async_load_tmem, async_store_tmem,
     commit_tmem, tcgen05_commit_arrive, tcgen05_mma, wait_load_tmem)

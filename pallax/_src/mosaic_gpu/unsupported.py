@@ -25,8 +25,6 @@ try_cluster_cancel = _unsupported("try_cluster_cancel", "cluster launch control 
                                   "use a grid of blocks, or plgpu.nd_loop over a persistent grid")
 query_cluster_cancel = _unsupported("query_cluster_cancel", "cluster launch control (Blackwell)",
                                     "use a grid of blocks, or plgpu.nd_loop over a persistent grid")
-dynamic_scheduling_loop = _unsupported("dynamic_scheduling_loop", "dynamic work scheduling loops",
-                                       "use plgpu.nd_loop (a static schedule)")
 multimem_store = _unsupported("multimem_store", *_MULTIMEM)
 multimem_load_reduce = _unsupported("multimem_load_reduce", *_MULTIMEM)
 semaphore_signal_multicast = _unsupported("semaphore_signal_multicast", *_MULTIMEM)
@@ -34,8 +32,6 @@ semaphore_signal_parallel = _unsupported("semaphore_signal_parallel", *_REMOTE)
 remote_ref = _unsupported("remote_ref", *_REMOTE)
 multicast_ref = _unsupported("multicast_ref", *_CLUSTER)
 cluster_ref = _unsupported("cluster_ref", *_CLUSTER)
-warp_map = _unsupported("warp_map", "per-warp code inside a warpgroup (plgpu.WarpMesh)",
-                        "write the warpgroup's code with plgpu.kernel(num_threads=...) threads")
 inline_mgpu = _unsupported("inline_mgpu", "inline Mosaic GPU IR", "write the operation in JAX")
 async_store_smem = _unsupported("async_store_smem", "asynchronous register-to-SMEM stores",
                                 "store with ref[...] = value, then plgpu.commit_smem()")
