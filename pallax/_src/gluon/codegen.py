@@ -34,6 +34,7 @@ from pallax._src.gpu import expr as ex
 from pallax._src.gpu import source as src
 from pallax._src.gpu.legalize import legalize
 from pallax._src.mosaic_gpu import primitives as mp
+from pallax._src.mosaic_gpu import tcgen05
 
 
 def _grid_ids(gen: Writer, grid) -> list[ex.Expr]:
@@ -63,12 +64,30 @@ def _refuse_unplaced_buffers(params):
         "primitives is not supported by pallax's Gluon backend yet; use plgpu.kernel")
 
 
+def _refuse_blackwell(params):
+  """Blackwell's operations (tcgen05, TMEM, per-warp code, dynamic scheduling): the Gluon
+  backend compiles for Hopper (sm_90a) only, so far."""
+  names = {p.name: f"plgpu.{p.name}" for p in tcgen05.BLACKWELL_PRIMITIVES}
+  names.update(warp_map="plgpu.warp_map", claim_work="plgpu.dynamic_scheduling_loop")
+  for eqn in jaxpr_util.equations(params.jaxpr):
+    tmem = any(getattr(t, "memory_space", None) is tcgen05.TMEM
+               for t in eqn.params.get("scratch_types") or ())
+    if eqn.primitive.name in names or tmem:
+      line = ji.user_frame(eqn.source_info)
+      what = "plgpu.TMEM scratch" if tmem else names[eqn.primitive.name]
+      raise src.Unsupported(
+          f"pallas_call {params.name}: {what}{f' (at {line})' if line else ''} is Blackwell's "
+          "(sm_100a), and pallax's Gluon backend compiles Mosaic GPU kernels for Hopper (sm_90a) "
+          "only so far: run the kernel in the interpreter (plgpu.kernel(..., interpret=True))")
+
+
 def generate(params) -> GluonSource:
   """The Gluon source of ``params``' kernel (threads: see ``threads.py``)."""
   info = params.threads
   threads = info is not None and info.num_threads > 1
   gm = params.grid_mapping
   _refuse_unplaced_buffers(params)
+  _refuse_blackwell(params)
   name = src.kernel_identifier(params.name)
   gen = Writer(name)
   # plgpu.CompilerParams(approx_math=True): the GPU's fast math instructions (gpu/math_functions.py)

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from pallax._src import backends
 from pallax._src import jax_internals as ji
 from pallax._src.mosaic_gpu import primitives as mp
+from pallax._src.mosaic_gpu.core import TMEM  # noqa: F401 (the Gluon backend refuses it by this name)
 
 
 def _positions(trees):
