@@ -168,13 +168,12 @@ def _check_completed(th, view: View, mask, what: str):
 
 def _check_unused(th, view: View, mask, what: str):
   """``view`` is about to be overwritten by ``th``: no operation in flight may use it."""
-  for op in _in_flight(th):
-    if overlaps(op.reads + op.writes, view.buf, mask):
-      role = "read" if overlaps(op.reads, view.buf, mask) else "write"
-      fail(th, f"{what} overwrites {view.buf.name} while the {op.what} issued by "
-               f"{op.thread.describe()} at {_at(op.line)} may still {role} it: wait on a "
-               "barrier that it arrives on (tcgen05_mma(..., barrier) or "
-               "tcgen05_commit_arrive) first")
+  for op, role in [(op, "read") for op in _in_flight(th) if overlaps(op.reads, view.buf, mask)] + \
+                  [(op, "write") for op in _in_flight(th) if overlaps(op.writes, view.buf, mask)]:
+    fail(th, f"{what} overwrites {view.buf.name} while the {op.what} issued by "
+             f"{op.thread.describe()} at {_at(op.line)} may still {role} it: wait on a "
+             "barrier that it arrives on (tcgen05_mma(..., barrier) or "
+             "tcgen05_commit_arrive) first")
 
 
 def _tmem_write(th, view: View, what: str) -> np.ndarray:
