@@ -45,8 +45,8 @@ def _module_dir() -> str:
 
 @functools.lru_cache(maxsize=256)
 def _compile_source(name: str, source: str, signature: tuple, grid: tuple, num_warps: int,
-                    host_descriptors: tuple = ()) -> Compiled:
-  k = _gluon_compile(name, source, signature, num_warps)   # cached: torch launches it as is
+                    host_descriptors: tuple = (), target: int = TARGET) -> Compiled:
+  k = _gluon_compile(name, source, signature, num_warps, target)   # cached: torch launches it as is
   md = k.metadata
   return Compiled(name, source, k.asm["ttgir"], k.asm["ptx"], int(md.shared), int(md.num_warps),
                   int(getattr(md, "global_scratch_size", 0) or 0),
@@ -55,7 +55,7 @@ def _compile_source(name: str, source: str, signature: tuple, grid: tuple, num_w
 
 
 @functools.lru_cache(maxsize=64)
-def _gluon_compile(name: str, source: str, signature: tuple, num_warps: int):
+def _gluon_compile(name: str, source: str, signature: tuple, num_warps: int, target: int = TARGET):
   """``triton.compile`` of generated Gluon source: a triton CompiledKernel (Gluon kernels are
   few and large: keeping the last ones saves ``as_torch_kernel`` a second compile)."""
   import triton
@@ -77,7 +77,7 @@ def _gluon_compile(name: str, source: str, signature: tuple, num_warps: int):
   attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values())   # XLA aligns buffers
            if t.startswith("*")}
   return triton.compile(GluonASTSource(getattr(module, name), sig, {}, attrs),
-                        target=GPUTarget("cuda", TARGET, 32),
+                        target=GPUTarget("cuda", target, 32),
                         # libdevice keeps denormals, as XLA does (as in triton/compile.py)
                         options={"num_warps": num_warps, "enable_reflect_ftz": False})
 
@@ -90,17 +90,19 @@ def launchable_kernel(params):
   return _gluon_compile(gs.name, gs.source, tuple(gs.signature.items()), gs.num_warps), c
 
 
-def compile_source(gs: GluonSource, kernel_name: str) -> Compiled:
+def compile_source(gs: GluonSource, kernel_name: str, target: int = TARGET) -> Compiled:
   c = _compile_source(gs.name, gs.source, tuple(gs.signature.items()), gs.grid, gs.num_warps,
-                      gs.host_descriptors)
+                      gs.host_descriptors, target)
   if c.shared_mem_bytes > SHARED_MEMORY_LIMIT:
     raise ValueError(f"plgpu kernel {kernel_name}: it needs {c.shared_mem_bytes} bytes of shared "
                      f"memory but sm_90 offers {SHARED_MEMORY_LIMIT}; allocate less SMEM")
   return dataclasses.replace(c, generated=gs)
 
 
-def compile_params(params) -> Compiled:
-  return compile_source(generate(params), params.name)
+def compile_params(params, target: int = TARGET) -> Compiled:
+  """``target``: 90 (sm_90a, what the GPU path launches) or 100 (sm_100a: Blackwell's tcgen05
+  kernels, compiled on any machine, never launched here)."""
+  return compile_source(generate(params, target), params.name, target)
 
 
 LAUNCHES = 0   # how many kernels were lowered to Gluon (tests check the backend ran)
@@ -143,12 +145,16 @@ def _kernel_params(lib, c: Compiled) -> list:
   return params
 
 
-def lower(fun, *args, **kwargs) -> list[Compiled]:
+def lower(fun, *args, compute_capability: int = TARGET, **kwargs) -> list[Compiled]:
   """Traces ``fun(*args)`` (arrays or ``jax.ShapeDtypeStruct``s) and compiles every Mosaic GPU
-  kernel in it for sm_90a: per kernel its Gluon source, TTGIR, PTX, shared memory and warp count.
-  Needs no GPU."""
+  kernel in it for sm_90a (``compute_capability=100``: sm_100a, Blackwell): per kernel its Gluon
+  source, TTGIR, PTX, shared memory and warp count. Needs no GPU."""
+  if compute_capability not in (90, 100):
+    raise ValueError(f"plgpu.lower: compute_capability must be 90 (Hopper) or 100 (Blackwell), "
+                     f"got {compute_capability}")
   from pallax._src import jaxpr_util
   from pallax._src.call_primitive import pallas_call_p
   closed = jax.make_jaxpr(functools.partial(fun, **kwargs))(*args)
-  return [compile_params(e.params["params"]) for e in jaxpr_util.equations(closed.jaxpr)
+  return [compile_params(e.params["params"], compute_capability)
+          for e in jaxpr_util.equations(closed.jaxpr)
           if e.primitive is pallas_call_p and backends.is_mosaic_gpu(e.params["params"])]

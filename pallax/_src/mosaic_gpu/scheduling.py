@@ -35,7 +35,7 @@ def _claim(step, grid, grid_names):
   return tuple(index), ok
 
 
-def dynamic_scheduling_loop(grid_names, *, thread_axis=None, cluster_axes=(), init_carry=None):
+def dynamic_scheduling_loop(grid_names, thread_axis=None, cluster_axes=(), init_carry=None):
   """``@dynamic_scheduling_loop(grid_names)`` over ``body(loop_info)`` (``body(loop_info,
   carry=...)`` returning the next carry, with ``init_carry``): runs the body once per grid
   position this block gets, ``loop_info.index`` the position and ``loop_info.local_index`` the

@@ -269,7 +269,7 @@ def _on_write(th, view: View, how):
     fail(th, f"{view.buf.name}: Stores to TMEM are asynchronous operations and cannot be "
              "performed using the usual syntax. Please use plgpu.async_store_tmem instead.",
          RuntimeError)
-  if view.buf.space == "smem":
+  if view.buf.space == "smem" and ops(th):   # (no mask to compute in kernels without MMAs)
     _check_unused(th, view, ms.view_mask(view), "a store")
 
 
@@ -328,7 +328,7 @@ def _before_tma(th, eqn, invals):
   if eqn.params.get("has_predicate") and not bool(rest[0]):
     return
   view = dst[0].at(dst[1])
-  if view.buf.space == "smem":
+  if view.buf.space == "smem" and ops(th):
     _check_unused(th, view, ms.view_mask(view), "copy_gmem_to_smem")
 
 
