@@ -90,9 +90,10 @@ def test_one_mma(m, n, k, dtype):
   np.testing.assert_allclose(kernel(a, b), ref_dot(a, b), **CLOSE)
 
 
-def test_k_loop_with_swizzled_tiles_and_transposed_b():
+def k_loop_kernel():
   """K in steps of 64 through a two-slot ring: each MMA accumulates (the first overwrites),
-  b kept (N, K) and passed transposed, the SMEM tiled and swizzled as JAX's kernels do."""
+  b kept (N, K) and passed transposed, the SMEM tiled and swizzled as JAX's kernels do.
+  Returns (kernel, operands, the reference)."""
   m, n, k, tk = 128, 128, 256, 64
   a, bt = rand(3, (m, k), jnp.bfloat16), rand(4, (n, k), jnp.bfloat16)
   tiles = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
@@ -121,7 +122,12 @@ def test_k_loop_with_swizzled_tiles_and_transposed_b():
     plgpu.barrier_wait(free.at[1])
     o_ref[...] = plgpu.async_load_tmem(acc)
 
-  np.testing.assert_allclose(kernel(a, bt), ref_dot(a, bt.T), **CLOSE)
+  return kernel, (a, bt), ref_dot(a, bt.T)
+
+
+def test_k_loop_with_swizzled_tiles_and_transposed_b():
+  kernel, args, want = k_loop_kernel()
+  np.testing.assert_allclose(kernel(*args), want, **CLOSE)
 
 
 def test_a_in_tmem_copied_from_smem():
@@ -204,7 +210,7 @@ def test_block_scaled_float8():
   np.testing.assert_allclose(kernel(a, b, sa, sb), want, **CLOSE)
 
 
-def test_two_threads_mma_and_epilogue():
+def two_thread_kernel():
   """Thread 0 issues the MMA; thread 1 waits on its barrier and writes the result out."""
   a, b = rand(16, (128, 64), jnp.bfloat16), rand(17, (64, 128), jnp.bfloat16)
 
@@ -223,7 +229,12 @@ def test_two_threads_mma_and_epilogue():
       plgpu.barrier_wait(done)
       o_ref[...] = plgpu.async_load_tmem(acc)
 
-  np.testing.assert_allclose(kernel(a, b), ref_dot(a, b), **CLOSE)
+  return kernel, (a, b), ref_dot(a, b)
+
+
+def test_two_threads_mma_and_epilogue():
+  kernel, args, want = two_thread_kernel()
+  np.testing.assert_allclose(kernel(*args), want, **CLOSE)
 
 
 def test_warp_map_producer_and_mma_warps():
@@ -659,3 +670,60 @@ def test_gluon_refuses_blackwell_kernels_naming_the_interpreter():
     k = plgpu.kernel(body, out_shape=S((128, 32), F32), scratch_shapes=scratch)
     with pytest.raises(Unsupported, match=r"is Blackwell's \(sm_100a\).*interpret=True"):
       plgpu.lower(k)
+
+
+def _ptx_counts(kernel, *args):
+  (c,) = plgpu.lower(kernel, *args, compute_capability=100)
+  assert ".target sm_100a" in c.ptx
+  return {w: c.ptx.count(w) for w in ("tcgen05.mma", "tcgen05.ld", "tcgen05.commit",
+                                      "tcgen05.alloc", "cp.async.bulk.tensor")}
+
+
+def test_gluon_compiles_tcgen05_kernels_for_sm_100a():
+  """plgpu.lower(..., compute_capability=100): Gluon for Blackwell, compiled on this machine
+  (never run on Blackwell hardware here): the MMA, the TMEM load and the commit in the PTX."""
+  a, b = rand(40, (128, 64), jnp.bfloat16), rand(41, (64, 128), jnp.bfloat16)
+
+  @matmul(128, 128, 64)
+  def one(a_ref, b_ref, o_ref, a_smem, b_smem, acc, tma, done):
+    fetch([(a_ref, a_smem), (b_ref, b_smem)], tma)
+    plgpu.tcgen05_mma(acc, a_smem, b_smem, done, accumulate=False)
+    plgpu.barrier_wait(done)
+    o_ref[...] = plgpu.async_load_tmem(acc)
+
+  counts = _ptx_counts(one, a, b)
+  assert all(counts[w] for w in ("tcgen05.mma", "tcgen05.ld", "tcgen05.alloc")), counts
+  assert counts["cp.async.bulk.tensor"] == 2, counts
+  np.testing.assert_allclose(one(a, b), ref_dot(a, b), **CLOSE)   # and the interpreter agrees
+
+
+@pytest.mark.parametrize("make", [k_loop_kernel, two_thread_kernel])
+def test_gluon_compiles_pipelined_and_threaded_tcgen05_kernels_for_sm_100a(make):
+  kernel, args, want = make()
+  counts = _ptx_counts(kernel, *args)
+  assert all(counts[w] for w in ("tcgen05.mma", "tcgen05.ld", "tcgen05.commit")), counts
+  np.testing.assert_allclose(kernel(*args), want, **CLOSE)
+
+
+def test_gluon_for_sm_100a_refuses_what_it_does_not_write_yet():
+  from pallax._src.gpu.source import Unsupported
+  k = plgpu.kernel(lambda o: plgpu.warp_map(lambda w: None), out_shape=S((128, 32), F32))
+  with pytest.raises(Unsupported, match=r"plgpu.warp_map .*does not write it for sm_100a yet.*"
+                                        r"interpret=True"):
+    plgpu.lower(k, compute_capability=100)
+
+  @plgpu.kernel(out_shape=S((128, 128), F32), scratch_shapes=[plgpu.TMEM((128, 256), F32)])
+  def store(o_ref, t):
+    plgpu.async_store_tmem(t, jnp.ones((128, 256), F32))
+
+  with pytest.raises(Unsupported, match=r"plgpu.async_store_tmem .*does not write it for sm_100a"):
+    plgpu.lower(store, compute_capability=100)
+
+  @plgpu.kernel(out_shape=S((128, 128), F32), scratch_shapes=[plgpu.TMEM((128, 256), F32)],
+                grid=(2,), grid_names=("i",))
+  def dynamic_slice(o_ref, t):
+    o_ref[...] = plgpu.async_load_tmem(t.at[:, pl.ds(lax.axis_index("i") * 128, 128)])
+
+  with pytest.raises(Unsupported, match=r"TMEM column slices from a run-time start.*"
+                                        r"interpret=True"):
+    plgpu.lower(dynamic_slice, compute_capability=100)

@@ -298,7 +298,7 @@ def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids
       params + [d.name for d in gen.descriptors.values()] + [i.name for i in ids if isinstance(i, ex.Name)]
       + gen.hoisted_names()))
   bodies = [p.lines for p in parts]
-  lines = [_HEADER]
+  lines = [_HEADER + (blackwell.HEADER if getattr(gen, "blackwell", False) else "")]
   for t, body in enumerate(bodies):
     lines += ["@gluon.jit", f"def {name}_t{t}({', '.join(shared)}):"] + _constexprs(gen)
     lines += body + ["    pass", ""]   # a thread may have nothing to do
