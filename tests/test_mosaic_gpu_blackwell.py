@@ -727,3 +727,29 @@ def test_gluon_for_sm_100a_refuses_what_it_does_not_write_yet():
   with pytest.raises(Unsupported, match=r"TMEM column slices from a run-time start.*"
                                         r"interpret=True"):
     plgpu.lower(dynamic_slice, compute_capability=100)
+
+
+def test_core_map_over_a_warp_mesh():
+  """``pl.core_map(plgpu.WarpMesh(...))`` inside a kernel: the warps as threads (JAX's
+  interpreter tests write warp-specialized kernels so)."""
+  x = rand(42, (128, 64), F32)
+
+  @plgpu.kernel(out_shape=S((128, 64), F32), scratch_shapes=dict(
+      tmem=plgpu.TMEM((128, 64), F32), handoff=mma_barrier()))
+  def kernel(x_ref, o_ref, tmem, handoff):
+    @pl.core_map(plgpu.WarpMesh(axis_name="w"))
+    def _():
+      w = lax.axis_index("w")
+
+      @pl.when(w == 3)
+      def _():
+        plgpu.barrier_wait(handoff)   # warp 3 waits for warp 1
+        o_ref[...] = plgpu.async_load_tmem(tmem) * 2
+
+      @pl.when(w == 1)
+      def _():
+        plgpu.async_store_tmem(tmem, x_ref[...])
+        plgpu.commit_tmem()
+        plgpu.barrier_arrive(handoff)
+
+  np.testing.assert_array_equal(kernel(x), x * 2)

@@ -139,6 +139,9 @@ def core_map(mesh, *, compiler_params=None, interpret=False, debug=False, cost_e
   it communicates through the Refs it closes over."""
   del metadata
   def decorator(f):
+    if hasattr(mesh, "core_map_body"):   # a mesh inside a kernel (plgpu.WarpMesh: its warps)
+      mesh.core_map_body(f)
+      return None
     kernel(lambda: f(), (), mesh=mesh, compiler_params=compiler_params, interpret=interpret,
            cost_estimate=cost_estimate, debug=debug, name=name or getattr(f, "__name__", "core_map"))()
     return None

@@ -512,9 +512,18 @@ class Mesh:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WarpMesh:
-  """Per-warp semantics inside a warpgroup (Blackwell kernels): not supported yet."""
-  axis_name: str
+  """The four warps of the calling warpgroup thread: ``pl.core_map(plgpu.WarpMesh(axis_name=
+  "w"))(f)`` inside a kernel runs ``f`` once per warp, ``lax.axis_index("w")`` its index (as
+  ``plgpu.warp_map``)."""
+  axis_name: Hashable
   num_warps: int = 4
+
+  def core_map_body(self, f) -> None:
+    """What ``pl.core_map`` does with this mesh (inside a kernel: no kernel of its own)."""
+    if self.num_warps != 4:
+      raise ValueError(f"plgpu.WarpMesh: a warpgroup has 4 warps, got num_warps={self.num_warps}")
+    from pallax._src.mosaic_gpu import warps
+    warps.in_warps(f, self.axis_name)
 
 
 @dataclasses.dataclass(frozen=True)

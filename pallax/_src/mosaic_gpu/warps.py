@@ -41,9 +41,14 @@ def warp_map(f, /) -> None:
   """Runs ``f(warp_id)`` once per warp of the calling warpgroup thread (``warp_id`` in 0..3);
   the warps run concurrently (each waits on barriers of its own)."""
   axis = WarpAxis()
+  in_warps(lambda: f(lax.axis_index(axis)), axis)
 
+
+def in_warps(f, axis) -> None:
+  """Runs ``f()`` once per warp of the calling thread, ``lax.axis_index(axis)`` the warp's
+  index (``pl.core_map(plgpu.WarpMesh(axis_name=axis))``)."""
   def body():
-    f(lax.axis_index(axis))
+    f()
     return []
 
   jaxpr, _, consts = ji.trace_to_jaxpr(body, [], name=getattr(f, "__name__", "warp_map"),
