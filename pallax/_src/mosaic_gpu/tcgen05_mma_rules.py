@@ -162,10 +162,12 @@ def _tcgen05_mma(th, eqn, invals):
   # Earlier MMAs into this accumulator and copies into its operands complete before it.
   after = [op for op in ts.ops(th)
            if any(ts.overlaps(op.writes, buf, mask) for buf, mask in reads + [(acc.buf, acc_mask)])]
-  op = ts.Op(what, th, th.line, reads + ([(acc.buf, acc_mask)] if accumulate else []),
-             [(acc.buf, acc_mask)], after)
-  ts.ops(th).append(op)
-  ts.state(th).issued.append(op)
+  ts.check_ordered(th, acc.buf, acc_mask, what, "writes")
+  for buf, mask in reads[1:]:
+    if buf.space == "tmem":
+      ts.check_ordered(th, buf, mask, what, "reads")
+  ts.issue(th, ts.Op(what, th, th.line, reads + ([(acc.buf, acc_mask)] if accumulate else []),
+                     [(acc.buf, acc_mask)], after))
   if bar is not None:
     ts.commit(th, bar[0].at(bar[1]), what)
   return []

@@ -53,6 +53,7 @@ class Op:
 class TcState:
   issued: list = dataclasses.field(default_factory=list)   # this thread's operations
   known: set = dataclasses.field(default_factory=set)      # operations it knows completed
+  ordered: set = dataclasses.field(default_factory=set)    # issued before what it observed
   loads: list = dataclasses.field(default_factory=list)    # (buffer, mask, line) not awaited
   stores: list = dataclasses.field(default_factory=list)   # (buffer, mask, line) not committed
 
@@ -84,6 +85,7 @@ def learn(th, done) -> None:
     op = stack.pop()
     if op not in ts.known:
       ts.known.add(op)
+      ts.ordered.add(op)
       stack += op.after
   ts.issued = [op for op in ts.issued if op not in ts.known]
   everyone = _threads(th)
@@ -97,8 +99,36 @@ def _in_flight(th):
   return [op for op in ops(th) if op not in known]
 
 
-def _carry(buf) -> dict:
-  return buf.state.setdefault("tcgen05_carry", {})   # (barrier index, phase) -> operations
+def _carry(buf, i, phase) -> tuple[set, set]:
+  """What the arrivals of phase ``phase`` of barrier ``i`` pass on: (the operations the
+  arriving threads knew completed, those they had issued or learned of)."""
+  return buf.state.setdefault("tcgen05_carry", {}).setdefault((i, phase), (set(), set()))
+
+
+def _pass_on(th, buf, i, phase, issued=()) -> None:
+  ts = state(th)
+  known, ordered = _carry(buf, i, phase)
+  known.update(issued, ts.known)
+  ordered.update(ts.ordered)
+
+
+def issue(th, op) -> None:
+  """``th`` issues ``op`` (it is in flight until someone learns it completed)."""
+  ops(th).append(op)
+  state(th).issued.append(op)
+  state(th).ordered.add(op)
+
+
+def check_ordered(th, buf, mask, what: str, role: str) -> None:
+  """An MMA of ``th`` after operations of other threads on the same TMEM runs after them only
+  if they were issued before a barrier ``th`` waited on (the pipelined pairs of PTX)."""
+  ts = state(th)
+  for op in _in_flight(th):
+    if op.thread is not th and op not in ts.ordered and overlaps(op.writes, buf, mask):
+      fail(th, f"{what} {role} {buf.name} while the {op.what} writing it, issued by "
+               f"{op.thread.describe()} at {_at(op.line)}, is in flight and not ordered before "
+               "it: issue it before an arrival on a barrier (orders_tensor_core=True) that this "
+               "thread waits on, or wait for its completion")
 
 
 def _orders_tensor_core(th, view: View, what: str):
@@ -113,8 +143,7 @@ def commit(th, view: View, what: str) -> None:
   _orders_tensor_core(th, view, what)
   i = ms.barrier_index(th, view, what)
   phase = ms.arrive(th, view, what)
-  ts = state(th)
-  _carry(view.buf).setdefault((i, phase), set()).update(ts.issued, ts.known)
+  _pass_on(th, view.buf, i, phase, state(th).issued)
 
 
 # --- views and hazards -------------------------------------------------------------------------
@@ -241,9 +270,7 @@ def _copy_to_tmem(th, eqn, invals):
   dst_mask = _tmem_write(th, dst, what)
   _check_unused(th, dst, dst_mask, what)
   eager.write(dst, eager.read(src), init=eager.read_init(src))
-  op = Op(what, th, th.line, [(src.buf, src_mask)], [(dst.buf, dst_mask)], [])
-  ops(th).append(op)
-  state(th).issued.append(op)
+  issue(th, Op(what, th, th.line, [(src.buf, src_mask)], [(dst.buf, dst_mask)], []))
   return []
 
 
@@ -309,8 +336,8 @@ def _before_arrive(th, eqn, invals):
 
 def _after_arrive(th, eqn, invals, ctx):
   """An arrival on an ``orders_tensor_core`` barrier passes on what the thread knows."""
-  if ctx and getattr(ctx[0].buf.kind, "orders_tensor_core", False) and state(th).known:
-    _carry(ctx[0].buf).setdefault((ctx[1], ctx[2]), set()).update(state(th).known)
+  if ctx and getattr(ctx[0].buf.kind, "orders_tensor_core", False):
+    _pass_on(th, ctx[0].buf, ctx[1], ctx[2])
 
 
 def _before_wait(th, eqn, invals):
@@ -320,7 +347,9 @@ def _before_wait(th, eqn, invals):
 
 def _after_wait(th, eqn, invals, ctx):
   if ctx:
-    learn(th, _carry(ctx[0].buf).get((ctx[1], ctx[2]), ()))
+    known, ordered = _carry(ctx[0].buf, ctx[1], ctx[2])
+    state(th).ordered.update(ordered)
+    learn(th, known)
 
 
 def _before_tma(th, eqn, invals):
