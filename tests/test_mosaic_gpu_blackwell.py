@@ -232,6 +232,47 @@ def two_thread_kernel():
   return kernel, (a, b), ref_dot(a, b)
 
 
+def tile_scales(s):
+  """(rows, k) scales in the SMEM tiles the tensor core reads (JAX's tests store them so)."""
+  mn, kk = s.shape
+  return s.reshape(mn // 128, 4, 32, kk // 4, 4).transpose(0, 3, 2, 1, 4).reshape(
+      mn // 128, kk // 4, 32, 16)
+
+
+@pytest.mark.parametrize("dtype,block", [(jnp.float4_e2m1fn, 16), (jnp.float8_e5m2, 32)])
+def test_block_scaled_with_tiled_scales_and_transposed_b(dtype, block):
+  m, n, k = 128, 256, 256
+  a, bt = rand(43, (m, k), dtype), rand(44, (n, k), dtype)
+  e8m0 = jnp.float8_e8m0fnu
+  sa, sb = (lax.bitcast_convert_type(jax.random.randint(jax.random.key(s), (r, k // block), 122,
+                                                        132, dtype=jnp.uint8), e8m0)
+            for s, r in ((45, m), (46, n)))
+  sa_t, sb_t = tile_scales(sa), tile_scales(sb)
+
+  @plgpu.kernel(out_shape=S((m, n), F32), scratch_shapes=dict(
+      a_smem=plgpu.SMEM((m, k), dtype), b_smem=plgpu.SMEM((n, k), dtype),
+      sa_smem=plgpu.SMEM(sa_t.shape, e8m0), sb_smem=plgpu.SMEM(sb_t.shape, e8m0),
+      acc=plgpu.TMEM((m, n), F32), done=mma_barrier(),
+      sa_tmem=plgpu.TMEM(sa.shape, e8m0, layout=plgpu.TMEMLayout.SCALES_LAYOUT),
+      sb_tmem=plgpu.TMEM(sb.shape, e8m0, layout=plgpu.TMEMLayout.SCALES_LAYOUT)))
+  def kernel(a_ref, b_ref, sa_ref, sb_ref, o_ref, a_smem, b_smem, sa_smem, sb_smem, acc, done,
+             sa_tmem, sb_tmem):
+    for src, dst in ((a_ref, a_smem), (b_ref, b_smem), (sa_ref, sa_smem), (sb_ref, sb_smem)):
+      dst[...] = src[...]
+    plgpu.commit_smem()
+    plgpu.async_copy_scales_to_tmem(sa_smem, sa_tmem)
+    plgpu.async_copy_scales_to_tmem(sb_smem, sb_tmem)
+    plgpu.tcgen05_mma(acc, a_smem, plgpu.transpose_ref(b_smem, (1, 0)), a_scale=sa_tmem,
+                      b_scale=sb_tmem, accumulate=False)
+    plgpu.tcgen05_commit_arrive(done)
+    plgpu.barrier_wait(done)
+    o_ref[...] = plgpu.async_load_tmem(acc)
+
+  expand = lambda s: jnp.repeat(s.astype(F32), block, axis=1)   # noqa: E731
+  want = ref_dot(a.astype(F32) * expand(sa), (bt.astype(F32) * expand(sb)).T)
+  np.testing.assert_allclose(kernel(a, bt, sa_t, sb_t), want, **CLOSE)
+
+
 def test_two_threads_mma_and_epilogue():
   kernel, args, want = two_thread_kernel()
   np.testing.assert_allclose(kernel(*args), want, **CLOSE)

@@ -194,12 +194,29 @@ def _copy_abstract_eval(*avals, trees, what, collective_axis):
   if sdt != ddt:
     raise ValueError(f"Expected SMEM element type ({jnp.dtype(sdt)}) to equal the TMEM element "
                      f"type ({jnp.dtype(ddt)})")
-  if what == "async_copy_smem_to_tmem" and src != dst:
-    raise ValueError(f"Expected SMEM reference shape {src} to equal the TMEM reference shape {dst}")
+  if what == "async_copy_scales_to_tmem" and len(dst) == 2 and src == scales_tiles(dst):
+    pass   # scales in the tiles the tensor core reads them in (see scales_tiles)
+  elif src != dst:
+    raise ValueError(f"Expected SMEM reference shape {src} to equal the TMEM reference shape {dst}"
+                     + (f" (or, for scales, {scales_tiles(dst)}: MMA scale tiles)"
+                        if what == "async_copy_scales_to_tmem" else ""))
   return [], _effects(trees, reads=(0,), writes=(1,))
 
 
 async_copy_smem_to_tmem_p = _primitive("async_copy_smem_to_tmem", _copy_abstract_eval)
+
+
+def scales_tiles(shape) -> tuple:
+  """The SMEM shape of (rows, k) MMA scales stored as the tensor core reads them: per 128 rows
+  and 4 scales of K, a tile of 32 x 16 (row r, scale c at [r % 32, (r // 32) * 4 + c])."""
+  rows, k = shape
+  return (rows // 128, k // 4, 32, 16) if rows % 128 == 0 and k % 4 == 0 else None
+
+
+def untile_scales(x):
+  """The (rows, k) scales of SMEM tiles of ``scales_tiles`` (NumPy)."""
+  a, c, _, _ = x.shape
+  return x.reshape(a, c, 32, 4, 4).transpose(0, 3, 2, 1, 4).reshape(a * 128, c * 4)
 
 
 def _copy_fn(what: str):

@@ -269,7 +269,10 @@ def _copy_to_tmem(th, eqn, invals):
   src_mask = smem_operand(th, src, what)
   dst_mask = _tmem_write(th, dst, what)
   _check_unused(th, dst, dst_mask, what)
-  eager.write(dst, eager.read(src), init=eager.read_init(src))
+  data, init = eager.read(src), eager.read_init(src)
+  if data.ndim == 4:   # scales in the tensor core's tiles
+    data, init = tc.untile_scales(data), tc.untile_scales(init)
+  eager.write(dst, data, init=init)
   issue(th, Op(what, th, th.line, [(src.buf, src_mask)], [(dst.buf, dst_mask)], []))
   return []
 
