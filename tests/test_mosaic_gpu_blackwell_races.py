@@ -60,12 +60,14 @@ def kernel(threads=1, warps=False, **scratch):
                            scratch_shapes=scratch, **kw)
 
   def decorator(body):
-    if not warps:
-      return make(body)
-
-    def in_warps(*refs, **scratch_refs):
-      pl.core_map(plgpu.WarpMesh(axis_name="t"))(lambda: body(*refs, **scratch_refs))
-    return make(in_warps)
+    def run(o_ref, **scratch_refs):
+      o_ref[...] = jnp.zeros(ACC, F32)   # the output is written, whatever the case reads
+      if warps:
+        pl.core_map(plgpu.WarpMesh(axis_name="t"))(lambda: body(o_ref, **scratch_refs))
+      else:
+        body(o_ref, **scratch_refs)
+    run.__name__ = body.__name__
+    return make(run)
   return decorator
 
 
