@@ -716,7 +716,7 @@ def test_gluon_refuses_blackwell_kernels_naming_the_interpreter():
 def _ptx_counts(kernel, *args):
   (c,) = plgpu.lower(kernel, *args, compute_capability=100)
   assert ".target sm_100a" in c.ptx
-  return {w: c.ptx.count(w) for w in ("tcgen05.mma", "tcgen05.ld", "tcgen05.commit",
+  return {w: c.ptx.count(w) for w in ("tcgen05.mma", "tcgen05.ld", "tcgen05.st", "tcgen05.commit",
                                       "tcgen05.alloc", "cp.async.bulk.tensor")}
 
 
@@ -746,6 +746,25 @@ def test_gluon_compiles_pipelined_and_threaded_tcgen05_kernels_for_sm_100a(make)
   np.testing.assert_allclose(kernel(*args), want, **CLOSE)
 
 
+def test_gluon_compiles_tmem_stores_for_sm_100a():
+  """An accumulator started by a TMEM store (a bias), then an MMA accumulating into it."""
+  a, b, c = rand(47, (128, 64), jnp.float16), rand(48, (64, 128), jnp.float16), rand(49, (128, 128), F32)
+
+  @matmul(128, 128, 64, jnp.float16)
+  def kernel(a_ref, b_ref, c_ref, o_ref, a_smem, b_smem, acc, tma, done):
+    plgpu.async_store_tmem(acc, c_ref[...])
+    plgpu.commit_tmem()
+    fetch([(a_ref, a_smem), (b_ref, b_smem)], tma)
+    plgpu.tcgen05_mma(acc, a_smem, b_smem, done)
+    plgpu.barrier_wait(done)
+    for half in (0, 64):   # static column slices of the accumulator
+      o_ref[:, pl.ds(half, 64)] = plgpu.async_load_tmem(acc.at[:, pl.ds(half, 64)]) * 2
+
+  np.testing.assert_allclose(kernel(a, b, c), 2 * (c + ref_dot(a, b)), **CLOSE)
+  counts = _ptx_counts(kernel, a, b, c)
+  assert all(counts[w] for w in ("tcgen05.mma", "tcgen05.ld", "tcgen05.st")), counts
+
+
 def test_gluon_for_sm_100a_refuses_what_it_does_not_write_yet():
   from pallax._src.gpu.source import Unsupported
   k = plgpu.kernel(lambda o: plgpu.warp_map(lambda w: None), out_shape=S((128, 32), F32))
@@ -753,12 +772,14 @@ def test_gluon_for_sm_100a_refuses_what_it_does_not_write_yet():
                                         r"interpret=True"):
     plgpu.lower(k, compute_capability=100)
 
-  @plgpu.kernel(out_shape=S((128, 128), F32), scratch_shapes=[plgpu.TMEM((128, 256), F32)])
-  def store(o_ref, t):
-    plgpu.async_store_tmem(t, jnp.ones((128, 256), F32))
+  @plgpu.kernel(out_shape=S((128, 128), F32), scratch_shapes=[plgpu.SMEM((128, 128), F32),
+                                                              plgpu.TMEM((128, 128), F32)])
+  def copy(o_ref, s, t):
+    plgpu.async_copy_smem_to_tmem(s, t)
 
-  with pytest.raises(Unsupported, match=r"plgpu.async_store_tmem .*does not write it for sm_100a"):
-    plgpu.lower(store, compute_capability=100)
+  with pytest.raises(Unsupported, match=r"plgpu.async_copy_smem_to_tmem .*does not write it for "
+                                        r"sm_100a"):
+    plgpu.lower(copy, compute_capability=100)
 
   @plgpu.kernel(out_shape=S((128, 128), F32), scratch_shapes=[plgpu.TMEM((128, 256), F32)],
                 grid=(2,), grid_names=("i",))

@@ -20,6 +20,7 @@ from pallax._src import jax_internals as ji
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Smem, Val, layout_rule
 from pallax._src.gluon.memory import barrier_view, smem_view, smem_view_layouts
+from pallax._src.gluon.values import to_layout
 from pallax._src.gluon.writer import SmemRef, rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import call, method
@@ -27,7 +28,8 @@ from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu import tcgen05 as tc
 
 HEADER = "from triton.experimental.gluon.language.nvidia import blackwell\n"
-WRITTEN = (tc.tcgen05_mma_p, tc.tcgen05_commit_arrive_p, tc.async_load_tmem_p, tc.wait_load_tmem_p)
+WRITTEN = (tc.tcgen05_mma_p, tc.tcgen05_commit_arrive_p, tc.async_load_tmem_p, tc.wait_load_tmem_p,
+           tc.async_store_tmem_p, tc.commit_tmem_p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,14 +140,33 @@ def _async_load_tmem(ctx, *invals, trees, reduce):
   (src,), _ = mp.split_refs(invals, trees)
   text, shape = _tmem_view(gen, *src)
   dtype = src[0].dtype
-  tmem_layout = dataclasses.replace(src[0].layout, block=(128, min(src[0].layout.block[1], shape[1])))
-  gen.declared(tmem_layout)
-  regs = gen.declared(TmemRegisters(ex.dtype_name(dtype, "gl"), shape, tmem_layout))
+  regs = _registers(gen, src[0], shape)
   loaded = gen.value(method(ex.Name(text, dtype=dtype, shape=shape), "load",
                             ex.Token(gen.layout(regs))), regs, "tmem_value")
   layout = gen.declared(gen.assigned(ctx.eqn.outvars[0]))
   return gen.value(call("gl.convert_layout", loaded, ex.Token(gen.layout(layout)), dtype=dtype,
                         shape=shape), layout)
+
+
+def _registers(gen, ref, shape) -> TmemRegisters:
+  """The register layout of TMEM accesses of a (rows, columns) view of ``ref``."""
+  tmem_layout = dataclasses.replace(ref.layout, block=(128, min(ref.layout.block[1], shape[1])))
+  gen.declared(tmem_layout)
+  return gen.declared(TmemRegisters(ex.dtype_name(ref.dtype, "gl"), shape, tmem_layout))
+
+
+@rule(tc.async_store_tmem_p)
+def _async_store_tmem(ctx, *invals, trees):
+  gen = ctx.gen
+  (dst,), (value,) = mp.split_refs(invals, trees)
+  text, shape = _tmem_view(gen, *dst)
+  dtype = dst[0].dtype
+  value = to_layout(gen, value, gen.declared(L.blocked(shape, dtype)), shape, dtype)
+  regs = _registers(gen, dst[0], shape)
+  stored = gen.value(call("gl.convert_layout", value, ex.Token(gen.layout(regs)), dtype=dtype,
+                          shape=shape), regs, "tmem_value")
+  gen.emit(f"{text}.store({gen.render(stored)})")   # Gluon waits for the store (tcgen05.wait::st)
+  return []
 
 
 @rule(tc.wait_load_tmem_p, tc.commit_tmem_p)
@@ -171,3 +192,13 @@ def _async_load_tmem_layouts(ctx, *invals, trees, reduce):
   out = ctx.out
   shape = tuple(out.shape)
   return Val(shape, np.dtype(out.dtype), L.blocked(shape, out.dtype))
+
+
+@layout_rule(tc.async_store_tmem_p)
+def _async_store_tmem_layouts(ctx, *invals, trees):
+  """The value is stored from a blocked layout (converted to TMEM's register layout there)."""
+  (dst,), (value,) = mp.split_refs(invals, trees)
+  shape = tuple(getattr(value, "shape", ()))
+  if shape:
+    ctx.a.to_layout(value, L.blocked(shape, value.dtype), shape, value.dtype)
+  return None

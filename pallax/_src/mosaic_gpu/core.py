@@ -436,8 +436,12 @@ class Layout(SomeLayout, enum.Enum):
 
 
 class TMEMLayout(enum.Enum):
+  """Layouts of TMEM scratch (``plgpu.TMEM(..., layout=...)``): MMA scales, sparsity metadata,
+  the two-block layouts (whose MMAs pallax does not run yet)."""
   SCALES_LAYOUT = enum.auto()
   SPARSE_METADATA_LAYOUT = enum.auto()
+  M64_COLLECTIVE_LAYOUT = enum.auto()
+  SCALES_M64_COLLECTIVE_LAYOUT = enum.auto()
 
   def __call__(self, *args, **kwargs) -> ParameterizedLayout:
     return ParameterizedLayout(self, tuple(args), tuple(sorted(kwargs.items())))
