@@ -155,17 +155,17 @@ def _tcgen05_mma(th, eqn, invals):
   ts.check_committed_tmem(th, acc, acc_mask, what)
   if accumulate:
     eager.check_initialized(th, acc, f"{what} with accumulate=True")
-  prod = _product(a_val, b_val, acc_dt, scales)
-  total = prod + np.asarray(eager.read(acc), prod.dtype) if accumulate else prod
-  eager.write(acc, total.astype(acc_dt))
   reads = [(b.buf, b_mask), (a.buf, a_mask)] + [(s.buf, ms.view_mask(s)) for s in scale_views]
-  # Earlier MMAs into this accumulator and copies into its operands complete before it.
-  after = [op for op in ts.ops(th)
-           if any(ts.overlaps(op.writes, buf, mask) for buf, mask in reads + [(acc.buf, acc_mask)])]
   ts.check_ordered(th, acc.buf, acc_mask, what, "writes")
   for buf, mask in reads[1:]:
     if buf.space == "tmem":
       ts.check_ordered(th, buf, mask, what, "reads")
+  prod = _product(a_val, b_val, acc_dt, scales)
+  total = prod + np.asarray(eager.read(acc), prod.dtype) if accumulate else prod
+  eager.write(acc, total.astype(acc_dt))
+  # Earlier MMAs into this accumulator and copies into its operands complete before it.
+  after = [op for op in ts.ops(th)
+           if any(ts.overlaps(op.writes, buf, mask) for buf, mask in reads + [(acc.buf, acc_mask)])]
   ts.issue(th, ts.Op(what, th, th.line, reads + ([(acc.buf, acc_mask)] if accumulate else []),
                      [(acc.buf, acc_mask)], after))
   if bar is not None:

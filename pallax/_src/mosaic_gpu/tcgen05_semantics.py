@@ -307,18 +307,30 @@ eager.ON_READ.append(_on_read)
 eager.ON_WRITE.append(_on_write)
 
 
-def _wrap(p, before=None, after=None):
-  """Extends the rule of ``p`` (semantics.py's) with checks before it and bookkeeping after."""
-  inner = eager.RULES[p]
+_AROUND: dict = {}   # primitive -> around(inner rule, thread, eqn, invals): a generator
 
-  def wrapped(th, eqn, invals):
-    ctx = before(th, eqn, invals) if before else None
-    outs = yield from inner(th, eqn, invals)
-    if after:
-      after(th, eqn, invals, ctx)
-    return outs
-  wrapped.__name__ = f"tcgen05_{p.name}"
-  eager.RULES[p] = wrapped
+
+def _around(p):
+  def register(fn):
+    _AROUND[p] = fn
+    return fn
+  return register
+
+
+def wrap_rules(*_) -> None:
+  """Puts this module's checks around the rules of other modules (semantics.py's barriers,
+  copies and scopes). Done at import and again as each block starts, in case a module
+  imported later registered its own rule for one of them."""
+  for p, around in _AROUND.items():
+    inner = eager.RULES[p]
+    if getattr(inner, "tcgen05", False):
+      continue
+
+    def wrapped(th, eqn, invals, inner=inner, around=around):
+      return (yield from around(inner, th, eqn, invals))
+    wrapped.tcgen05 = True
+    wrapped.__name__ = f"tcgen05_{p.name}"
+    eager.RULES[p] = wrapped
 
 
 def _barrier(th, eqn, invals):
@@ -332,41 +344,40 @@ def _barrier(th, eqn, invals):
   return view, i
 
 
-def _before_arrive(th, eqn, invals):
-  got = _barrier(th, eqn, invals)
-  return got and (*got, int(got[0].buf.state["completions"].reshape(-1)[got[1]]))
-
-
-def _after_arrive(th, eqn, invals, ctx):
+@_around(mp.barrier_arrive_p)
+def _arrive(inner, th, eqn, invals):
   """An arrival on an ``orders_tensor_core`` barrier passes on what the thread knows."""
-  if ctx and getattr(ctx[0].buf.kind, "orders_tensor_core", False):
-    _pass_on(th, ctx[0].buf, ctx[1], ctx[2])
-
-
-def _before_wait(th, eqn, invals):
   got = _barrier(th, eqn, invals)
-  return got and (*got, ms.thread_state(th).observed.get((got[0].buf, got[1]), 0))
+  if got:
+    phase = int(got[0].buf.state["completions"].reshape(-1)[got[1]])
+  outs = yield from inner(th, eqn, invals)
+  if got and getattr(got[0].buf.kind, "orders_tensor_core", False):
+    _pass_on(th, got[0].buf, got[1], phase)
+  return outs
 
 
-def _after_wait(th, eqn, invals, ctx):
-  if ctx:
-    known, ordered = _carry(ctx[0].buf, ctx[1], ctx[2])
+@_around(mp.barrier_wait_p)
+def _wait(inner, th, eqn, invals):
+  """A wait learns what the arrivals of the phase it waited for passed on."""
+  got = _barrier(th, eqn, invals)
+  if got:
+    phase = ms.thread_state(th).observed.get((got[0].buf, got[1]), 0)
+  outs = yield from inner(th, eqn, invals)
+  if got:
+    known, ordered = _carry(got[0].buf, got[1], phase)
     state(th).ordered.update(ordered)
     learn(th, known)
+  return outs
 
 
-def _before_tma(th, eqn, invals):
+@_around(mp.copy_gmem_to_smem_p)
+def _tma(inner, th, eqn, invals):
   (_, dst, _), rest = mp.split_refs(invals, eqn.params["trees"])
-  if eqn.params.get("has_predicate") and not bool(rest[0]):
-    return
   view = dst[0].at(dst[1])
-  if view.buf.space == "smem" and ops(th):
+  on = not eqn.params.get("has_predicate") or bool(rest[0])
+  if on and view.buf.space == "smem" and ops(th):
     _check_unused(th, view, ms.view_mask(view), "copy_gmem_to_smem")
-
-
-_wrap(mp.barrier_arrive_p, _before_arrive, _after_arrive)
-_wrap(mp.barrier_wait_p, _before_wait, _after_wait)
-_wrap(mp.copy_gmem_to_smem_p, _before_tma)
+  return (yield from inner(th, eqn, invals))
 
 
 # --- the TMEM budget -----------------------------------------------------------------------------
@@ -387,10 +398,12 @@ def _scope_columns(eqn):
   return cols, parts
 
 
-def _scoped_with_budget(th, eqn, invals):
+@_around(prims.run_scoped_p)
+def _scoped_with_budget(inner, th, eqn, invals):
+  """The TMEM of the scopes alive at once in a block: at most 512 columns."""
   cols, parts = _scope_columns(eqn)
   if not cols:
-    return (yield from _plain_scoped(th, eqn, invals))
+    return (yield from inner(th, eqn, invals))
   count = th.scoped.get(id(eqn), 0)
   key = (id(eqn), count) if eqn.params.get("collective_axes") else (id(eqn), id(th), count)
   live = th.block.state.setdefault("tmem_live", {})
@@ -405,13 +418,13 @@ def _scoped_with_budget(th, eqn, invals):
     live[key] = [cols, parts, 0]
   live[key][2] += 1
   try:
-    return (yield from _plain_scoped(th, eqn, invals))
+    return (yield from inner(th, eqn, invals))
   finally:
     live[key][2] -= 1
     if not live[key][2]:
       del live[key]
 
 
-_plain_scoped = eager.RULES[prims.run_scoped_p]
-eager.RULES[prims.run_scoped_p] = _scoped_with_budget
+wrap_rules()
+eager.ON_BLOCK_START.append(wrap_rules)
 
