@@ -10,6 +10,7 @@ from pallax._src.mosaic_gpu import semantics as _semantics  # noqa: F401 (regist
 from pallax._src.mosaic_gpu import clusters as _clusters  # noqa: F401 (registers the rules)
 from pallax._src.mosaic_gpu import sync as _sync  # noqa: F401 (registers the rules)
 from pallax._src.mosaic_gpu import warp_semantics as _warp_semantics  # noqa: F401 (registers the rules)
+from pallax._src.mosaic_gpu import tcgen05_mma_rules as _tcgen05  # noqa: F401 (registers the rules)
 from pallax._src.jax_internals import Transform
 from pallax._src.mosaic_gpu.core import (
     ACC, GMEM, REGS, SMEM, TMEM, Barrier, BlockSpec, ClusterBarrier, CompilerParams, CopyPartition,
@@ -31,13 +32,15 @@ from pallax._src.mosaic_gpu.primitives import (
     wait_gmem_to_smem, wait_smem_to_gmem, wgmma, wgmma_accumulator_load, wgmma_wait)
 from pallax._src.mosaic_gpu.unsupported import (
     SemaphoreSignal,
-    async_copy_scales_to_tmem, async_copy_smem_to_tmem,
-    async_copy_sparse_metadata_to_tmem, async_load_tmem, async_store_smem,
-    async_store_tmem, cluster_ref, commit_tmem, dynamic_scheduling_loop,
+    async_copy_sparse_metadata_to_tmem, async_store_smem,
+    cluster_ref,
     format_tcgen05_sparse_metadata, griddepcontrol_launch_dependents, griddepcontrol_wait,
     inline_mgpu, multicast_ref, multimem_load_reduce, multimem_store, query_cluster_cancel,
-    remote_ref, semaphore_signal_multicast, semaphore_signal_parallel, tcgen05_commit_arrive,
-    tcgen05_mma, try_cluster_cancel, wait_load_tmem)
+    remote_ref, semaphore_signal_multicast, semaphore_signal_parallel, try_cluster_cancel)
+from pallax._src.mosaic_gpu.scheduling import dynamic_scheduling_loop
+from pallax._src.mosaic_gpu.tcgen05 import (
+    async_copy_scales_to_tmem, async_copy_smem_to_tmem, async_load_tmem, async_store_tmem,
+    commit_tmem, tcgen05_commit_arrive, tcgen05_mma, wait_load_tmem)
 
 GPUMemorySpace = MemorySpace   # the docs' older name
 from pallax._src.mosaic_gpu.pipeline import emit_pipeline, emit_pipeline_warp_specialized  # noqa: E402

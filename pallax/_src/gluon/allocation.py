@@ -11,6 +11,7 @@ from pallax._src import primitives as prims
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Buffer, Closed, Opaque, Smem, Val, layout_rule
 from pallax._src.gluon.values import to_layout, wait_all
+from pallax._src.gluon import blackwell
 from pallax._src.gluon.writer import AccRef, BarrierRef, SmemRef, ValueRef, rule
 from pallax._src.gpu import expr as ex
 from pallax._src.mosaic_gpu import core as mc
@@ -75,6 +76,8 @@ def allocate(gen, kind, aval, phases: bool = True):
     layout, buffer = gen.allocate_smem(name, stored, dtype)
     return SmemRef(name, shape, dtype, layout, L.swizzle(shape[-2:], dtype),
                    lead=shape[:-2] if len(shape) > 3 else (), buffer=buffer, whole=True)
+  if isinstance(kind, mc.TMEMType) and getattr(gen, "target", 90) >= 100:
+    return blackwell.allocate_tmem(gen, kind, aval)
   gen.unsupported(f"scratch of type {kind}")
 
 

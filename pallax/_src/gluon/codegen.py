@@ -23,7 +23,7 @@ from pallax._src import jaxpr_util
 from pallax._src.plan import ProgramAxis, plan_for
 from pallax._src.gluon import control, elementwise, mma, shapes  # noqa: F401 (their rules register)
 from pallax._src.gluon import copies, memory, mma_sync, warps  # noqa: F401 (their rules register)
-from pallax._src.gluon import clusters
+from pallax._src.gluon import blackwell, clusters
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon import order
 from pallax._src.gluon import threads as warp_specialize
@@ -35,6 +35,7 @@ from pallax._src.gpu import expr as ex
 from pallax._src.gpu import source as src
 from pallax._src.gpu.legalize import legalize
 from pallax._src.mosaic_gpu import primitives as mp
+from pallax._src.mosaic_gpu import tcgen05
 
 
 def _launch_ids(gen: Writer, plan, gm, info) -> tuple[list[ex.Expr], tuple, int]:
@@ -63,20 +64,46 @@ def _refuse_unplaced_buffers(params):
         "primitives is not supported by pallax's Gluon backend yet; use plgpu.kernel")
 
 
-def generate(params) -> GluonSource:
-  """The Gluon source of ``params``' kernel (threads: see ``threads.py``)."""
+def _refuse_blackwell(params, target: int):
+  """Blackwell's operations (tcgen05, TMEM, dynamic scheduling): for sm_90a none; for sm_100a
+  those ``gluon/blackwell.py`` writes."""
+  names = {p.name: f"plgpu.{p.name}" for p in tcgen05.BLACKWELL_PRIMITIVES}
+  names.update(claim_work="plgpu.dynamic_scheduling_loop")
+  allowed = blackwell.WRITTEN if target >= 100 else ()
+  for eqn in jaxpr_util.equations(params.jaxpr):
+    tmem = any(getattr(t, "memory_space", None) is tcgen05.TMEM
+               for t in eqn.params.get("scratch_types") or ())
+    if (eqn.primitive.name in names and eqn.primitive not in allowed) or (tmem and target < 100):
+      line = ji.user_frame(eqn.source_info)
+      what = "plgpu.TMEM scratch" if tmem and target < 100 else names[eqn.primitive.name]
+      raise src.Unsupported(
+          f"pallas_call {params.name}: {what}{f' (at {line})' if line else ''} is Blackwell's "
+          f"(sm_100a), and pallax's Gluon backend {_REFUSAL[target >= 100]}: run the kernel in "
+          "the interpreter (plgpu.kernel(..., interpret=True))")
+
+
+_REFUSAL = ("compiles Mosaic GPU kernels for Hopper (sm_90a) only so far (plgpu.lower(..., "
+            "compute_capability=100) compiles tcgen05 MMAs and TMEM loads for sm_100a)",
+            "does not write it for sm_100a yet")
+
+
+def generate(params, target: int = 90) -> GluonSource:
+  """The Gluon source of ``params``' kernel (threads: see ``threads.py``) for sm_90a, or
+  (``target=100``) for sm_100a."""
   info = params.threads
   threads = info is not None and info.num_threads > 1
   gm = params.grid_mapping
   _refuse_unplaced_buffers(params)
+  _refuse_blackwell(params, target)
   name = src.kernel_identifier(params.name)
   gen = Writer(name)
+  gen.target = target
   # plgpu.CompilerParams(approx_math=True): the GPU's fast math instructions (gpu/math_functions.py)
   gen.approx_math = bool(getattr(params.compiler_params, "approx_math", False))
   names = tuple(gm.grid_names or ())
   axes = [(n, g) for n, g in zip(names, gm.grid)] + list(info.axis_env() if info else ())
   with ji.extend_axis_env_nd(axes):   # legalizing retraces lax.axis_index
-    jaxpr = order.hoist_reads(legalize(params.jaxpr, 90))
+    jaxpr = order.hoist_reads(legalize(params.jaxpr, min(target, 90)))
   gen.mma_bits, gen.wgmma = _mma_bits(jaxpr)
   gen.assignment = _assign(gen, jaxpr, gm, info)
   gen.scope = gen.assignment.top
@@ -264,7 +291,8 @@ def _constexprs(gen: Writer) -> list[str]:
 
 
 def _module(gen: Writer, name: str, params: list[str]) -> str:
-  lines = [_HEADER, "@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
+  header = _HEADER + (blackwell.HEADER if getattr(gen, "blackwell", False) else "")
+  lines = [header, "@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
   lines += _kernel_made(gen, params) + gen.lines
   return "\n".join(lines) + "\n"
 
@@ -275,7 +303,7 @@ def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids
       params + [d.name for d in gen.descriptors.values()] + [i.name for i in ids if isinstance(i, ex.Name)]
       + gen.hoisted_names()))
   bodies = [p.lines for p in parts]
-  lines = [_HEADER]
+  lines = [_HEADER + (blackwell.HEADER if getattr(gen, "blackwell", False) else "")]
   for t, body in enumerate(bodies):
     lines += ["@gluon.jit", f"def {name}_t{t}({', '.join(shared)}):"] + _constexprs(gen)
     lines += body + ["    pass", ""]   # a thread may have nothing to do

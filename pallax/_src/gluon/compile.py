@@ -50,8 +50,8 @@ def launchable_kernel(params):
                                 {"num_warps": gs.num_warps}), c
 
 
-def compile_source(gs: GluonSource, kernel_name: str) -> Compiled:
-  b = gpu_compile.compile_source(TOOLCHAIN, gs.name, gs.source, gs.signature, TARGET,
+def compile_source(gs: GluonSource, kernel_name: str, target: int = TARGET) -> Compiled:
+  b = gpu_compile.compile_source(TOOLCHAIN, gs.name, gs.source, gs.signature, target,
                                  {"num_warps": gs.num_warps})
   if b.shared_mem_bytes > SHARED_MEMORY_LIMIT:
     raise ValueError(f"plgpu kernel {kernel_name}: it needs {b.shared_mem_bytes} bytes of shared "
@@ -61,8 +61,10 @@ def compile_source(gs: GluonSource, kernel_name: str) -> Compiled:
                   b.tensordesc_meta, gs)
 
 
-def compile_params(params) -> Compiled:
-  return compile_source(generate(params), params.name)
+def compile_params(params, target: int = TARGET) -> Compiled:
+  """``target``: 90 (sm_90a, what the GPU path launches) or 100 (sm_100a: Blackwell's tcgen05
+  kernels, compiled on any machine, never launched here)."""
+  return compile_source(generate(params, target), params.name, target)
 
 
 LAUNCHES = 0   # how many kernels were lowered to Gluon (tests check the backend ran)
@@ -102,12 +104,16 @@ def _kernel_params(lib, c: Compiled) -> list:
   return params
 
 
-def lower(fun, *args, **kwargs) -> list[Compiled]:
+def lower(fun, *args, compute_capability: int = TARGET, **kwargs) -> list[Compiled]:
   """Traces ``fun(*args)`` (arrays or ``jax.ShapeDtypeStruct``s) and compiles every Mosaic GPU
-  kernel in it for sm_90a: per kernel its Gluon source, TTGIR, PTX, shared memory and warp count.
-  Needs no GPU."""
+  kernel in it for sm_90a (``compute_capability=100``: sm_100a, Blackwell): per kernel its Gluon
+  source, TTGIR, PTX, shared memory and warp count. Needs no GPU."""
+  if compute_capability not in (90, 100):
+    raise ValueError(f"plgpu.lower: compute_capability must be 90 (Hopper) or 100 (Blackwell), "
+                     f"got {compute_capability}")
   from pallax._src import jaxpr_util
   from pallax._src.call_primitive import pallas_call_p
   closed = jax.make_jaxpr(functools.partial(fun, **kwargs))(*args)
-  return [compile_params(e.params["params"]) for e in jaxpr_util.equations(closed.jaxpr)
+  return [compile_params(e.params["params"], compute_capability)
+          for e in jaxpr_util.equations(closed.jaxpr)
           if e.primitive is pallas_call_p and backends.is_mosaic_gpu(e.params["params"])]

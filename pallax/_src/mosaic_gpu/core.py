@@ -153,11 +153,65 @@ class MemorySpace(enum.Enum):
 
   def __call__(self, shape, dtype, *, transforms=(), packed=None, collective=None,
                layout=None) -> GPUMemoryRef:
-    del packed, collective, layout   # TMEM packing and layouts: not modelled yet
-    return GPUMemoryRef(tuple(int(d) for d in shape), jnp.dtype(dtype), self, tuple(transforms))
+    shape = tuple(int(d) for d in shape)
+    if self is MemorySpace.TMEM:
+      return tmem_type(shape, dtype, transforms, packed, collective, layout)
+    if packed is not None or collective is not None or layout is not None:
+      raise ValueError("packed, collective and layout arguments are only supported for TMEM.")
+    return GPUMemoryRef(shape, jnp.dtype(dtype), self, tuple(transforms))
 
   def like(self, shape_dtype):
     return self(shape_dtype.shape, shape_dtype.dtype)
+
+
+# --- tensor memory (Blackwell) ----------------------------------------------------------------
+
+TMEM_ROWS = 128          # lanes of tensor memory
+TMEM_MAX_COLS = 512      # 32-bit columns of a block's tensor memory
+TMEM_COL_ALIGNMENT = 4   # each allocation starts at a multiple of 4 columns
+
+
+@dataclasses.dataclass(frozen=True)
+class TMEMType(GPUMemoryRef):
+  """``plgpu.TMEM(shape, dtype)``: 128 (or 64) rows of tensor memory; ``packing`` elements of
+  a narrow dtype share one 32-bit column (``packed=True``), ``collective`` allocations span
+  the two blocks of a cluster pair, ``layout`` is a ``plgpu.TMEMLayout`` (scales, metadata)."""
+  packing: int = 1
+  collective: bool = False
+  layout: Any = None
+
+  @property
+  def columns(self) -> int:
+    """The 32-bit columns it takes (leading dimensions laid out side by side, as in JAX)."""
+    rows, cols = self.shape[-2], int(np.prod(self.shape[:-2], dtype=int)) * self.shape[-1]
+    if self.layout is not None:     # scales and sparsity metadata: a quarter of the rows a column
+      return max(1, rows * cols // TMEM_ROWS)
+    return rows * cols // TMEM_ROWS // self.packing
+
+
+def tmem_type(shape, dtype, transforms, packed, collective, layout) -> TMEMType:
+  """A TMEM scratch type, checked as JAX checks it."""
+  dtype = jnp.dtype(dtype)
+  if transforms:
+    raise ValueError("transforms are not supported for TMEM")
+  if len(shape) < 2:
+    raise ValueError(f"TMEM can only represent 2D shapes, got {shape}")
+  bits = dtype.itemsize * 8
+  if layout is None and packed is None:
+    if bits != 32:
+      raise ValueError("dtypes narrower than 32-bit require either the packed argument or an "
+                       f"explicit TMEM layout (plgpu.TMEM({shape}, {dtype.name}, packed=True))")
+    packed = False
+  if layout is not None and packed is not None:
+    raise ValueError("packed cannot be specified if layout is specified.")
+  packing = 32 // bits if packed else 1
+  if layout is None and shape[-2] not in (TMEM_ROWS, TMEM_ROWS // 2):
+    raise ValueError(f"Unsupported shape: {shape}. TMEM references must have either "
+                     f"{TMEM_ROWS} or {TMEM_ROWS // 2} rows, but got {shape[-2]}.")
+  if shape[-1] % packing:
+    raise ValueError(f"Minor dimension of shape must be divisible by packing, got: {shape}")
+  return TMEMType(shape, dtype, MemorySpace.TMEM, (), packing=packing,
+                  collective=bool(collective), layout=layout)
 
 
 GMEM = MemorySpace.GMEM
@@ -384,8 +438,12 @@ class Layout(SomeLayout, enum.Enum):
 
 
 class TMEMLayout(enum.Enum):
+  """Layouts of TMEM scratch (``plgpu.TMEM(..., layout=...)``): MMA scales, sparsity metadata,
+  the two-block layouts (whose MMAs pallax does not run yet)."""
   SCALES_LAYOUT = enum.auto()
   SPARSE_METADATA_LAYOUT = enum.auto()
+  M64_COLLECTIVE_LAYOUT = enum.auto()
+  SCALES_M64_COLLECTIVE_LAYOUT = enum.auto()
 
   def __call__(self, *args, **kwargs) -> ParameterizedLayout:
     return ParameterizedLayout(self, tuple(args), tuple(sorted(kwargs.items())))

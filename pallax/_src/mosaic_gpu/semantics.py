@@ -536,3 +536,6 @@ eager.ON_BLOCK_START.append(_remember_threads)
 
 # What clusters.py (multicast copies, cluster barriers) builds on.
 copy_views, check_box, check_not_in_use = _copy_views, _check_box, _check_not_in_use
+# The checks that Blackwell's rules (tcgen05_semantics.py) share with these.
+check_committed = _check_committed
+check_loaded = _check_loaded

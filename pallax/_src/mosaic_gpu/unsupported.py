@@ -13,30 +13,19 @@ def _unsupported(name: str, why: str, instead: str):
   return fn
 
 
-_BLACKWELL = ("Blackwell (sm_100) tensor-memory and tcgen05 operations",
-              "on Hopper use plgpu.wgmma with a plgpu.ACC accumulator")
+_BLACKWELL = ("sparse tcgen05 MMAs (Blackwell)", "pass a dense a to plgpu.tcgen05_mma")
 _CLUSTER = ("references to a cluster peer's shared memory",
             "share data between a cluster's blocks with copy_gmem_to_smem(..., collective_axes=...) "
             "(multicast) or through GMEM ordered by a plgpu.ClusterBarrier")
 _MULTIMEM = ("multimem (NVLink multicast) operations", "use shard_map with collectives around the kernel")
 _REMOTE = ("references to other devices' memory", "use shard_map with collectives around the kernel")
 
-tcgen05_mma = _unsupported("tcgen05_mma", *_BLACKWELL)
-tcgen05_commit_arrive = _unsupported("tcgen05_commit_arrive", *_BLACKWELL)
-async_load_tmem = _unsupported("async_load_tmem", *_BLACKWELL)
-async_store_tmem = _unsupported("async_store_tmem", *_BLACKWELL)
-wait_load_tmem = _unsupported("wait_load_tmem", *_BLACKWELL)
-commit_tmem = _unsupported("commit_tmem", *_BLACKWELL)
-async_copy_smem_to_tmem = _unsupported("async_copy_smem_to_tmem", *_BLACKWELL)
-async_copy_scales_to_tmem = _unsupported("async_copy_scales_to_tmem", *_BLACKWELL)
 async_copy_sparse_metadata_to_tmem = _unsupported("async_copy_sparse_metadata_to_tmem", *_BLACKWELL)
 format_tcgen05_sparse_metadata = _unsupported("format_tcgen05_sparse_metadata", *_BLACKWELL)
 try_cluster_cancel = _unsupported("try_cluster_cancel", "cluster launch control (Blackwell)",
                                   "use a grid of blocks, or plgpu.nd_loop over a persistent grid")
 query_cluster_cancel = _unsupported("query_cluster_cancel", "cluster launch control (Blackwell)",
                                     "use a grid of blocks, or plgpu.nd_loop over a persistent grid")
-dynamic_scheduling_loop = _unsupported("dynamic_scheduling_loop", "dynamic work scheduling loops",
-                                       "use plgpu.nd_loop (a static schedule)")
 multimem_store = _unsupported("multimem_store", *_MULTIMEM)
 multimem_load_reduce = _unsupported("multimem_load_reduce", *_MULTIMEM)
 semaphore_signal_multicast = _unsupported("semaphore_signal_multicast", *_MULTIMEM)

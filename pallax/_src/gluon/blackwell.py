@@ -1,0 +1,204 @@
+"""Gluon rules of Blackwell's tensor cores for sm_100a (``plgpu.lower(...,
+compute_capability=100)``): TMEM scratch, ``tcgen05_mma`` with SMEM operands, its barrier and
+``tcgen05_commit_arrive``, ``async_load_tmem`` and its wait. Compiled on any machine; never run
+on Blackwell hardware here. What is not written yet (per-warp code, TMEM stores and copies,
+scales, dynamic TMEM slices) is refused by name (``codegen._refuse_blackwell``, ``unsupported``).
+
+The model is Gluon's: ``blackwell.tcgen05_mma(a, b, acc, use_acc=..., mbarriers=[bar])`` arrives
+on ``bar`` when the MMA completes (as ``plgpu.tcgen05_mma(..., barrier)`` does); without a
+barrier Gluon waits for the MMA, which keeps plgpu's meaning (its completion is then awaited
+by the next ``tcgen05_commit_arrive``'s wait). A TMEM load waits for its data, so
+``wait_load_tmem`` writes nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from pallax._src import jax_internals as ji
+from pallax._src.gluon import layouts as L
+from pallax._src.gluon.assign import Smem, Val, layout_rule
+from pallax._src.gluon.memory import barrier_view, smem_view, smem_view_layouts
+from pallax._src.gluon.values import to_layout
+from pallax._src.gluon.writer import SmemRef, rule
+from pallax._src.gpu import expr as ex
+from pallax._src.gpu.expr import call, method
+from pallax._src.mosaic_gpu import primitives as mp
+from pallax._src.mosaic_gpu import tcgen05 as tc
+
+HEADER = "from triton.experimental.gluon.language.nvidia import blackwell\n"
+WRITTEN = (tc.tcgen05_mma_p, tc.tcgen05_commit_arrive_p, tc.async_load_tmem_p, tc.wait_load_tmem_p,
+           tc.async_store_tmem_p, tc.commit_tmem_p)
+
+
+@dataclasses.dataclass(frozen=True)
+class TmemLayout(L.Layout):
+  """How a TMEM buffer is laid out: (rows, columns) blocks, one element a 32-bit column
+  (``col_stride`` 1) or packed."""
+  block: tuple
+  col_stride: int
+  registers = False
+
+  def text(self, name) -> str:
+    return f"blackwell.TensorMemoryLayout(block={self.block}, col_stride={self.col_stride})"
+
+
+@dataclasses.dataclass(frozen=True)
+class TmemRegisters(L.Layout):
+  """The register layout TMEM loads of a (rows, columns) view come in (one row a thread)."""
+  dtype: str
+  shape: tuple
+  tmem: TmemLayout
+
+  def text(self, name) -> str:
+    return (f"blackwell.get_tmem_reg_layout({self.dtype}, {self.shape}, {name(self.tmem)}, "
+            f"{L.WARPS})")
+
+
+@dataclasses.dataclass
+class TmemRef:
+  name: str
+  shape: tuple
+  dtype: np.dtype
+  layout: TmemLayout
+
+
+def allocate_tmem(gen, kind, aval) -> TmemRef:
+  """A TMEM scratch buffer (2-D, 128 rows: the M of one-block MMAs)."""
+  shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
+  if len(shape) != 2 or shape[0] != 128 or not L.is_pow2(shape[1]):
+    gen.unsupported(f"TMEM of shape {list(shape)} for sm_100a (128 rows, a power-of-two number "
+                    "of columns)")
+  layout = TmemLayout((128, min(shape[1], 256)), 1 if kind.packing > 1 else 32 // (dtype.itemsize * 8))
+  gen.blackwell = True
+  name = gen.fresh("tmem")
+  gen.declared(layout)
+  gen.emit(f"{name} = blackwell.allocate_tensor_memory({ex.dtype_name(dtype, 'gl')}, "
+           f"{list(shape)}, {gen.layout(layout)})")
+  return TmemRef(name, shape, dtype, layout)
+
+
+def _tmem_view(gen, ref, transforms) -> tuple[str, tuple]:
+  """(the source of a TMEM view, its shape): whole rows, static column slices."""
+  if not isinstance(ref, TmemRef):
+    gen.unsupported(f"a TMEM operation on {type(ref).__name__}")
+  text, shape = ref.name, ref.shape
+  for t in transforms:
+    if not isinstance(t, ji.NDIndexer) or len(t.indices) != 2:
+      gen.unsupported("TMEM views other than column slices")
+    rows, cols = t.indices
+    static = lambda i: isinstance(i, (int, np.integer)) or isinstance(i, ex.Lit)   # noqa: E731
+    value = lambda i: i.value if isinstance(i, ex.Lit) else int(i)   # noqa: E731
+    if not (isinstance(rows, ji.Slice) and static(rows.start) and value(rows.start) == 0
+            and rows.size == shape[0]):
+      gen.unsupported("TMEM views of some of its rows")
+    if not (isinstance(cols, ji.Slice) and static(cols.start) and cols.stride == 1):
+      gen.unsupported("TMEM column slices from a run-time start (acc.at[:, pl.ds(i * n, n)])")
+    text, shape = f"{text}.slice({value(cols.start)}, {cols.size})", (shape[0], cols.size)
+  return text, shape
+
+
+def _transposed(ref) -> bool:
+  return any(isinstance(t, ji.TransposeRef) for t in ref[1])
+
+
+def _barrier(gen, bar) -> str:
+  b = barrier_view(gen, *bar)
+  return f"{b.name}.index({gen.render(b.index)})"
+
+
+@rule(tc.tcgen05_mma_p)
+def _tcgen05_mma(ctx, *invals, trees, collective_axis, scaled):
+  gen = ctx.gen
+  (acc, a, b, bar, _, _), (accumulate,) = mp.split_refs(invals, trees)
+  if scaled:
+    gen.unsupported("block-scaled tcgen05_mma (a_scale, b_scale) for sm_100a")
+  if not isinstance(a[0], SmemRef):
+    gen.unsupported("tcgen05_mma with a in TMEM for sm_100a")
+  acc_text, _ = _tmem_view(gen, *acc)
+  a_view = smem_view(gen, *a, k_last=not _transposed(a))
+  b_view = smem_view(gen, *b, k_last=_transposed(b))
+  barriers = "" if bar is None else f", mbarriers=[{_barrier(gen, bar)}]"
+  gen.emit(f"blackwell.tcgen05_mma({a_view.text}, {b_view.text}, {acc_text}, "
+           f"use_acc={gen.render(accumulate)}{barriers})")
+  return []
+
+
+@rule(tc.tcgen05_commit_arrive_p)
+def _commit_arrive(ctx, *invals, trees, collective_axis):
+  (bar,), _ = mp.split_refs(invals, trees)
+  ctx.gen.emit(f"blackwell.tcgen05_commit({_barrier(ctx.gen, bar)})")
+  return []
+
+
+@rule(tc.async_load_tmem_p)
+def _async_load_tmem(ctx, *invals, trees, reduce):
+  gen = ctx.gen
+  if reduce is not None:
+    gen.unsupported(f"async_load_tmem(reduce={reduce!r}) for sm_100a")
+  (src,), _ = mp.split_refs(invals, trees)
+  text, shape = _tmem_view(gen, *src)
+  dtype = src[0].dtype
+  regs = _registers(gen, src[0], shape)
+  loaded = gen.value(method(ex.Name(text, dtype=dtype, shape=shape), "load",
+                            ex.Token(gen.layout(regs))), regs, "tmem_value")
+  layout = gen.declared(gen.assigned(ctx.eqn.outvars[0]))
+  return gen.value(call("gl.convert_layout", loaded, ex.Token(gen.layout(layout)), dtype=dtype,
+                        shape=shape), layout)
+
+
+def _registers(gen, ref, shape) -> TmemRegisters:
+  """The register layout of TMEM accesses of a (rows, columns) view of ``ref``."""
+  tmem_layout = dataclasses.replace(ref.layout, block=(128, min(ref.layout.block[1], shape[1])))
+  gen.declared(tmem_layout)
+  return gen.declared(TmemRegisters(ex.dtype_name(ref.dtype, "gl"), shape, tmem_layout))
+
+
+@rule(tc.async_store_tmem_p)
+def _async_store_tmem(ctx, *invals, trees):
+  gen = ctx.gen
+  (dst,), (value,) = mp.split_refs(invals, trees)
+  text, shape = _tmem_view(gen, *dst)
+  dtype = dst[0].dtype
+  value = to_layout(gen, value, gen.declared(L.blocked(shape, dtype)), shape, dtype)
+  regs = _registers(gen, dst[0], shape)
+  stored = gen.value(call("gl.convert_layout", value, ex.Token(gen.layout(regs)), dtype=dtype,
+                          shape=shape), regs, "tmem_value")
+  gen.emit(f"{text}.store({gen.render(stored)})")   # Gluon waits for the store (tcgen05.wait::st)
+  return []
+
+
+@rule(tc.wait_load_tmem_p, tc.commit_tmem_p)
+def _nothing(ctx):
+  return []
+
+
+# --- layout assignment (assign.py) ------------------------------------------------------------
+
+@layout_rule(tc.tcgen05_mma_p)
+def _tcgen05_mma_layouts(ctx, *invals, trees, **_):
+  (_, a, b, _, _, _), _ = mp.split_refs(invals, trees)
+  for ref in (a, b):
+    if isinstance(ref[0], Smem):
+      smem_view_layouts(*ref)
+  return None
+
+
+@layout_rule(tc.async_load_tmem_p)
+def _async_load_tmem_layouts(ctx, *invals, trees, reduce):
+  """A TMEM load comes in TMEM's register layout and is converted to a blocked one at once,
+  so that the rest of the kernel sees the layouts it always does."""
+  out = ctx.out
+  shape = tuple(out.shape)
+  return Val(shape, np.dtype(out.dtype), L.blocked(shape, out.dtype))
+
+
+@layout_rule(tc.async_store_tmem_p)
+def _async_store_tmem_layouts(ctx, *invals, trees):
+  """The value is stored from a blocked layout (converted to TMEM's register layout there)."""
+  (dst,), (value,) = mp.split_refs(invals, trees)
+  shape = tuple(getattr(value, "shape", ()))
+  if shape:
+    ctx.a.to_layout(value, L.blocked(shape, value.dtype), shape, value.dtype)
+  return None

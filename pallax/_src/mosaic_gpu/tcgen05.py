@@ -1,0 +1,247 @@
+"""Blackwell's tensor cores (``tcgen05``) and tensor memory (TMEM): the primitives' types and
+effects, and the functions of ``plgpu`` that bind them. Their meaning, with the checks of the
+rules that JAX's documentation leaves to the user, is in ``tcgen05_semantics.py``.
+
+Each primitive takes its Refs as ``(ref, *transform leaves)`` with one pytree per Ref in the
+``trees`` param (``None`` for an absent Ref), as the primitives of ``primitives.py`` do.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from pallax._src import backends
+from pallax._src import jax_internals as ji
+from pallax._src.mosaic_gpu import primitives as mp
+from pallax._src.mosaic_gpu.core import TMEM  # noqa: F401 (the Gluon backend refuses it by this name)
+
+
+def _positions(trees):
+  pos, at = [], 0
+  for tree in trees:
+    pos.append(None if tree is None else at)
+    at += 0 if tree is None else 1 + tree.num_leaves
+  return pos
+
+
+def _effects(trees, reads=(), writes=()):
+  pos = _positions(trees)
+  effs = {mp.mosaic_effect}
+  effs |= {ji.ReadEffect(pos[i]) for i in reads if pos[i] is not None}
+  effs |= {ji.WriteEffect(pos[i]) for i in writes if pos[i] is not None}
+  return effs
+
+
+def _shapes(avals, trees):
+  refs, _ = mp.split_refs(avals, trees)
+  return [None if r is None else (mp.view_shape(r[0].inner_aval, r[1]), r[0].inner_aval.dtype)
+          for r in refs]
+
+
+def _primitive(name, abstract_eval):
+  p = ji.Primitive(name)
+  p.multiple_results = True
+  p.def_effectful_abstract_eval(abstract_eval)
+  return p
+
+
+def _bind(p, refs, extra=(), **params):
+  flat, trees = mp.flatten_refs(*refs)
+  return p.bind(*flat, *extra, trees=trees, **params)
+
+
+def _check_ref(x, what: str):
+  if not (isinstance(x, ji.TransformedRef) or ji.is_ref_aval(jax.typeof(x))):
+    raise TypeError(f"{what} must be a Ref (a TMEM or SMEM scratch buffer or a view of one), "
+                    f"got a value of type {jax.typeof(x)}")
+
+
+# --- tcgen05_mma -------------------------------------------------------------------------------
+
+def _mma_abstract_eval(*avals, trees, collective_axis, scaled):
+  shapes = _shapes(avals, trees)
+  (acc, _), (a, _), (b, _) = shapes[:3]
+  if len(acc) != 2 or len(a) != 2 or len(b) != 2:
+    raise ValueError(f"tcgen05_mma takes 2D operands, got acc{list(acc)}, a{list(a)}, b{list(b)}")
+  if acc[0] != a[0]:
+    raise ValueError("Accumulator and LHS have incompatible shapes. Expected LHS to have shape "
+                     f"(m, k) and accumulator to have shape (m, n). Accumulator: {acc}. LHS: {a}.")
+  if acc[1] != b[1]:
+    raise ValueError("Accumulator and RHS have incompatible shapes. Expected RHS to have shape "
+                     f"(k, n) and accumulator to have shape (m, n). Accumulator: {acc}. RHS: {b}.")
+  if a[1] != b[0]:
+    raise ValueError(f"LHS and RHS have incompatible shapes. LHS: {a}. RHS: {b}.")
+  return [], _effects(trees, reads=(1, 2, 4, 5), writes=(0, 3))
+
+
+tcgen05_mma_p = _primitive("tcgen05_mma", _mma_abstract_eval)
+
+
+def tcgen05_mma(acc, a, b, barrier=None, *, a_scale=None, b_scale=None, a_sparse_metadata=None,
+                accumulate=True, collective_axis=None) -> None:
+  """``acc = a @ b (+ acc if accumulate)`` on the tensor core, asynchronously: ``acc`` is a TMEM
+  Ref (M, N) in float32 (float16 for 16- and 8-bit inputs, int32 for int8), ``a`` an SMEM or
+  TMEM Ref (M, K), ``b`` an SMEM Ref (K, N); transposed views (``.T``, ``.transpose``) are
+  allowed for the SMEM operands. Its completion is awaited through ``barrier`` (an
+  ``orders_tensor_core`` barrier it arrives on) or ``tcgen05_commit_arrive``. With ``a_scale``
+  and ``b_scale`` (TMEM, one scale per block of K), a block-scaled product."""
+  if a_sparse_metadata is not None:
+    raise NotImplementedError("tcgen05_mma(a_sparse_metadata=...): sparse MMAs are not "
+                              "supported by pallax yet; pass a dense a")
+  if collective_axis is not None:
+    raise NotImplementedError(
+        f"tcgen05_mma(collective_axis={collective_axis!r}): collective two-block MMAs need "
+        "clusters of two blocks, which pallax does not run yet; use collective_axis=None "
+        "(one block per MMA)")
+  if (a_scale is None) != (b_scale is None):
+    raise ValueError("a_scale and b_scale must both be present or absent.")
+  for x, what in ((acc, "acc"), (a, "a"), (b, "b")):
+    _check_ref(x, f"tcgen05_mma: {what}")
+  barrier = None if barrier is None else mp.barrier_view(barrier)
+  _bind(tcgen05_mma_p, (acc, a, b, barrier, a_scale, b_scale),
+        (jnp.asarray(accumulate, jnp.bool_),), collective_axis=None,
+        scaled=a_scale is not None)
+
+
+def _commit_abstract_eval(*avals, trees, collective_axis):
+  return [], _effects(trees, writes=(0,))
+
+
+tcgen05_commit_arrive_p = _primitive("tcgen05_commit_arrive", _commit_abstract_eval)
+
+
+def tcgen05_commit_arrive(barrier, collective_axis=None) -> None:
+  """One arrival on ``barrier`` (``orders_tensor_core=True``) once every ``tcgen05_mma`` and
+  SMEM->TMEM copy this thread issued so far has completed."""
+  if collective_axis is not None:
+    raise NotImplementedError(
+        f"tcgen05_commit_arrive(collective_axis={collective_axis!r}): collective MMAs over a "
+        "cluster are not supported by pallax yet; use collective_axis=None")
+  _bind(tcgen05_commit_arrive_p, (mp.barrier_view(barrier),), collective_axis=None)
+
+
+# --- TMEM loads and stores ----------------------------------------------------------------------
+
+_REDUCTIONS = ("max", "min", "absmax", "absmin")
+
+
+def _load_abstract_eval(*avals, trees, reduce):
+  ((shape, dtype),) = _shapes(avals, trees)
+  out = [ji.ShapedArray(shape, dtype)]
+  if reduce is not None:
+    if jnp.dtype(dtype) not in map(jnp.dtype, (jnp.float32, jnp.int32, jnp.uint32)):
+      raise ValueError(f"Unsupported dtype for reduction: {jnp.dtype(dtype)}. Only float32, "
+                       "int32 and uint32 are supported.")
+    out.append(ji.ShapedArray(shape[:-1], dtype))
+  return out, _effects(trees, reads=(0,))
+
+
+async_load_tmem_p = _primitive("async_load_tmem", _load_abstract_eval)
+
+
+def async_load_tmem(src, *, layout=None, reduce=None):
+  """Reads the TMEM view ``src`` into registers. The value can be used at once, but the read
+  may still be going on: call ``wait_load_tmem`` before anything overwrites ``src``. With
+  ``reduce`` ('max', 'min', 'absmax', 'absmin'), also returns the reduction over the last axis."""
+  if reduce is not None and reduce not in _REDUCTIONS:
+    raise ValueError(f"async_load_tmem: reduce must be one of {_REDUCTIONS}, got {reduce!r}")
+  _check_ref(src, "async_load_tmem: src")
+  outs = _bind(async_load_tmem_p, (src,), reduce=reduce)
+  value = outs[0] if layout is None else mp.layout_cast(outs[0], layout)
+  return value if reduce is None else (value, outs[1])
+
+
+def _store_abstract_eval(*avals, trees):
+  ((shape, dtype),), (val,) = _shapes(avals, trees), avals[-1:]
+  if tuple(val.shape) != tuple(shape) or val.dtype != dtype:
+    raise ValueError(f"async_store_tmem: the TMEM view is {jnp.dtype(dtype).name}{list(shape)} "
+                     f"but the value is {val.str_short()}; they must match")
+  return [], _effects(trees, writes=(0,))
+
+
+async_store_tmem_p = _primitive("async_store_tmem", _store_abstract_eval)
+
+
+def async_store_tmem(ref, value) -> None:
+  """Writes ``value`` to the TMEM view ``ref``; the write is seen by loads and MMAs once this
+  thread calls ``commit_tmem``."""
+  _check_ref(ref, "async_store_tmem: ref")
+  _bind(async_store_tmem_p, (ref,), (jnp.asarray(value),))
+
+
+def _no_refs(name):
+  return _primitive(name, lambda **_: ([], {mp.mosaic_effect}))
+
+
+wait_load_tmem_p = _no_refs("wait_load_tmem")
+commit_tmem_p = _no_refs("commit_tmem")
+
+
+def wait_load_tmem() -> None:
+  """Waits until every ``async_load_tmem`` of this thread has finished reading TMEM."""
+  wait_load_tmem_p.bind()
+
+
+def commit_tmem() -> None:
+  """Makes this thread's ``async_store_tmem`` writes visible to TMEM loads and MMAs."""
+  commit_tmem_p.bind()
+
+
+# --- SMEM -> TMEM copies -------------------------------------------------------------------------
+
+def _copy_abstract_eval(*avals, trees, what, collective_axis):
+  (src, sdt), (dst, ddt) = _shapes(avals, trees)
+  if sdt != ddt:
+    raise ValueError(f"Expected SMEM element type ({jnp.dtype(sdt)}) to equal the TMEM element "
+                     f"type ({jnp.dtype(ddt)})")
+  if what == "async_copy_scales_to_tmem" and len(dst) == 2 and src == scales_tiles(dst):
+    pass   # scales in the tiles the tensor core reads them in (see scales_tiles)
+  elif src != dst:
+    raise ValueError(f"Expected SMEM reference shape {src} to equal the TMEM reference shape {dst}"
+                     + (f" (or, for scales, {scales_tiles(dst)}: MMA scale tiles)"
+                        if what == "async_copy_scales_to_tmem" else ""))
+  return [], _effects(trees, reads=(0,), writes=(1,))
+
+
+async_copy_smem_to_tmem_p = _primitive("async_copy_smem_to_tmem", _copy_abstract_eval)
+
+
+def scales_tiles(shape) -> tuple:
+  """The SMEM shape of (rows, k) MMA scales stored as the tensor core reads them: per 128 rows
+  and 4 scales of K, a tile of 32 x 16 (row r, scale c at [r % 32, (r // 32) * 4 + c])."""
+  rows, k = shape
+  return (rows // 128, k // 4, 32, 16) if rows % 128 == 0 and k % 4 == 0 else None
+
+
+def untile_scales(x):
+  """The (rows, k) scales of SMEM tiles of ``scales_tiles`` (NumPy)."""
+  a, c, _, _ = x.shape
+  return x.reshape(a, c, 32, 4, 4).transpose(0, 3, 2, 1, 4).reshape(a * 128, c * 4)
+
+
+def _copy_fn(what: str):
+  def fn(smem_ref, tmem_ref, collective_axis=None) -> None:
+    if collective_axis is not None:
+      raise NotImplementedError(
+          f"{what}(collective_axis={collective_axis!r}): copies over a cluster are not "
+          "supported by pallax yet; use collective_axis=None")
+    _check_ref(smem_ref, f"{what}: smem_ref")
+    _check_ref(tmem_ref, f"{what}: tmem_ref")
+    _bind(async_copy_smem_to_tmem_p, (smem_ref, tmem_ref), what=what, collective_axis=None)
+  fn.__name__ = what
+  fn.__doc__ = ("Copies the SMEM view into the TMEM view asynchronously (tcgen05.cp); an MMA of "
+                "this thread may use the TMEM at once, anything else after "
+                "tcgen05_commit_arrive and a wait on its barrier.")
+  return fn
+
+
+async_copy_smem_to_tmem = _copy_fn("async_copy_smem_to_tmem")
+async_copy_scales_to_tmem = _copy_fn("async_copy_scales_to_tmem")
+
+
+backends.register_kernel_primitives("mosaic_gpu", (
+    tcgen05_mma_p, tcgen05_commit_arrive_p, async_load_tmem_p, async_store_tmem_p,
+    wait_load_tmem_p, commit_tmem_p, async_copy_smem_to_tmem_p))
+BLACKWELL_PRIMITIVES = (tcgen05_mma_p, tcgen05_commit_arrive_p, async_load_tmem_p,
+                        async_store_tmem_p, wait_load_tmem_p, commit_tmem_p,
+                        async_copy_smem_to_tmem_p)

@@ -1,0 +1,173 @@
+"""``tcgen05_mma`` in the eager interpreter: the product, its operand and shape rules (those of
+Mosaic GPU's ``tcgen05.mma``, with JAX's messages), and its place among the operations in
+flight (tcgen05_semantics.py)."""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import lax
+
+from pallax._src.interpret import eager
+from pallax._src.interpret.eager import View, fail, rule
+from pallax._src.mosaic_gpu import core as mc
+from pallax._src.mosaic_gpu import primitives as mp
+from pallax._src.mosaic_gpu import semantics as ms
+from pallax._src.mosaic_gpu import tcgen05 as tc
+from pallax._src.mosaic_gpu import tcgen05_semantics as ts
+
+_FP8 = {np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)}
+_FP4 = {np.dtype(ml_dtypes.float4_e2m1fn)}
+_E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
+_F32, _F16, _BF16, _I8, _I32 = (np.dtype(t) for t in (np.float32, np.float16, ml_dtypes.bfloat16,
+                                                       np.int8, np.int32))
+
+
+def _swizzle(view: View) -> int:
+  """The SMEM operand's swizzle in bytes (128 where it has no SwizzleTransform, as the
+  interpreter lays SMEM out for the tensor core's widest reads)."""
+  return next((t.swizzle for t in getattr(view.buf.kind, "transforms", ())
+               if isinstance(t, mc.SwizzleTransform)), 128)
+
+
+def _check_dtypes(th, a_dt, b_dt, acc_dt, scaled: bool):
+  """The element types ``tcgen05.mma`` takes (Mosaic GPU's rules and messages)."""
+  if a_dt != b_dt and not (a_dt in _FP8 and b_dt in _FP8):
+    fail(th, "MMA requires A and B to have the same element type, except that FP8 types "
+             f"(f8E4M3FN and f8E5M2) may be mixed; got: {a_dt} and {b_dt}", ValueError)
+  name = a_dt.name
+  if a_dt in (_F32, _BF16, _F16):
+    allowed = (_F32, _F16) if a_dt == _F16 else (_F32,)
+    if scaled:
+      fail(th, f"MMA with element type {name} does not support block scaling", ValueError)
+  elif a_dt in _FP8:
+    allowed = (_F32,) if scaled else (_F32, _F16)
+  elif a_dt in _FP4:
+    allowed = (_F32,)
+    if not scaled:
+      fail(th, f"MMA with element type {name} only supports block scaling (pass a_scale and "
+               "b_scale)", ValueError)
+  elif a_dt == _I8:
+    allowed = (_I32,)
+    if scaled:
+      fail(th, f"MMA with element type {name} does not support block scaling", ValueError)
+  else:
+    fail(th, f"tcgen05_mma: Unsupported element type: {name} (the tensor core takes float32 "
+             "(as tf32), bfloat16, float16, float8, float4 and int8)", NotImplementedError)
+  if acc_dt not in allowed:
+    fail(th, f"MMA with element type {name} only supports accumulators of type "
+             f"{' or '.join(a.name for a in allowed)}, but got: {acc_dt.name}", ValueError)
+
+
+def _check_shape(th, m, n, k, a_dt, acc_dt, a_in_tmem, swizzle):
+  """The shapes one ``tcgen05.mma`` (per block, not collective) can run."""
+  if a_in_tmem and m != 128:
+    fail(th, f"Only M=128 is supported for MMA with A in TMEM, but got M={m}",
+         NotImplementedError)
+  if m not in (64, 128):
+    fail(th, f"Only M=128 and M=64 are supported for MMA, but got M={m}: split the product "
+             "into MMAs of 128 rows", ValueError)
+  groups = 2 if m == 64 else 1
+  multiple = 16 if acc_dt == _I32 else 8
+  if n % groups or (n // groups) % multiple:
+    fail(th, f"In 1 CTA {'integer ' if acc_dt == _I32 else ''}MMA"
+             f"{' with 2 lane groups' if groups > 1 else ''}, N must be a multiple of "
+             f"{multiple * groups}, got N={n}", ValueError)
+  if n > 256 and n != 512:
+    fail(th, f"The only supported N > 256, is 512, but got N={n}", NotImplementedError)
+  bits = 4 if a_dt in _FP4 else a_dt.itemsize * 8
+  k_group = 8 * swizzle // bits
+  if k % k_group:
+    fail(th, f"K must be a multiple of {k_group}, got: {k} (a {swizzle}-byte swizzle of "
+             f"{a_dt.name} operands reads {k_group} elements of K at a time)", ValueError)
+
+
+def _scales(th, a_scale: View, b_scale: View, m, n, k, a_dt):
+  """(A's scales (M, K), B's scales (K, N)) expanded over their blocks of K, as float32."""
+  sa, sb = np.asarray(eager.read(a_scale)), np.asarray(eager.read(b_scale))
+  if sa.ndim != 2 or k % sa.shape[1]:
+    fail(th, f"K={k} is not divisible by A scale second dimension {sa.shape[-1]}", ValueError)
+  block = k // sa.shape[1]
+  if a_dt in _FP8:
+    if sa.dtype != _E8M0:
+      fail(th, f"Scale element type mismatch: expected f8e8m0fnu, got {sa.dtype}", ValueError)
+    if block != 32:
+      fail(th, f"Scale block size mismatch: expected 32, got {block}", ValueError)
+  elif sa.dtype == _E8M0 and block not in (16, 32) or sa.dtype != _E8M0 and block != 16:
+    fail(th, f"Scale block size mismatch: expected {'16 or 32' if sa.dtype == _E8M0 else 16}, "
+             f"got {block}", ValueError)
+  if sb.dtype != sa.dtype:
+    fail(th, f"B scale dtype mismatch: expected {sa.dtype} (same as A), got {sb.dtype}", ValueError)
+  if sa.shape != (m, k // block):
+    fail(th, f"A scale shape mismatch: expected ({m}, {k // block}), got {sa.shape}", ValueError)
+  if sb.shape[0] % 128 or sb.shape[0] < n or sb.shape[1] != k // block:
+    fail(th, f"B scale shape[0] must be a multiple of 128 and >= N={n}, and shape[1] "
+             f"{k // block}; got {sb.shape}", ValueError)
+  expand = lambda s: np.repeat(s.astype(np.float32), block, axis=1)   # noqa: E731
+  return expand(sa), expand(sb[:n]).T
+
+
+def _product(a, b, acc_dt, scales):
+  if acc_dt == _I32:
+    return a.astype(np.int32) @ b.astype(np.int32)
+  if scales is not None:
+    a, b = a.astype(np.float32) * scales[0], b.astype(np.float32) * scales[1]
+  elif a.dtype != b.dtype:   # mixed float8: both exactly in float32
+    a, b = a.astype(np.float32), b.astype(np.float32)
+  return np.asarray(lax.dot_general(jnp.asarray(a), jnp.asarray(b), (((1,), (0,)), ((), ())),
+                                    preferred_element_type=jnp.float32))
+
+
+@rule(tc.tcgen05_mma_p)
+def _tcgen05_mma(th, eqn, invals):
+  yield from ()
+  what = "tcgen05_mma"
+  (acc, a, b, bar, a_scale, b_scale), (accumulate,) = mp.split_refs(invals, eqn.params["trees"])
+  accumulate = bool(np.asarray(accumulate))
+  acc = ts.view_of(th, acc, "tmem", what, "accumulator")
+  b = ts.view_of(th, b, "smem", what, "right-hand side (b)")
+  a_space = a[0].buf.space
+  a = ts.view_of(th, a, a_space if a_space in ("smem", "tmem") else "smem", what,
+                 "left-hand side (a)")
+  b_mask = ts.smem_operand(th, b, what)
+  a_mask = (ts.smem_operand(th, a, what) if a_space == "smem" else ms.view_mask(a))
+  if a_space == "tmem":
+    ts.check_committed_tmem(th, a, a_mask, what)
+    eager.check_initialized(th, a, what)
+    if a.buf.kind.packing != 4 // a.buf.data.dtype.itemsize:
+      fail(th, f"{what}: an a operand in TMEM must be packed ({a.buf.name}: allocate it with "
+               "plgpu.TMEM(..., packed=True))", ValueError)
+  a_val, b_val = np.asarray(eager.read(a)), np.asarray(eager.read(b))
+  (m, k), n = a_val.shape, b_val.shape[1]
+  acc_dt, scaled = acc.buf.data.dtype, eqn.params["scaled"]
+  _check_dtypes(th, a_val.dtype, b_val.dtype, acc_dt, scaled)
+  _check_shape(th, m, n, k, a_val.dtype, acc_dt, a_space == "tmem",
+               max(_swizzle(b), _swizzle(a) if a_space == "smem" else 0))
+  scale_views, scales = [], None
+  if scaled:
+    scale_views = [ts.view_of(th, s, "tmem", what, role)
+                   for s, role in ((a_scale, "a_scale"), (b_scale, "b_scale"))]
+    for s in scale_views:
+      ts.check_committed_tmem(th, s, ms.view_mask(s), what)
+    scales = _scales(th, *scale_views, m, n, k, a_val.dtype)
+  acc_mask = ms.view_mask(acc)
+  ts.check_loads_done(th, acc, acc_mask, what)
+  ts.check_committed_tmem(th, acc, acc_mask, what)
+  if accumulate:
+    eager.check_initialized(th, acc, f"{what} with accumulate=True")
+  reads = [(b.buf, b_mask), (a.buf, a_mask)] + [(s.buf, ms.view_mask(s)) for s in scale_views]
+  ts.check_ordered(th, acc.buf, acc_mask, what, "writes")
+  for buf, mask in reads[1:]:
+    if buf.space == "tmem":
+      ts.check_ordered(th, buf, mask, what, "reads")
+  prod = _product(a_val, b_val, acc_dt, scales)
+  total = prod + np.asarray(eager.read(acc), prod.dtype) if accumulate else prod
+  eager.write(acc, total.astype(acc_dt))
+  # Earlier MMAs into this accumulator and copies into its operands complete before it.
+  after = [op for op in ts.ops(th)
+           if any(ts.overlaps(op.writes, buf, mask) for buf, mask in reads + [(acc.buf, acc_mask)])]
+  ts.issue(th, ts.Op(what, th, th.line, reads + ([(acc.buf, acc_mask)] if accumulate else []),
+                     [(acc.buf, acc_mask)], after))
+  if bar is not None:
+    ts.commit(th, bar[0].at(bar[1]), what)
+  return []
