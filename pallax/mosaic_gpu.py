@@ -8,6 +8,8 @@ one-warpgroup kernels compile to Gluon (a first subset: see the README).
 from pallax._src.gluon import backend as _backend  # noqa: F401 (registers the Gluon backend)
 from pallax._src.mosaic_gpu import semantics as _semantics  # noqa: F401 (registers the rules)
 from pallax._src.mosaic_gpu import sync as _sync  # noqa: F401 (registers the rules)
+from pallax._src.mosaic_gpu.cross_device import SemaphoreSignal, semaphore_signal_parallel
+from pallax._src.remote import remote_ref
 from pallax._src.jax_internals import Transform
 from pallax._src.mosaic_gpu.core import (
     ACC, GMEM, REGS, SMEM, TMEM, Barrier, BlockSpec, ClusterBarrier, CompilerParams, CopyPartition,
@@ -25,13 +27,12 @@ from pallax._src.mosaic_gpu.primitives import (
     print_layout, semaphore_signal, semaphore_wait, set_max_registers, transpose_ref,
     wait_gmem_to_smem, wait_smem_to_gmem, wgmma, wgmma_accumulator_load, wgmma_wait)
 from pallax._src.mosaic_gpu.unsupported import (
-    SemaphoreSignal,
     async_copy_scales_to_tmem, async_copy_smem_to_tmem,
     async_copy_sparse_metadata_to_tmem, async_load_tmem, async_store_smem,
     async_store_tmem, cluster_ref, commit_tmem, dynamic_scheduling_loop,
     format_tcgen05_sparse_metadata, griddepcontrol_launch_dependents, griddepcontrol_wait,
     inline_mgpu, mma, multicast_ref, multimem_load_reduce, multimem_store, query_cluster_cancel,
-    remote_ref, semaphore_signal_multicast, semaphore_signal_parallel, tcgen05_commit_arrive,
+    semaphore_signal_multicast, tcgen05_commit_arrive,
     tcgen05_mma, try_cluster_cancel, wait_load_tmem, warp_map)
 
 GPUMemorySpace = MemorySpace   # the docs' older name

@@ -1,9 +1,6 @@
 """Spec 003 names pallax does not run yet: each says what it is, why, and what works instead."""
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 
 def _unsupported(name: str, why: str, instead: str):
   def fn(*args, **kwargs):
@@ -18,7 +15,6 @@ _BLACKWELL = ("Blackwell (sm_100) tensor-memory and tcgen05 operations",
 _CLUSTER = ("cluster-wide operations (clusters of more than one block)",
             "use cluster=(1,) and per-block copies")
 _MULTIMEM = ("multimem (NVLink multicast) operations", "use shard_map with collectives around the kernel")
-_REMOTE = ("references to other devices' memory", "use shard_map with collectives around the kernel")
 
 tcgen05_mma = _unsupported("tcgen05_mma", *_BLACKWELL)
 tcgen05_commit_arrive = _unsupported("tcgen05_commit_arrive", *_BLACKWELL)
@@ -39,8 +35,6 @@ dynamic_scheduling_loop = _unsupported("dynamic_scheduling_loop", "dynamic work 
 multimem_store = _unsupported("multimem_store", *_MULTIMEM)
 multimem_load_reduce = _unsupported("multimem_load_reduce", *_MULTIMEM)
 semaphore_signal_multicast = _unsupported("semaphore_signal_multicast", *_MULTIMEM)
-semaphore_signal_parallel = _unsupported("semaphore_signal_parallel", *_REMOTE)
-remote_ref = _unsupported("remote_ref", *_REMOTE)
 multicast_ref = _unsupported("multicast_ref", *_CLUSTER)
 cluster_ref = _unsupported("cluster_ref", *_CLUSTER)
 warp_map = _unsupported("warp_map", "per-warp code inside a warpgroup (plgpu.WarpMesh)",
@@ -54,10 +48,3 @@ griddepcontrol_launch_dependents = _unsupported("griddepcontrol_launch_dependent
                                                 "programmatic dependent launch", "let XLA order the kernels")
 mma = _unsupported("mma", "register-level mma.sync products", "use plgpu.wgmma on Hopper")
 
-
-@dataclasses.dataclass(frozen=True)
-class SemaphoreSignal:
-  """One signal of ``semaphore_signal_parallel`` (signals to other devices: not supported yet)."""
-  ref: Any
-  device_id: Any = None
-  inc: Any = 1
