@@ -181,9 +181,12 @@ def current_user_frame():
 
 
 def mesh_axis_sizes() -> dict:
-  """The named axes in scope where a kernel call is lowered (``jax.shard_map``'s mesh axes,
-  ``vmap``'s named axes) and their sizes: what ``lax.axis_index`` can name outside kernels."""
-  return dict(core.get_axis_env().axis_sizes)
+  """The mesh axes in scope where a kernel call is lowered inside ``jax.shard_map`` (in the
+  mesh's order) and their sizes; ``vmap``'s named axes are not among them."""
+  from jax._src import mesh as mesh_lib
+  env = core.get_axis_env().axis_sizes
+  manual = mesh_lib.get_abstract_mesh().manual_axes
+  return {k: env[k] for k in mesh_lib.get_abstract_mesh().axis_names if k in manual and k in env}
 
 
 def stage_axis_index_with(rule):

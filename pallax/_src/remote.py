@@ -74,8 +74,8 @@ class Peers:
       coords = {**self.coords, **{k: int(v) for k, v in d.items()}}
     elif isinstance(d, (tuple, list)):
       coords = dict(zip(names, (int(v) for v in d)))
-    elif t.device_id_type is DeviceIdType.LOGICAL or len(names) == 1:
-      return self._checked(int(d), d)
+    elif t.device_id_type is DeviceIdType.LOGICAL or len(names) <= 1:
+      return self._checked(int(d), int(d))
     else:
       raise PeerError(f"device_id={int(d)} names no device of the mesh of axes {names}: pass "
                       "device_id_type=pl.DeviceIdType.LOGICAL, or a tuple/dict of coordinates")
@@ -102,7 +102,7 @@ def peer_buffer(buf, t: PeerRef):
   peers = buf.state.get("peers")
   if peers is None:
     raise PeerError(
-        f"remote_ref of {buf.name} ({buf.space.upper()}): only the kernel's GMEM operands, "
+        f"remote_ref of {buf.name} (in {buf.space.upper()}): only the kernel's GMEM operands, "
         "outputs and pl.get_global semaphores are at the same place on every device; copy "
         "SMEM data to a GMEM output and pass remote_ref that output")
   return peers.buffers[peers.logical_id(t)]
@@ -124,7 +124,17 @@ def uses_remote(closed_jaxpr) -> bool:
 
 
 def refuse_on_gpu(params, backend: str) -> None:
-  """GPU backends cannot address a peer's memory yet: a clear error, never a wrong answer."""
+  """GPU backends cannot address a peer's memory, nor give a kernel its device's mesh
+  coordinates, yet: a clear error, never a wrong answer."""
+  mesh = ji.mesh_axis_sizes()
+  named = [e.params["axis_name"] for e in jaxpr_util.equations(params.jaxpr)
+           if e.primitive is ji.axis_index_p and e.params["axis_name"] in mesh]
+  if named:
+    raise NotImplementedError(
+        f"pallas_call {params.name}: lax.axis_index({named[0]!r}) of a mesh axis inside a kernel "
+        f"is not supported by the {backend} backend yet; compute it in the shard_map body, "
+        f"outside the kernel, and pass it in as an operand (jnp.full((1,), "
+        f"lax.axis_index({named[0]!r}))), or run the kernel in pallax's interpreter")
   if uses_remote(params.jaxpr):
     raise NotImplementedError(
         f"pallas_call {params.name}: references to other devices' memory (plgpu.remote_ref, "

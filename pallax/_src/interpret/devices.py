@@ -24,7 +24,6 @@ from jax import lax
 
 from pallax._src import errors
 from pallax._src import jax_internals as ji
-from pallax._src import jaxpr_util
 from pallax._src import remote
 from pallax._src.interpret import eager, uninit
 
@@ -42,18 +41,11 @@ def _vma_cast(th, eqn, invals):
   return list(invals)
 
 
-def _kernel_axes(params) -> set:
-  """The axis names the kernel asks for with ``lax.axis_index``."""
-  return {e.params["axis_name"] for e in jaxpr_util.equations(params.jaxpr)
-          if e.primitive is ji.axis_index_p}
-
-
 def run_traced(*args, params):
   """Inside a trace: the kernel runs on the host through a callback, given the coordinates of
   its device in the mesh axes it uses (all of them if it reaches other devices)."""
-  env = ji.mesh_axis_sizes()
+  names = ji.mesh_axis_sizes()   # all of them: errors name the device
   together = remote.uses_remote(params.jaxpr)
-  names = env if together else {k: v for k, v in env.items() if k in _kernel_axes(params)}
   if not names and not together:
     return eager.run_traced(*args, params=params)
   ids = [lax.axis_index(k) for k in names]
