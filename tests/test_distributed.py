@@ -270,7 +270,7 @@ def test_remote_ref_of_smem_and_a_device_outside_the_mesh():
   msg = _error(on_mesh(functools.partial(f, target=N, smem_peer=False), mesh(N), P("x"), P("x")), x)
   assert "device_id=4 is outside the mesh (4 devices: x=4)" in msg and "of device (x=" in msg
   msg = _error(on_mesh(functools.partial(f, target=0, smem_peer=True), mesh(N), P("x"), P("x")), x)
-  assert "remote_ref of SMEM smem (in SMEM): only the kernel's GMEM operands" in msg, msg
+  assert "remote reference (plgpu.remote_ref, or device_id=) to SMEM smem, in SMEM" in msg, msg
 
 
 def test_multicast_stays_refused():

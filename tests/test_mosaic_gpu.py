@@ -165,7 +165,6 @@ UNSUPPORTED = {
     "try_cluster_cancel": "nd_loop", "query_cluster_cancel": "nd_loop",
     "dynamic_scheduling_loop": "nd_loop",
     "multimem_store": "shard_map", "multimem_load_reduce": "shard_map",
-    "semaphore_signal_parallel": "shard_map", "remote_ref": "shard_map",
     "multicast_ref": "cluster=(1,)", "cluster_ref": "cluster=(1,)",
     "async_store_smem": "commit_smem", "mma": "plgpu.wgmma",
     "warp_map": "num_threads",

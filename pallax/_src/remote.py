@@ -102,9 +102,10 @@ def peer_buffer(buf, t: PeerRef):
   peers = buf.state.get("peers")
   if peers is None:
     raise PeerError(
-        f"remote_ref of {buf.name} (in {buf.space.upper()}): only the kernel's GMEM operands, "
-        "outputs and pl.get_global semaphores are at the same place on every device; copy "
-        "SMEM data to a GMEM output and pass remote_ref that output")
+        f"a remote reference (plgpu.remote_ref, or device_id=) to {buf.name}, in "
+        f"{buf.space.upper()}: only the kernel's GMEM operands, outputs and pl.get_global "
+        "semaphores are at the same place on every device; use one of those (copy SMEM data "
+        "to a GMEM output, signal a pl.get_global semaphore)")
   return peers.buffers[peers.logical_id(t)]
 
 
