@@ -32,7 +32,9 @@ simulated = pytest.mark.skipif(not SIMULATED, reason="runs in the child process 
                                                      "devices (test_on_four_simulated_devices)")
 
 
-def test_on_four_simulated_devices():
+# Two children, so that pytest-xdist can run them side by side (JAX's matmul is the long one).
+@pytest.mark.parametrize("group", ["not collective_matmul", "collective_matmul"])
+def test_on_four_simulated_devices(group):
   if SIMULATED:
     pytest.skip("this process is the one with 4 devices")
   # PALLAX_TEST_LOWER=0: the kernels here use what GPU backends refuse by design (mesh
@@ -41,7 +43,7 @@ def test_on_four_simulated_devices():
              XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
                         f" --xla_force_host_platform_device_count={N}").strip())
   r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu",
-                      "-p", "no:randomly", __file__], env=env, capture_output=True, text=True,
+                      "-k", group, __file__], env=env, capture_output=True, text=True,
                      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=900)
   assert r.returncode == 0, r.stdout[-12000:] + r.stderr[-4000:]
   assert " passed" in r.stdout, r.stdout[-2000:]
