@@ -275,6 +275,28 @@ def test_remote_ref_of_smem_and_a_device_outside_the_mesh():
   assert "remote reference (plgpu.remote_ref, or device_id=) to SMEM smem, in SMEM" in msg, msg
 
 
+def test_a_pallas_call_with_a_remote_ref_runs_in_the_eager_interpreter():
+  """A plain pallas_call (no Mosaic GPU primitive, no lax.axis_index) whose kernel stores
+  through remote_ref: the eager interpreter, which has peers, runs it (a mesh of one here)."""
+  x = rand(16, 64)
+
+  def k(x_ref, o_ref):
+    plgpu.remote_ref(o_ref, 0)[...] = x_ref[...] * 3
+
+  out = pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=True)(x)
+  np.testing.assert_allclose(out, np.asarray(x) * 3, rtol=1e-6)
+
+
+def test_waiting_on_a_peers_semaphore_is_refused():
+  def body(o_ref):
+    sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+    pl.semaphore_wait(plgpu.remote_ref(sem, 0))
+    o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+
+  with pytest.raises(ValueError, match="semaphore_wait takes a semaphore of this device"):
+    plgpu.kernel(body, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32), interpret=True)()
+
+
 def test_multicast_stays_refused():
   with pytest.raises(NotImplementedError, match="multicast"):
     plgpu.semaphore_signal_multicast(None)

@@ -417,6 +417,12 @@ def _memory_scope(memory_scope):
   return memory_scope
 
 
+def _local_only(sem, what: str) -> None:
+  if any(isinstance(t, remote.PeerRef) for t in prims.split_ref(sem)[1]):
+    raise ValueError(f"{what} takes a semaphore of this device, not a plgpu.remote_ref: a device "
+                     "waits for its own semaphores, which its peers signal with device_id=")
+
+
 def semaphore_signal(sem, inc=1, *, device_id=None, device_id_type=None, core_index=None,
                      memory_scope="gpu") -> None:
   """Adds ``inc`` to the semaphore ``sem``; with ``device_id``, to ``sem`` on that device of the
@@ -433,12 +439,14 @@ def semaphore_signal(sem, inc=1, *, device_id=None, device_id_type=None, core_in
 def semaphore_wait(sem, value=1, *, decrement=True, memory_scope="gpu") -> None:
   """Waits until the semaphore ``sem`` holds at least ``value``, then subtracts ``value`` from
   it (unless ``decrement=False``)."""
+  _local_only(sem, "semaphore_wait")
   _bind_refs(semaphore_wait_p, (sem,), (jnp.asarray(value, jnp.int32),),
              decrement=bool(decrement), memory_scope=_memory_scope(memory_scope))
 
 
 def semaphore_read(sem) -> jax.Array:
   """The value of the semaphore ``sem`` now."""
+  _local_only(sem, "semaphore_read")
   return _bind_refs(semaphore_read_p, (sem,))[0]
 
 
