@@ -398,35 +398,46 @@ def _two_gpus() -> bool:
     return False
 
 
+def double_plus_one_triton(x, interpret=False):
+  def k(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2 + 1
+  spec = pl.BlockSpec((64, 128), lambda i: (i, 0))
+  return pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(x.shape[0] // 64,),
+                        in_specs=[spec], out_specs=spec, interpret=interpret)(x)
+
+
+def double_plus_one_mosaic(x, interpret=False):
+  @plgpu.kernel(out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(x.shape[0] // 128,),
+                grid_names=("b",), scratch_shapes=[plgpu.SMEM((128, 128), jnp.float32),
+                                                   plgpu.Barrier()], interpret=interpret)
+  def k(x_ref, o_ref, smem, bar):
+    rows = pl.ds(lax.axis_index("b") * 128, 128)
+    plgpu.copy_gmem_to_smem(x_ref.at[rows], smem, bar)
+    plgpu.barrier_wait(bar)
+    smem[...] = smem[...] * 2 + 1
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, o_ref.at[rows])
+    plgpu.wait_smem_to_gmem(0)
+  return k(x)
+
+
+@pytest.mark.parametrize("kernel", [double_plus_one_triton, double_plus_one_mosaic])
+def test_the_two_gpu_kernels_on_one_shard(kernel):
+  """The GPU test's kernels on one shard, in the interpreter; on a CPU the suite also compiles
+  them (Triton to PTX, Gluon to sm_90a: conftest.py)."""
+  x = rand(256, 128)
+  np.testing.assert_allclose(kernel(x, interpret=True), np.asarray(x) * 2 + 1, rtol=1e-6)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _two_gpus(), reason="needs 2 GPUs")
-def test_kernels_per_shard_on_two_gpus():
-  """A Triton pallas_call and a Gluon plgpu kernel on each GPU's shard, under jit(shard_map),
-  against jnp on the same GPUs (no remote access: each shard's kernel is independent)."""
+@pytest.mark.parametrize("kernel", [double_plus_one_triton, double_plus_one_mosaic])
+def test_kernels_per_shard_on_two_gpus(kernel):
+  """A Triton pallas_call and a Gluon plgpu kernel on each GPU's shard, under jit(shard_map)
+  (no remote access: each shard's kernel is independent), against NumPy."""
   gpus = jax.sharding.Mesh(np.array(jax.devices("gpu")[:2]), ("x",))
   x = rand(2 * 256, 128)
-
-  def add_one(x):
-    def k(x_ref, o_ref):
-      o_ref[...] = x_ref[...] * 2 + 1
-    spec = pl.BlockSpec((64, 128), lambda i: (i, 0))
-    return pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(4,),
-                          in_specs=[spec], out_specs=spec)(x)
-
-  def mosaic(x):
-    @plgpu.kernel(out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,), grid_names=("b",),
-                  scratch_shapes=[plgpu.SMEM((128, 128), jnp.float32), plgpu.Barrier()])
-    def k(x_ref, o_ref, smem, bar):
-      rows = pl.ds(lax.axis_index("b") * 128, 128)
-      plgpu.copy_gmem_to_smem(x_ref.at[rows], smem, bar)
-      plgpu.barrier_wait(bar)
-      smem[...] = smem[...] * 2 + 1
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(smem, o_ref.at[rows])
-      plgpu.wait_smem_to_gmem(0)
-    return k(x)
-
   xs = jax.device_put(x, jax.sharding.NamedSharding(gpus, P("x")))
-  for f in (add_one, mosaic):
-    out = on_mesh(f, gpus, P("x"), P("x"))(xs)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(x) * 2 + 1, rtol=1e-6)
+  out = on_mesh(kernel, gpus, P("x"), P("x"))(xs)
+  assert len(out.sharding.device_set) == 2
+  np.testing.assert_allclose(np.asarray(out), np.asarray(x) * 2 + 1, rtol=1e-6)

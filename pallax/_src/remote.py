@@ -127,7 +127,9 @@ def uses_remote(closed_jaxpr) -> bool:
 def refuse_on_gpu(params, backend: str) -> None:
   """GPU backends cannot address a peer's memory, nor give a kernel its device's mesh
   coordinates, yet: a clear error, never a wrong answer."""
-  mesh = ji.mesh_axis_sizes()
+  info = getattr(params, "threads", None)   # the kernel's own thread and cluster axes win
+  own = {n for n, _ in info.axis_env()} if info is not None else set()
+  mesh = set(ji.mesh_axis_sizes()) - own
   named = [e.params["axis_name"] for e in jaxpr_util.equations(params.jaxpr)
            if e.primitive is ji.axis_index_p and e.params["axis_name"] in mesh]
   if named:
