@@ -53,8 +53,9 @@ def mesh(*shape, names=("x",)):
   return jax.sharding.Mesh(np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape), names)
 
 
-def on_mesh(f, m, in_specs, out_specs):
-  return jax.jit(jax.shard_map(f, mesh=m, in_specs=in_specs, out_specs=out_specs, check_vma=False))
+def on_mesh(f, m, in_specs, out_specs, check_vma=False):
+  return jax.jit(jax.shard_map(f, mesh=m, in_specs=in_specs, out_specs=out_specs,
+                               check_vma=check_vma))
 
 
 def rand(*shape, seed=0, dtype=jnp.float32):
@@ -92,7 +93,8 @@ def test_pallas_call_reads_its_device_index():
     return pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,),
                           in_specs=[spec], out_specs=spec, interpret=True)(x)
 
-  out = on_mesh(f, mesh(N), P("x"), P("x"))(x)
+  # check_vma: shard_map marks values varying over "x" inside the kernel too (pvary)
+  out = on_mesh(f, mesh(N), P("x"), P("x"), check_vma=True)(x)
   dev = np.repeat(np.arange(N), 8)[:, None] * 100.0
   block = np.tile(np.repeat(np.arange(2), 4), N)[:, None]
   np.testing.assert_allclose(out, np.asarray(x) + dev + block, rtol=1e-6)
