@@ -189,6 +189,29 @@ def test_remote_stores_and_parallel_signals_to_both_neighbours():
 
 @simulated
 @pytest.mark.interpreter
+def test_polling_a_semaphore_that_a_peer_signals():
+  """A loop of semaphore_read until the left neighbour's signal arrives: the other devices'
+  blocks start while it polls (on GPUs they all run at once)."""
+  x = rand(N * 8, 16)
+
+  def f(xs):
+    @plgpu.kernel(out_shape=[jax.ShapeDtypeStruct(xs.shape, xs.dtype)] * 2, interpret=True)
+    def k(x_ref, o_ref, got):
+      sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+      right = lax.rem(lax.axis_index("x") + 1, N)
+      plgpu.remote_ref(got, right)[...] = x_ref[...]
+      pl.semaphore_signal(sem, device_id=right)
+      lax.while_loop(lambda _: pl.semaphore_read(sem) < 1, lambda c: c + 1, 0)
+      pl.semaphore_wait(sem)
+      o_ref[...] = got[...]
+    return k(xs)[0]
+
+  out = on_mesh(f, mesh(N), P("x"), P("x"))(x)
+  np.testing.assert_array_equal(out, shifted(x, 1))
+
+
+@simulated
+@pytest.mark.interpreter
 def test_semaphore_signal_with_logical_and_mesh_coordinates():
   """On a 2x2 mesh: device_id as a dict of mesh coordinates and as a logical id."""
   x = rand(4 * 4, 16)
