@@ -212,6 +212,41 @@ def test_polling_a_semaphore_that_a_peer_signals():
 
 @simulated
 @pytest.mark.interpreter
+def test_atomics_into_device_zero_after_a_handshake():
+  """Device 0 zeroes its counter and tells every device (a signal each); each adds its values to
+  the counter on device 0 (atomics: no race between them) and signals back; device 0 waits for
+  all, then copies the sum out."""
+  x = rand(N * 1, 8)
+
+  def f(xs):
+    @plgpu.kernel(out_shape=[jax.ShapeDtypeStruct(xs.shape, xs.dtype)] * 2, interpret=True)
+    def k(x_ref, o_ref, total):
+      ready, done = (pl.get_global(plgpu.SemaphoreType.REGULAR) for _ in range(2))
+      dev = lax.axis_index("x")
+
+      @pl.when(dev == 0)
+      def _():
+        total[...] = jnp.zeros(total.shape, total.dtype)
+        for d in range(N):
+          pl.semaphore_signal(ready, device_id=d)
+
+      pl.semaphore_wait(ready)
+      plgpu.atomic_add(plgpu.remote_ref(total, 0), x_ref[...])
+      pl.semaphore_signal(done, device_id=0)
+
+      @pl.when(dev == 0)
+      def _():
+        pl.semaphore_wait(done, N)
+      o_ref[...] = jnp.where(dev == 0, total[...], 0.0)
+    return k(xs)[0]
+
+  out = np.asarray(on_mesh(f, mesh(N), P("x"), P("x"))(x))
+  np.testing.assert_allclose(out[0], np.asarray(x).sum(0), rtol=1e-5)
+  np.testing.assert_array_equal(out[1:], 0)
+
+
+@simulated
+@pytest.mark.interpreter
 def test_semaphore_signal_with_logical_and_mesh_coordinates():
   """On a 2x2 mesh: device_id as a dict of mesh coordinates and as a logical id."""
   x = rand(4 * 4, 16)

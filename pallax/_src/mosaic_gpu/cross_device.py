@@ -8,7 +8,8 @@ what devices share (the rules of ``sync.py``/``semantics.py`` are wrapped here, 
   blocks, one of them a write and one of them made from another device than the buffer's owner,
   race unless the earlier happened before the later (the later block acquired a signal released
   after it). Threads of one block share its clock (their barriers are not followed): the check
-  misses some races inside a block but reports none that a semaphore orders.
+  misses some races inside a block but reports none that a semaphore orders. Atomics
+  (``plgpu.atomic_*``) are left out: they neither race with each other nor order anything here.
 - **A semaphore left non-zero.** A semaphore scratch (``plgpu.SemaphoreType``) must hold 0 when
   its kernel ends: on a GPU its memory is reused, and a count left in it lets a later wait pass
   early. ``pl.get_global`` semaphores start at zero at every call, as JAX's kernels expect.
@@ -144,8 +145,15 @@ def _buffer_name(buf) -> str:
   return f"{buf.name} of device ({dev})"
 
 
-eager.ON_READ.append(lambda th, view, how: _check(th, view, False, f"a {how}"))
-eager.ON_WRITE.append(lambda th, view, how: _check(th, view, True, f"a {how}"))
+def _on_access(write: bool):
+  def hook(th, view, how):
+    if how != "atomic":   # atomics of several devices on one element do not race
+      _check(th, view, write, f"a {how}")
+  return hook
+
+
+eager.ON_READ.append(_on_access(False))
+eager.ON_WRITE.append(_on_access(True))
 
 
 def _wrap_copy(prim, gmem_side: int, write: bool, what: str):
