@@ -357,6 +357,22 @@ def test_waiting_on_a_peers_semaphore_is_refused():
     plgpu.kernel(body, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32), interpret=True)()
 
 
+@simulated
+@pytest.mark.interpreter
+def test_a_remote_kernel_called_on_one_device_only(monkeypatch):
+  """Under a lax.cond of the device index only device 0 calls the kernel: its peers never come,
+  and device 0 says so instead of waiting forever."""
+  from pallax._src.interpret import devices
+  monkeypatch.setattr(devices, "MEET_TIMEOUT_S", 1.0)
+
+  def f(xs):
+    ring = functools.partial(ring_kernel)
+    return lax.cond(lax.axis_index("x") == 0, ring, lambda v: v, xs)
+
+  msg = _error(on_mesh(f, mesh(N), P("x"), P("x")), rand(N * 12, 128))
+  assert "every device of the mesh {'x': 4} must call it; devices [(1,), (2,), (3,)] did not" in msg
+
+
 def test_multicast_stays_refused():
   with pytest.raises(NotImplementedError, match="multicast"):
     plgpu.semaphore_signal_multicast(None)

@@ -91,6 +91,8 @@ class Rendezvous:
                                        "left": self.size})
       m["args"][key] = args
       last = len(m["args"]) == self.size
+      if last:
+        self.cv.notify_all()
     if last:   # every device is here: run them all, then wake the others
       try:
         outs, error = run_devices(self.params, self.axes, m["args"], track), None
@@ -100,8 +102,8 @@ class Rendezvous:
         m["outs"], m["error"] = outs, error
         m["done"] = True
         self.cv.notify_all()
-    with self.cv:
-      if not self.cv.wait_for(lambda: m.get("done"), timeout=MEET_TIMEOUT_S):
+    with self.cv:   # the others came (or not: a timeout), then the run ends (however long)
+      if not self.cv.wait_for(lambda: len(m["args"]) == self.size, timeout=MEET_TIMEOUT_S):
         missing = [c for c in itertools.product(*map(range, self.axes.values()))
                    if c not in m["args"]]
         raise RuntimeError(
@@ -109,6 +111,7 @@ class Rendezvous:
             f"the mesh {self.axes} must call it; devices {missing} did not within "
             f"{MEET_TIMEOUT_S:.0f} s. Call it on every device (not under a lax.cond of the "
             "device index)")
+      self.cv.wait_for(lambda: m.get("done"))
       m["left"] -= 1
       if m["left"] == 0:
         del self.meetings[k]
