@@ -15,6 +15,7 @@ from pallax._src.primitives import (
     run_scoped, run_state, store, swap, when)
 from pallax._src.semaphores import (
     get_global, semaphore, semaphore_read, semaphore_signal, semaphore_wait)
+from pallax._src.remote import DeviceIdType
 from pallax._src.errors import KernelCheckError
 from pallax._src.kernel import core_map, kernel
 from pallax._src.torch.kernel import as_torch_kernel

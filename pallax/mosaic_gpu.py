@@ -11,6 +11,8 @@ from pallax._src.mosaic_gpu import clusters as _clusters  # noqa: F401 (register
 from pallax._src.mosaic_gpu import sync as _sync  # noqa: F401 (registers the rules)
 from pallax._src.mosaic_gpu import warp_semantics as _warp_semantics  # noqa: F401 (registers the rules)
 from pallax._src.mosaic_gpu import tcgen05_mma_rules as _tcgen05  # noqa: F401 (registers the rules)
+from pallax._src.mosaic_gpu.cross_device import SemaphoreSignal, semaphore_signal_parallel
+from pallax._src.remote import remote_ref
 from pallax._src.jax_internals import Transform
 from pallax._src.mosaic_gpu.core import (
     ACC, GMEM, REGS, SMEM, TMEM, Barrier, BlockSpec, ClusterBarrier, CompilerParams, CopyPartition,
@@ -31,12 +33,11 @@ from pallax._src.mosaic_gpu.primitives import (
     print_layout, semaphore_signal, semaphore_wait, set_max_registers, transpose_ref,
     wait_gmem_to_smem, wait_smem_to_gmem, wgmma, wgmma_accumulator_load, wgmma_wait)
 from pallax._src.mosaic_gpu.unsupported import (
-    SemaphoreSignal,
     async_copy_sparse_metadata_to_tmem, async_store_smem,
     cluster_ref,
     format_tcgen05_sparse_metadata, griddepcontrol_launch_dependents, griddepcontrol_wait,
     inline_mgpu, multicast_ref, multimem_load_reduce, multimem_store, query_cluster_cancel,
-    remote_ref, semaphore_signal_multicast, semaphore_signal_parallel, try_cluster_cancel)
+    semaphore_signal_multicast, try_cluster_cancel)
 from pallax._src.mosaic_gpu.scheduling import dynamic_scheduling_loop
 from pallax._src.mosaic_gpu.tcgen05 import (
     async_copy_scales_to_tmem, async_copy_smem_to_tmem, async_load_tmem, async_store_tmem,

@@ -161,7 +161,6 @@ def test_kernel_scratch_as_mapping_and_tuple_outputs():
 UNSUPPORTED = {   # Blackwell's tcgen05, TMEM, warp_map, dynamic_scheduling_loop: test_mosaic_gpu_blackwell.py
     "try_cluster_cancel": "nd_loop", "query_cluster_cancel": "nd_loop",
     "multimem_store": "shard_map", "multimem_load_reduce": "shard_map",
-    "semaphore_signal_parallel": "shard_map", "remote_ref": "shard_map",
     "multicast_ref": "shard_map", "cluster_ref": "collective_axes",
     "async_store_smem": "commit_smem", "async_copy_sparse_metadata_to_tmem": "dense",
 }

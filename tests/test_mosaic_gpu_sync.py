@@ -492,8 +492,11 @@ def test_semaphore_errors_say_what_to_do():
     call(lambda s: pl.semaphore_signal(s))
   with pytest.raises(ValueError, match="memory_scope must be 'gpu' or 'sys'"):
     call(lambda s: plgpu.semaphore_wait(s.at[0], memory_scope="cta"))
-  with pytest.raises(NotImplementedError, match="another device"):
-    call(lambda s: pl.semaphore_signal(s.at[0], device_id=1))
+  with pytest.raises(ValueError, match="device_id=.* to sems, in SEMAPHORE: only the kernel's GMEM "
+                                       "operands, outputs and pl.get_global semaphores"):
+    call(lambda s: pl.semaphore_signal(s.at[0], device_id=0))
+  with pytest.raises(NotImplementedError, match="core_index"):
+    call(lambda s: pl.semaphore_signal(s.at[0], core_index=1))
 
 
 # =============================================================================================

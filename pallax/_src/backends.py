@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pallax._src import interpreter_note
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
+from pallax._src import remote
 from pallax._src import plan as kplan
 
 
@@ -88,7 +89,8 @@ def _kind(params) -> tuple[str, bool]:
   mosaic_only = {p for p, kind in _KIND_OF_PRIMITIVE.items() if kind == "mosaic_gpu"}
   mosaic = getattr(params, "threads", None) is not None or jaxpr_util.uses(params.jaxpr, mosaic_only)
   kind = "mosaic_gpu" if mosaic else "pallas"
-  return kind, mosaic or jaxpr_util.uses(params.jaxpr, {ji.axis_index_p})
+  return kind, (mosaic or jaxpr_util.uses(params.jaxpr, {ji.axis_index_p})
+                or remote.uses_remote(params.jaxpr))   # peers: interpret/devices.py
 
 
 _kinds = kplan.PerParams()   # computed once per pallas_call: eager calls ask at every call

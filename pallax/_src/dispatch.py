@@ -7,16 +7,19 @@ import functools
 import jax
 
 from pallax._src import backends
-from pallax._src.interpret import eager, interpreter
+from pallax._src.interpret import devices, interpreter
 from pallax._src import jax_internals as ji
+from pallax._src import remote
 from pallax._src.call_primitive import Params, pallas_call_p
 
 
 def _lowering(ctx, *args, params: Params, platform: str):
   backend = backends.choose(params, platform)
   if backend is None and backends.needs_eager_interpreter(params):
-    return ji.mlir.lower_fun(functools.partial(eager.run_traced, params=params),
+    return ji.mlir.lower_fun(functools.partial(devices.run_traced, params=params),
                              multiple_results=True)(ctx, *args)
+  if backend is not None:
+    remote.refuse_on_gpu(params, "Gluon" if backends.is_mosaic_gpu(params) else backend.name)
   if backend is not None and backends.is_mosaic_gpu(params):
     return _mosaic_backend(params, platform).lowering(ctx, *args, params=params)
   if backend is not None:
@@ -36,7 +39,7 @@ def _impl(*args, params: Params):
   backend = backends.choose(params, platform)
   traced = any(isinstance(a, jax.core.Tracer) for a in args)
   if backends.needs_eager_interpreter(params) and backend is None and not traced:
-    return eager.run_now(*args, params=params)
+    return devices.run_now(*args, params=params)
   if backend is not None or traced:
     return ji.dispatch.apply_primitive(pallas_call_p, *args, params=params)
   return interpreter.run_eager(*args, params=params)

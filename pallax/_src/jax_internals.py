@@ -75,6 +75,8 @@ CALL_PRIMITIVES = (jit_p, closed_call_p, custom_jvp_call_p, custom_vjp_call_p, r
 
 # Named axes (grid, cluster and thread names of Mosaic GPU kernels) and run_state.
 axis_index_p = lax_parallel.axis_index_p
+# shard_map's casts of a value's varying mesh axes (check_vma): identities on the value itself
+vma_casts = (core.pvary_p, core.reduced_vary_cast_p)
 psum_p = lax_parallel.psum_p
 extend_axis_env_nd = core.extend_axis_env_nd
 run_state = state_discharge.run_state
@@ -176,6 +178,15 @@ def user_frame(source_info):
 def current_user_frame():
   """Like ``user_frame`` for the code running now (at trace time)."""
   return user_frame(source_info_util.current())
+
+
+def mesh_axis_sizes() -> dict:
+  """The mesh axes in scope where a kernel call is lowered inside ``jax.shard_map`` (in the
+  mesh's order) and their sizes; ``vmap``'s named axes are not among them."""
+  from jax._src import mesh as mesh_lib
+  env = core.get_axis_env().axis_sizes
+  manual = mesh_lib.get_abstract_mesh().manual_axes
+  return {k: env[k] for k in mesh_lib.get_abstract_mesh().axis_names if k in manual and k in env}
 
 
 def stage_axis_index_with(rule):

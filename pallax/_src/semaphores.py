@@ -65,7 +65,10 @@ def semaphore_signal(sem_or_view, inc=1, *, device_id=None, device_id_type=None,
     return _ops().signal(sem_or_view, inc, device_id=device_id, device_id_type=device_id_type,
                          core_index=core_index)
   if device_id is not None or core_index is not None:
-    raise NotImplementedError("semaphore_signal to another device or core is not supported")
+    raise NotImplementedError(
+        "semaphore_signal to another device or core is not supported in pallas_call kernels, "
+        "whose programs run one at a time; signal other devices from a Mosaic GPU kernel "
+        "(plgpu.kernel, with pl.get_global semaphores: docs/distributed.md)")
   sem_or_view[...] = sem_or_view[...] + jnp.asarray(inc, sem_or_view.dtype)
 
 

@@ -31,6 +31,7 @@ from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import errors
 from pallax._src import primitives as prims
+from pallax._src import remote
 from pallax._src.errors import KernelCheckError
 from pallax._src.interpret import uninit
 from pallax._src.interpret.memory import (  # noqa: F401  (re-exported for the rules' modules)
@@ -66,6 +67,7 @@ class Block:
   state: dict = dataclasses.field(default_factory=dict)   # per-block bookkeeping of rules
   run: dict = dataclasses.field(default_factory=dict)     # shared by the call's blocks: "events"
   peers: list = dataclasses.field(default_factory=list)   # the blocks of its cluster, itself included
+  device: dict = dataclasses.field(default_factory=dict)  # mesh axis -> index (under shard_map)
 
 
 @dataclasses.dataclass(eq=False)
@@ -105,7 +107,10 @@ def fail(th: Thread, msg: str, cls=KernelCheckError):
 
 
 def _block_name(block: Block) -> str:
-  return "(" + ", ".join(f"{k}={v}" for k, v in block.axes.items()) + ")" if block.axes else "(0)"
+  name = "(" + ", ".join(f"{k}={v}" for k, v in block.axes.items()) + ")" if block.axes else "(0)"
+  if block.device:
+    name += " of device (" + ", ".join(f"{k}={v}" for k, v in block.device.items()) + ")"
+  return name
 
 
 # --- evaluation ------------------------------------------------------------------------------
@@ -149,7 +154,10 @@ def eval_jaxpr(th: Thread, jaxpr, consts, args):
     th.line = ji.user_frame(eqn.source_info) or th.line
     fn = RULES.get(eqn.primitive)
     if fn is not None:
-      outs = yield from fn(th, eqn, invals)
+      try:
+        outs = yield from fn(th, eqn, invals)
+      except remote.PeerError as e:   # a remote reference that names no peer buffer
+        fail(th, str(e), ValueError)
     elif _has_view(invals) or (eqn.effects and any(True for _ in jaxpr_util.sub_jaxprs(eqn.params))):
       raise NotImplementedError(f"{th.block.kernel}: the interpreter of Mosaic GPU kernels does "
                                 f"not support {eqn.primitive} on Refs yet (at {th.line})")
@@ -392,7 +400,7 @@ def _run_state(th, eqn, invals):
 POLL_LIMIT = 1000   # rounds of only polls, with no event anywhere, before that is a deadlock
 
 
-def _run_blocks(blocks) -> None:
+def run_blocks(blocks) -> None:
   """Runs the threads of ``blocks`` (an iterator of clusters, each a list of (block, threads,
   bodies)) until all finish. Clusters run one after another in grid order, the blocks of one
   together; a cluster whose threads all wait, some of them on a ``pl.get_global`` semaphore,
@@ -459,9 +467,19 @@ def _deadlock_message(live, polling: bool) -> str:
 ON_BLOCK_START: list = []   # hooks(block, threads), before a block runs
 
 
-def run_kernel(params, args, track: bool = False) -> list[np.ndarray]:
+def run_kernel(params, args, track: bool = False, device=None) -> list[np.ndarray]:
   """Runs the kernel of ``params`` on NumPy ``args``; returns the outputs. With ``track``,
-  reading data nothing wrote is an error, and so are output elements nothing writes."""
+  reading data nothing wrote is an error, and so are output elements nothing writes.
+  ``device``: the mesh coordinates of the device running it (under ``jax.shard_map``)."""
+  ins, outs, glob = kernel_memory(params, args, track)
+  run = {}
+  run_blocks(blocks(params, ins + outs, glob, track, device, run))
+  after_run(params, run)
+  return finish(params, outs)
+
+
+def kernel_memory(params, args, track: bool):
+  """The GMEM of one call: its operands, outputs and ``pl.get_global`` buffers."""
   gm = params.grid_mapping
   if gm.scratch_avals:   # their types (SMEM, barrier, ...) are not in the GridMapping
     raise NotImplementedError(
@@ -479,36 +497,52 @@ def run_kernel(params, args, track: bool = False) -> list[np.ndarray]:
     outs[o].name, outs[o].state["global"] = f"pl.get_global #{k}", True
   glob = [Buffer(f"pl.get_global #{k}", "gmem", np.zeros(a.shape, a.dtype), None, {"global": True})
           for k, a in enumerate(getattr(params, "globals_avals", ()))]
-  _run_blocks(_blocks(params, ins + outs, glob, track))
+  return ins, outs, glob
+
+
+def finish(params, outs) -> list[np.ndarray]:
+  """The outputs' data, once the kernel ran; output elements nothing wrote are an error."""
   for o in outs:
     if o.init is not None and not o.init.all():
       raise KernelCheckError(_unwritten_message(params.name, o))
   return [o.data for o in outs]
 
 
-def _blocks(params, bufs, glob, track):
+AFTER_RUN: list = []   # hooks(params, run) once every block (of every device) finished
+
+
+def after_run(params, run: dict) -> None:
+  for hook in AFTER_RUN:
+    hook(params, run)
+
+
+def blocks(params, bufs, glob, track, device=None, run=None):
   """For each point of the grid, in row-major order, its cluster: a list of (block, threads,
-  their bodies), one per block of the cluster (the grid counts clusters, as in Mosaic GPU)."""
+  their bodies), one per block of the cluster (the grid counts clusters, as in Mosaic GPU).
+  ``device``: the mesh coordinates of the device running the call (``lax.axis_index`` of mesh
+  axes); ``run``: the dict shared by the call's blocks (on every device of a mesh, one)."""
   gm, info = params.grid_mapping, getattr(params, "threads", None)
+  run, device = ({} if run is None else run), dict(device or {})
   names = tuple(gm.grid_names or ()) or tuple(f"axis{i}" for i in range(len(gm.grid)))
   cluster = dict(info.cluster) if info else {}
-  run = {"cluster": cluster}
+  run["cluster"] = cluster
   for ids in itertools.product(*[range(g) for g in gm.grid]):
     members = [_block(params, bufs, glob, track, run,
-                      {**dict(zip(names, ids)), **dict(zip(cluster, c))}, ids)
+                      {**dict(zip(names, ids)), **dict(zip(cluster, c))}, ids, device)
                for c in itertools.product(*[range(n) for n in cluster.values()])]
     for block, _, _ in members:
       block.peers = [b for b, _, _ in members]
     yield members
 
 
-def _block(params, bufs, glob, track, run, axes, ids):
-  """A block of the cluster at grid position ``ids`` (``axes``: its grid and cluster indices)."""
+def _block(params, bufs, glob, track, run, axes, ids, device):
+  """A block of the cluster at grid position ``ids`` (``axes``: its grid and cluster indices)
+  on the device at mesh coordinates ``device``."""
   gm, info = params.grid_mapping, getattr(params, "threads", None)
   n_threads = info.num_threads if info else 1
-  block = Block(axes, params.name, track, run=run)
+  block = Block(axes, params.name, track, run=run, device=device)
   threads = [Thread(block, t, info.thread_name if info else None,
-                    {**axes, **({info.thread_name: t} if info and info.thread_name else {})})
+                    {**device, **axes, **({info.thread_name: t} if info and info.thread_name else {})})
              for t in range(n_threads)]
   refs = [_block_view(bm, b, ids, params.name) for bm, b in zip(gm.block_mappings, bufs)]
   refs += [View(g) for g in glob]

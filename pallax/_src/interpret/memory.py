@@ -13,6 +13,7 @@ import numpy as np
 
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
+from pallax._src import remote
 
 @dataclasses.dataclass(eq=False)
 class Buffer:
@@ -32,7 +33,11 @@ class View:
   transforms: tuple = ()
 
   def at(self, more) -> "View":
-    return View(self.buf, self.transforms + tuple(more))
+    view = self
+    for t in more:   # a remote reference: the same transforms, on a peer's buffer
+      view = (View(remote.peer_buffer(view.buf, t), view.transforms) if isinstance(t, remote.PeerRef)
+              else View(view.buf, view.transforms + (t,)))
+    return view
 
   @property
   def shape(self) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ from jax import lax
 from pallax._src import backends
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
+from pallax._src import remote
 from pallax._src import semaphores
 
 
@@ -434,13 +435,21 @@ def _memory_scope(memory_scope):
   return memory_scope
 
 
+def _local_only(sem, what: str) -> None:
+  if any(isinstance(t, remote.PeerRef) for t in prims.split_ref(sem)[1]):
+    raise ValueError(f"{what} takes a semaphore of this device, not a plgpu.remote_ref: a device "
+                     "waits for its own semaphores, which its peers signal with device_id=")
+
+
 def semaphore_signal(sem, inc=1, *, device_id=None, device_id_type=None, core_index=None,
                      memory_scope="gpu") -> None:
-  """Adds ``inc`` to the semaphore ``sem`` (of this kernel's blocks: ``device_id`` is refused)."""
-  del device_id_type
-  if device_id is not None or core_index is not None:
-    raise NotImplementedError("semaphore_signal to another device or core is not supported by "
-                              "pallax; use shard_map with collectives around the kernel")
+  """Adds ``inc`` to the semaphore ``sem``; with ``device_id``, to ``sem`` on that device of the
+  mesh (a ``pl.get_global`` semaphore: see ``remote.remote_ref``)."""
+  if core_index is not None:
+    raise NotImplementedError("semaphore_signal(core_index=...) names a TPU core; Mosaic GPU "
+                              "kernels have none (pass device_id to signal another device)")
+  if device_id is not None:
+    sem = remote.remote_ref(sem, device_id, device_id_type or remote.DeviceIdType.MESH)
   _bind_refs(semaphore_signal_p, (sem,), (jnp.asarray(inc, jnp.int32),),
              memory_scope=_memory_scope(memory_scope))
 
@@ -448,12 +457,14 @@ def semaphore_signal(sem, inc=1, *, device_id=None, device_id_type=None, core_in
 def semaphore_wait(sem, value=1, *, decrement=True, memory_scope="gpu") -> None:
   """Waits until the semaphore ``sem`` holds at least ``value``, then subtracts ``value`` from
   it (unless ``decrement=False``)."""
+  _local_only(sem, "semaphore_wait")
   _bind_refs(semaphore_wait_p, (sem,), (jnp.asarray(value, jnp.int32),),
              decrement=bool(decrement), memory_scope=_memory_scope(memory_scope))
 
 
 def semaphore_read(sem) -> jax.Array:
   """The value of the semaphore ``sem`` now."""
+  _local_only(sem, "semaphore_read")
   return _bind_refs(semaphore_read_p, (sem,))[0]
 
 

@@ -127,7 +127,8 @@ def _read(th, eqn, invals):
   counts, i, name = _semaphore(th, view, "semaphore_read")
   value = np.int32(counts[i])
   # The others run before this thread goes on: a loop polling the semaphore then ends.
-  yield eager.Wait(lambda: True, f"semaphore {name} with semaphore_read", poll=True)
+  yield eager.Wait(lambda: True, f"semaphore {name} with semaphore_read", poll=True,
+                   shared=bool(view.buf.state.get("global")))
   return [value]
 
 

@@ -1,9 +1,6 @@
 """Spec 003 names pallax does not run yet: each says what it is, why, and what works instead."""
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 
 def _unsupported(name: str, why: str, instead: str):
   def fn(*args, **kwargs):
@@ -18,7 +15,6 @@ _CLUSTER = ("references to a cluster peer's shared memory",
             "share data between a cluster's blocks with copy_gmem_to_smem(..., collective_axes=...) "
             "(multicast) or through GMEM ordered by a plgpu.ClusterBarrier")
 _MULTIMEM = ("multimem (NVLink multicast) operations", "use shard_map with collectives around the kernel")
-_REMOTE = ("references to other devices' memory", "use shard_map with collectives around the kernel")
 
 async_copy_sparse_metadata_to_tmem = _unsupported("async_copy_sparse_metadata_to_tmem", *_BLACKWELL)
 format_tcgen05_sparse_metadata = _unsupported("format_tcgen05_sparse_metadata", *_BLACKWELL)
@@ -29,8 +25,6 @@ query_cluster_cancel = _unsupported("query_cluster_cancel", "cluster launch cont
 multimem_store = _unsupported("multimem_store", *_MULTIMEM)
 multimem_load_reduce = _unsupported("multimem_load_reduce", *_MULTIMEM)
 semaphore_signal_multicast = _unsupported("semaphore_signal_multicast", *_MULTIMEM)
-semaphore_signal_parallel = _unsupported("semaphore_signal_parallel", *_REMOTE)
-remote_ref = _unsupported("remote_ref", *_REMOTE)
 multicast_ref = _unsupported("multicast_ref", *_MULTIMEM)
 cluster_ref = _unsupported("cluster_ref", *_CLUSTER)
 inline_mgpu = _unsupported("inline_mgpu", "inline Mosaic GPU IR", "write the operation in JAX")
@@ -43,10 +37,3 @@ griddepcontrol_wait = _unsupported("griddepcontrol_wait", "programmatic dependen
 griddepcontrol_launch_dependents = _unsupported("griddepcontrol_launch_dependents",
                                                 "programmatic dependent launch", "let XLA order the kernels")
 
-
-@dataclasses.dataclass(frozen=True)
-class SemaphoreSignal:
-  """One signal of ``semaphore_signal_parallel`` (signals to other devices: not supported yet)."""
-  ref: Any
-  device_id: Any = None
-  inc: Any = 1
