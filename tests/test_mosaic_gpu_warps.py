@@ -281,37 +281,66 @@ def test_gluon_writes_the_warps_bodies_in_order():
 # 3. what a warp may not do (JAX's words)
 # =============================================================================================
 
-def _run_warp_body(body, x=None):
-  x = rand(7, (4, 128)) if x is None else x
-
-  @plgpu.kernel(out_type=S(x.shape, x.dtype), interpret=True,
+def _warp_kernel(body, x, interpret):
+  @plgpu.kernel(out_type=S(x.shape, x.dtype), interpret=interpret,
                 scratch_types=[plgpu.SMEM(x.shape, x.dtype)])
   def k(x_ref, o_ref, smem):
     body(x_ref, o_ref, smem)
-  return k(x)
+  return k
 
 
-def test_closing_over_an_array_is_refused():
+def _run_warp_body(body, x=None):
+  x = rand(7, (4, 128)) if x is None else x
+  return _warp_kernel(body, x, True)(x)
+
+
+def _lower_warp_body(body, x=None):
+  """The Gluon lowering of a kernel with ``body`` (Mosaic GPU's compiler rules apply)."""
+  x = rand(7, (4, 128)) if x is None else x
+  return plgpu.lower(_warp_kernel(body, x, False), x)
+
+
+def test_closing_over_an_array_is_refused_by_the_compiler():
   def body(x_ref, o_ref, smem):
     arr = x_ref[...] + 1
 
     @plgpu.warp_map
     def _(warp):
       smem[...] = arr
-  with pytest.raises(ValueError, match="Can only close over scalars and Refs .* with WarpMesh"):
-    _run_warp_body(body)
+  with pytest.raises(NotImplementedError, match="Can only close over scalars and Refs .* with WarpMesh"):
+    _lower_warp_body(body)
 
 
-def test_array_loads_and_stores_are_refused():
+def test_array_loads_and_stores_are_refused_by_the_compiler():
   def load(x_ref, o_ref, smem):
     plgpu.warp_map(lambda w: pl.when(w == 0)(lambda: o_ref.__setitem__(0, x_ref[0])))
-  with pytest.raises(ValueError, match="Can only load scalars"):
-    _run_warp_body(load)
+  with pytest.raises(NotImplementedError, match="Can only load scalars"):
+    _lower_warp_body(load)
 
   def store(x_ref, o_ref, smem):
     plgpu.warp_map(lambda w: o_ref.__setitem__(0, jnp.zeros((128,), jnp.float32) + w))
-  with pytest.raises(ValueError, match="Can only store scalars|warp-level code computes"):
-    _run_warp_body(store)
+  with pytest.raises(NotImplementedError, match="Can only store scalars|warp-level code computes"):
+    _lower_warp_body(store)
+
+
+@pytest.mark.gluon_refuses("Can only load scalars in warp-level code")
+def test_arrays_in_warp_code_run_in_the_interpreter():
+  """JAX's interpreter runs array code in warps (its tcgen05 race tests do); so does pallax's.
+  Warp 2 alone writes a row: the other rows keep what the warpgroup wrote."""
+  x = rand(9, (4, 128))
+
+  def body(x_ref, o_ref, smem):
+    o_ref[...] = x_ref[...]
+
+    @plgpu.warp_map
+    def _(warp):
+      @pl.when(warp == 2)
+      def _():
+        o_ref[2] = x_ref[2] * 3.0 + 1.0
+  out = _run_warp_body(body, x)
+  want = np.asarray(x).copy()
+  want[2] = want[2] * 3.0 + 1.0
+  np.testing.assert_allclose(np.asarray(out), want, rtol=1e-6)
 
 
 def test_scalar_loads_and_stores_are_fine():

@@ -293,8 +293,10 @@ def _constexprs(gen: Writer) -> list[str]:
 def _module(gen: Writer, name: str, params: list[str]) -> str:
   header = _HEADER + (blackwell.HEADER if getattr(gen, "blackwell", False) else "")
   lines = [header, "@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
-  lines += _kernel_made(gen, params) + gen.lines
-  return "\n".join(lines) + "\n"
+  body = _kernel_made(gen, params) + gen.lines
+  if all(not line.strip() or line.lstrip().startswith("#") for line in body):
+    body.append("    pass")   # a kernel that does nothing (a warp_map whose warps do nothing)
+  return "\n".join(lines + body) + "\n"
 
 
 def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids) -> str:

@@ -39,6 +39,7 @@ def _warp_id(w: int) -> ex.Lit:
 @rule(mw.warp_map_p)
 def _warp_map(ctx, *consts, jaxpr, num_consts, axis_name):
   gen = ctx.gen
+  mw.refuse_arrays(jaxpr, num_consts)
   bodies = [_lower_warp(gen, jaxpr, consts, w) for w in range(mw.NUM_WARPS)]
   # Warps that never wait run first (they cannot block), then those that wait, in order.
   order = sorted(bodies, key=lambda b: (bool(b.waits), b.warp))

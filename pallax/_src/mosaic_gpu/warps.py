@@ -133,34 +133,44 @@ def _at(eqn, where) -> str:
 
 
 def check_body(jaxpr, consts, where) -> None:
-  """Refuses what a warp cannot do, with JAX's words where JAX has some."""
-  for c in consts:
-    aval = jax.typeof(c)
+  """Refuses what a warp cannot do anywhere, with JAX's words. (Arrays in warp code run in the
+  interpreter, as in JAX's: ``refuse_arrays`` is the compiler's rule.)"""
+  del consts
+  for eqn in jaxpr_util.equations(jaxpr):
+    p = eqn.primitive
+    if p is warp_map_p:
+      raise ValueError(f"plgpu.warp_map{_at(eqn, where)}: Cannot nest mpmd_maps: per-warp code "
+                       "inside per-warp code; write one warp_map")
+    if p in _WARPGROUP_ONLY:
+      raise ValueError(f"{_WARPGROUP_ONLY[p]} inside plgpu.warp_map{_at(eqn, where)}: it is an "
+                       "operation of the whole warpgroup; issue it outside the warp body")
+
+
+def refuse_arrays(jaxpr, num_consts: int, where=None) -> None:
+  """What Mosaic GPU's compiler refuses in warp code, with its words: a warp holds no register
+  arrays (the interpreter runs such code, as JAX's does; a GPU backend calls this, and the
+  refusal is a NotImplementedError: the kernel runs with interpret=True)."""
+  for v in jaxpr.invars[:num_consts]:
+    aval = v.aval
     if not ji.is_ref_aval(aval) and aval.shape:
-      raise ValueError(
+      raise NotImplementedError(
           f"plgpu.warp_map{f' at {where}' if where else ''}: Can only close over scalars and Refs "
           f"when using mpmd_map with WarpMesh: the warp body closes over an array of type "
           f"{aval.str_short()}. A warp holds no register arrays: compute the value in the "
           "warpgroup and write it to SMEM before warp_map, or read scalars from Refs in the warp")
   for eqn in jaxpr_util.equations(jaxpr):
-    _check_eqn(eqn, where)
+    _refuse_array_eqn(eqn, where)
 
 
-def _check_eqn(eqn, where) -> None:
+def _refuse_array_eqn(eqn, where) -> None:
   p = eqn.primitive
-  if p is warp_map_p:
-    raise ValueError(f"plgpu.warp_map{_at(eqn, where)}: Cannot nest mpmd_maps: per-warp code "
-                     "inside per-warp code; write one warp_map")
-  if p in _WARPGROUP_ONLY:
-    raise ValueError(f"{_WARPGROUP_ONLY[p]} inside plgpu.warp_map{_at(eqn, where)}: it is an "
-                     "operation of the whole warpgroup; issue it outside the warp body")
   if p is ji.get_p and eqn.outvars[0].aval.shape:
-    raise ValueError(
+    raise NotImplementedError(
         f"a load of shape {eqn.outvars[0].aval.shape} in plgpu.warp_map{_at(eqn, where)}: Can "
         "only load scalars in warp-level code (a warp holds no register arrays); copy arrays "
         "with plgpu.copy_smem_to_gmem/copy_gmem_to_smem, or load them outside warp_map")
   if p is ji.swap_p and eqn.invars[1].aval.shape:
-    raise ValueError(
+    raise NotImplementedError(
         f"a store of shape {eqn.invars[1].aval.shape} in plgpu.warp_map{_at(eqn, where)}: Can "
         "only store scalars in warp-level code (a warp holds no register arrays); store arrays "
         "outside warp_map, or copy them with TMA")
@@ -169,7 +179,7 @@ def _check_eqn(eqn, where) -> None:
   for v in eqn.outvars:
     aval = v.aval
     if not ji.is_ref_aval(aval) and getattr(aval, "shape", ()):
-      raise ValueError(
+      raise NotImplementedError(
           f"{p} makes an array of type {aval.str_short()} in plgpu.warp_map{_at(eqn, where)}: "
           "warp-level code computes with scalars only (a warp holds no register arrays); "
           "compute arrays in the warpgroup, outside warp_map")
