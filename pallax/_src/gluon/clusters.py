@@ -50,13 +50,18 @@ def refuse(params, gen, parts) -> None:
   communicate through GMEM, ordered by the barrier, which independent blocks cannot honour."""
   if size(params.threads) <= 1 or not gen.cluster_barriers:
     return
+  same = {f"out[{o}]": f"args[{i}]" for i, o in params.input_output_aliases}   # one buffer
   reads, writes = set(), set()
   for part in parts:
     for e in part.events:
       if isinstance(e, ev.Copy):
-        (reads if e.direction == "in" else writes).add(e.gmem)
+        (reads if e.direction == "in" else writes).add(same.get(e.gmem, e.gmem))
       elif isinstance(e, ev.Access) and isinstance(e.ref, str):
-        (reads if e.kind == "load" else writes).add(e.ref)
+        ref = same.get(e.ref, e.ref)
+        if e.kind in ("load", "atomic"):
+          reads.add(ref)
+        if e.kind in ("store", "atomic"):
+          writes.add(ref)
   both = sorted(reads & writes)
   if both:
     raise NotImplementedError(

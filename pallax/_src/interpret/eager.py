@@ -2,7 +2,8 @@
 
 A block's threads run one body each, as Python generators over the kernel jaxpr: an equation
 that must wait (``barrier_wait`` on a phase not yet complete) yields, and the scheduler runs
-another thread. Blocks run one after another, in row-major grid order (the last axis fastest).
+another thread. Blocks run one after another, in row-major grid order (the last axis fastest);
+the blocks of a cluster (``plgpu.kernel(cluster=...)``: the grid counts clusters) run together.
 When every thread of a block waits, that is a deadlock, reported with each thread's wait and
 source line.
 

@@ -174,11 +174,29 @@ def copy_gmem_to_smem(src, dst, barrier=None, *, collective_axes=None, leader_tr
   array's end read as zeros); its landing is one arrival on ``barrier``."""
   if isinstance(collective_axes, str):
     collective_axes = (collective_axes,)
+  if leader_tracked is not None and not collective_axes:
+    raise ValueError("`collective_axes` must be specified when `leader_tracked` is set")
+  if isinstance(leader_tracked, tuple) and leader_tracked[0] == "partitioned":
+    _refuse_partitioned(src, dst, leader_tracked[1], collective_axes)
   barrier = None if barrier is None else barrier_view(barrier)
   _bind_refs(copy_gmem_to_smem_p, (src, dst, barrier), _predicate(predicate),
              what="copy_gmem_to_smem", has_predicate=predicate is not None,
              collective_axes=tuple(collective_axes or ()), leader_tracked=leader_tracked,
              oob_mode=oob_mode)
+
+
+def _refuse_partitioned(src, dst, axis: int, collective_axes):
+  """A partitioned cluster copy (each block receives its part of ``src``): its shapes are
+  checked as JAX checks them; the copy itself is not supported yet."""
+  size = lax.axis_size(tuple(collective_axes))
+  want = tuple(d * size if i == axis else d for i, d in enumerate(dst.shape))
+  if tuple(src.shape) != want:
+    raise ValueError(f"Expected source shape to be {want}, but got {tuple(src.shape)}. Dim {axis} "
+                     f"is partitioned over an axis of size {size}.")
+  raise NotImplementedError(
+      "copy_gmem_to_smem(leader_tracked=CopyPartition.PARTITIONED(...)): leader-tracked "
+      "(partitioned or replicated) cluster copies are not supported by pallax yet; use a "
+      "multicast copy (collective_axes=... alone), or a copy per block of its own part")
 
 
 def copy_smem_to_gmem(src, dst, predicate=None, *, commit_group=True, reduction_op=None) -> None:
