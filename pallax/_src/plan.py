@@ -154,13 +154,16 @@ class PerParams:
     return value
 
 
-_plans = {kind: PerParams() for kind in LAUNCH_ORDERS}
+_plans = PerParams()   # of Pallas kernels
+_plans_of_kind = {kind: PerParams() for kind in LAUNCH_ORDERS if kind != "pallas"}
 
 
 def plan_for(params, kind: str = "pallas") -> KernelPlan:
   """The plan of a pallas_call (its ``Params``) for a kernel of ``kind`` (a key of
   ``LAUNCH_ORDERS``: the backend compiling it knows), computed on first use."""
-  return _plans[kind].get(params, lambda p: analyse(p, kind))
+  if kind == "pallas":
+    return _plans.get(params, analyse)
+  return _plans_of_kind[kind].get(params, lambda p: analyse(p, kind))
 
 
 def analyse(params, kind: str = "pallas") -> KernelPlan:

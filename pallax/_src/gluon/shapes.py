@@ -28,10 +28,16 @@ def _broadcast_tile(ctx, x, shape, broadcast_dimensions):
   new_dims = [d for d in range(len(shape)) if d not in broadcast_dimensions]
   if len(new_dims) != 1 or len(shape) != 2:
     gen.unsupported("broadcasts of register tiles other than vectors to 2-D tiles")
-  (dim,), parent = new_dims, gen.declared(gen.assigned(ctx.eqn.outvars[0]))
+  (dim,), parent = new_dims, gen.assigned(ctx.eqn.outvars[0])
+  # Where every use broadcasts again in its own layout, the tile is not written here (the
+  # vector's conversion is: the uses broadcast from it).
+  unwritten = gen.unwritten(ctx.eqn, lambda new: None if new.kind == "other" else expand(
+      gen, gen.in_layout(x, slice_layout(gen, new, dim)), shape, dim, new))
+  if unwritten is None:
+    gen.declared(parent)
   if gen.layout_of(x) != L.Slice(dim, parent):
     x = gen.convert(x, slice_layout(gen, parent, dim))
-  return expand(gen, x, shape, dim, parent)
+  return unwritten or expand(gen, x, shape, dim, parent)
 
 
 @rule(lax.broadcast_in_dim_p)
