@@ -16,7 +16,6 @@ Inputs are random (fixed keys); copies and integer results are compared exactly,
 products with the tolerances of tests/test_mosaic_gpu_pipeline.py.
 """
 import functools
-import itertools
 import math
 
 import jax
@@ -26,7 +25,6 @@ import pytest
 from jax import lax
 
 import mgpu_ops
-import test_mosaic_gpu_hopper_matmul as hm_tests
 import pallax as pl
 import pallax.mosaic_gpu as plgpu
 from pallax import KernelCheckError
@@ -359,22 +357,3 @@ def test_jax_hopper_matmul_with_cluster_dimension_lowers(cluster_dim):
   (k,) = plgpu.lower(lambda a, b: hm.matmul(a, b, None, cfg), s(1024, 512), s(512, 1024))
   assert k.grid == (132, 1, 1) and k.num_warps == 12   # 66 clusters of 2 blocks
   assert all(w in k.ptx for w in ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg"))
-
-
-@pytest.mark.gpu
-@hm_tests.gpu
-@pytest.mark.parametrize("cfg", [c for c in itertools.product((64, 128), (64, 128), (0, 1), ("M", "N"))
-                                 if hm_tests.fits_in_smem(c[0], c[1], 64, 4, 64, 64, c[2])], ids=str)
-def test_jax_hopper_matmul_cluster_configurations_on_the_gpu(cfg):
-  """JAX's test_hopper_matmul_cluster: 4096^3 float16, equal to XLA's dot with the F16_F16_F32
-  preset (the emulated clusters compute exactly what real ones do)."""
-  tile_m, tile_n, wg, cluster_dim = cfg
-  hm = hopper_matmul(jax.devices()[0].core_count)
-  ka, kb = jax.random.split(jax.random.key(44))
-  a = jax.random.normal(ka, (4096, 4096), jnp.float16)
-  b = jax.random.normal(kb, (4096, 4096), jnp.float16)
-  c = hm_tests.config(hm, tile_m, tile_n, 64, 4, 64, 64, wg,
-                      cluster_dimension=getattr(hm.MatmulDimension, cluster_dim))
-  out = jax.jit(lambda a, b: hm.matmul(a, b, None, c))(a, b)
-  ref = jnp.dot(a, b, precision=lax.DotAlgorithmPreset.F16_F16_F32)
-  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32))

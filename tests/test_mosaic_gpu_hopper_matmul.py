@@ -208,3 +208,22 @@ def test_jax_hopper_matmul_with_c_on_the_gpu_matches_the_interpreter(dtype, cfg,
   check_matmul(got, a, b, c)
   monkeypatch.setattr(backends, "choose", lambda params, platform: None)   # the interpreter
   assert_close_to_interpreter(got, run(a, b, c))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("cfg", [c for c in itertools.product((64, 128), (64, 128), (0, 1), ("M", "N"))
+                                 if fits_in_smem(c[0], c[1], 64, 4, 64, 64, c[2])], ids=str)
+def test_jax_hopper_matmul_cluster_configurations_on_the_gpu(cfg):
+  """(Here, not in test_mosaic_gpu_clusters.py, whose tests run in the interpreter.) JAX's test_hopper_matmul_cluster: 4096^3 float16, equal to XLA's dot with the F16_F16_F32
+  preset (the emulated clusters compute exactly what real ones do)."""
+  tile_m, tile_n, wg, cluster_dim = cfg
+  hm = hopper_matmul(jax.devices()[0].core_count)
+  ka, kb = jax.random.split(jax.random.key(44))
+  a = jax.random.normal(ka, (4096, 4096), jnp.float16)
+  b = jax.random.normal(kb, (4096, 4096), jnp.float16)
+  c = config(hm, tile_m, tile_n, 64, 4, 64, 64, wg,
+                      cluster_dimension=getattr(hm.MatmulDimension, cluster_dim))
+  out = jax.jit(lambda a, b: hm.matmul(a, b, None, c))(a, b)
+  ref = jnp.dot(a, b, precision=lax.DotAlgorithmPreset.F16_F16_F32)
+  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32))

@@ -480,6 +480,7 @@ def test_scratch_semaphore_wait_is_a_deadlock_in_its_block():
                  scratch_shapes=[plgpu.SemaphoreType.REGULAR])()
 
 
+@pytest.mark.interpreter   # the interpreter's errors (Gluon refuses semaphores by name)
 def test_semaphore_errors_say_what_to_do():
   def call(op):
     def body(o_ref, sems):
