@@ -19,8 +19,9 @@ from pallax._src.mosaic_gpu import tcgen05_semantics as ts
 _FP8 = {np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)}
 _FP4 = {np.dtype(ml_dtypes.float4_e2m1fn)}
 _E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
-_F32, _F16, _BF16, _I8, _I32 = (np.dtype(t) for t in (np.float32, np.float16, ml_dtypes.bfloat16,
-                                                       np.int8, np.int32))
+_F32, _F16, _BF16, _I32 = (np.dtype(t) for t in (np.float32, np.float16, ml_dtypes.bfloat16,
+                                                  np.int32))
+_I8 = {np.dtype(np.int8), np.dtype(np.uint8)}   # kind::i8 takes signed and unsigned bytes
 
 
 def _swizzle(view: View) -> int:
@@ -47,13 +48,13 @@ def _check_dtypes(th, a_dt, b_dt, acc_dt, scaled: bool):
     if not scaled:
       fail(th, f"MMA with element type {name} only supports block scaling (pass a_scale and "
                "b_scale)", ValueError)
-  elif a_dt == _I8:
+  elif a_dt in _I8:
     allowed = (_I32,)
     if scaled:
       fail(th, f"MMA with element type {name} does not support block scaling", ValueError)
   else:
     fail(th, f"tcgen05_mma: Unsupported element type: {name} (the tensor core takes float32 "
-             "(as tf32), bfloat16, float16, float8, float4 and int8)", NotImplementedError)
+             "(as tf32), bfloat16, float16, float8, float4, int8 and uint8)", NotImplementedError)
   if acc_dt not in allowed:
     fail(th, f"MMA with element type {name} only supports accumulators of type "
              f"{' or '.join(a.name for a in allowed)}, but got: {acc_dt.name}", ValueError)
