@@ -277,14 +277,6 @@ def _copy_to_tmem(th, eqn, invals):
   return []
 
 
-@rule(tc.tcgen05_commit_arrive_p)
-def _commit_arrive(th, eqn, invals):
-  yield from ()
-  (bar,), _ = mp.split_refs(invals, eqn.params["trees"])
-  commit(th, bar[0].at(bar[1]), "tcgen05_commit_arrive")
-  return []
-
-
 # --- memory the rest of the kernel touches -------------------------------------------------------
 
 def _on_read(th, view: View, how):
