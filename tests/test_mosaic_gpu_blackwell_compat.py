@@ -3,14 +3,18 @@
 alias, the GPU faked as sm_100a): each against a jnp reference on random inputs, and each new
 check with a kernel that breaks it.
 
-Tolerances: integer products exactly.
+Tolerances: integer products exactly; bfloat16 products accumulated in float32 against jnp's
+float32 dot, rtol=atol=1e-5.
 """
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
+import pallax as pl
 import pallax.mosaic_gpu as plgpu
+from pallax import KernelCheckError
 
 pytestmark = [pytest.mark.interpreter, pytest.mark.gluon_refuses("Blackwell's (sm_100a)")]
 
@@ -51,3 +55,91 @@ def test_signed_and_unsigned_bytes_do_not_mix():
   a, b = rand_bytes(3, (128, 128), jnp.int8), rand_bytes(4, (128, 32), jnp.uint8)
   with pytest.raises(ValueError, match="MMA requires A and B to have the same element type"):
     byte_matmul(128, 32, 128, jnp.int8, jnp.uint8)(a, b)
+
+
+# --- collective (two-block) MMAs over a cluster axis of size 2 -------------------------------------
+
+def collective_matmul(m, n, k, *, wait_in_other=True, acc_collective=True, cluster=(2,),
+                      names=("x",), axis="x", n_acc=None, commit_separately=False):
+  """``a (m, k) @ b (k, n)`` by a pair of blocks: block i holds rows i*m/2.. of ``a`` and columns
+  i*n/2.. of ``b``, and gets rows i*m/2.. of the product in its TMEM (the leader issues the MMA).
+  ``wait_in_other=False``: block 1 reads its accumulator without waiting for the MMA."""
+  hm, hn = m // 2, n // 2
+  dt = jnp.bfloat16
+
+  @plgpu.kernel(out_shape=S((m, n), jnp.float32), cluster=cluster, cluster_names=names,
+                scratch_shapes=dict(
+      a_smem=plgpu.SMEM((hm, k), dt), b_smem=plgpu.SMEM((k, hn), dt),
+      acc=plgpu.TMEM((hm, n_acc or n), jnp.float32, collective=acc_collective),
+      done=plgpu.Barrier(orders_tensor_core=True),
+      ready=plgpu.ClusterBarrier(collective_axes=(axis,))))
+  def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, acc, done, ready):
+    i = lax.rem(lax.axis_index(axis), 2)   # (cluster=(4,) only shows the size check)
+    rows = pl.ds(i * hm, hm)
+    a_smem[...] = a_ref[rows, :]
+    b_smem[...] = b_ref[:, pl.ds(i * hn, hn)]
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(ready)   # both blocks' operands are in place before the leader issues
+    plgpu.barrier_wait(ready)
+    if commit_separately:
+      plgpu.tcgen05_mma(acc, a_smem, b_smem, accumulate=False, collective_axis=axis)
+      plgpu.tcgen05_commit_arrive(done, collective_axis=axis)
+    else:
+      plgpu.tcgen05_mma(acc, a_smem, b_smem, done, accumulate=False, collective_axis=axis)
+    if wait_in_other:
+      plgpu.barrier_wait(done)
+    else:
+      @pl.when(i == 0)
+      def _():
+        plgpu.barrier_wait(done)
+    o_ref[rows, :] = plgpu.async_load_tmem(acc)
+  return kernel
+
+
+def rand_bf16(key, shape):
+  return jax.random.normal(jax.random.key(key), shape, jnp.float32).astype(jnp.bfloat16)
+
+
+def ref_dot(a, b):
+  return jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32), precision="highest")
+
+
+@pytest.mark.parametrize("m,n,k,separately", [(256, 128, 64, False), (128, 64, 128, False),
+                                              (256, 256, 64, True)])
+def test_collective_matmul(m, n, k, separately):
+  """Products of 16-bit inputs accumulated in float32 against jnp's float32 dot: rtol=atol=1e-5
+  (the same products, summed in another order)."""
+  a, b = rand_bf16(5, (m, k)), rand_bf16(6, (k, n))
+  out = collective_matmul(m, n, k, commit_separately=separately)(a, b)
+  np.testing.assert_allclose(out, ref_dot(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_collective_matmul_in_a_2x2_cluster():
+  """Cluster (2, 2): the pairs run along the first (minormost) axis, each pair on its own
+  copy of the operands (the other axis only replicates the work)."""
+  a, b = rand_bf16(7, (256, 64)), rand_bf16(8, (64, 128))
+  out = collective_matmul(256, 128, 64, cluster=(2, 2), names=("x", "y"))(a, b)
+  np.testing.assert_allclose(out, ref_dot(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_other_block_reading_before_the_mma_completed():
+  a, b = rand_bf16(9, (256, 64)), rand_bf16(10, (64, 128))
+  with pytest.raises(KernelCheckError, match=r"async_load_tmem reads TMEM acc before the "
+                     r"tcgen05_mma .*completed: wait on a barrier it arrives on") as e:
+    collective_matmul(256, 128, 64, wait_in_other=False)(a, b)
+  assert "x=1" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("kw,pattern,cls", [
+    (dict(acc_collective=False), r"Accumulator Ref must be collective if collective_axis is set",
+     ValueError),
+    (dict(cluster=(2, 2), names=("x", "y"), axis="y"),
+     r"Can only perform collective MMA along minormost cluster axis. Got y, expected x",
+     ValueError),
+    (dict(cluster=(4,)), r"cluster axis 'x' of a collective MMA must have size 2", ValueError),
+    (dict(n_acc=64), r"accumulator to have shape \(m, n \* 2\) in collective mode", ValueError),
+])
+def test_collective_mma_rules(kw, pattern, cls):
+  a, b = rand_bf16(11, (256, 64)), rand_bf16(12, (64, 128))
+  with pytest.raises(cls, match=pattern):
+    collective_matmul(256, 128, 64, **kw)(a, b)

@@ -147,6 +147,7 @@ def _pair(th, axis, views, accumulate, what):
     return [views]
   other = tcc.partner(th, axis, what)
   if other is None:
+    tcc.follower_call(th, axis, views, what)
     return None
   acc, a, _ = views
   tcc.check_collective(th, acc, "Accumulator", what)
