@@ -625,12 +625,7 @@ def test_operand_rules():
 
   fails(acc_in_smem, AB, r"tcgen05_mma: the accumulator must be a TMEM Ref, but SMEM c_smem",
         ValueError)
-  with pytest.raises(NotImplementedError, match="collective two-block MMAs need clusters"):
-    plgpu.kernel(lambda o, a, b, acc: plgpu.tcgen05_mma(acc, a, b, collective_axis="x"),
-                 out_shape=S((128, 128), F32),
-                 scratch_shapes=[plgpu.SMEM((128, 64), jnp.bfloat16),
-                                 plgpu.SMEM((64, 128), jnp.bfloat16),
-                                 plgpu.TMEM((128, 128), F32)])()
+  # Collective MMAs (collective_axis=) run now: test_mosaic_gpu_blackwell_compat.py.
 
 
 @pytest.mark.parametrize("make,pattern", [
