@@ -39,7 +39,8 @@ class OOBFillMode(enum.IntEnum):
 
 
 class CopyPartition:
-  """Leader-tracked cluster copies that split or replicate a transfer (not supported yet)."""
+  """Leader-tracked cluster copies that split or replicate a transfer over a pair of blocks
+  (``copy_gmem_to_smem(..., leader_tracked=...)``; the interpreter runs them: clusters.py)."""
 
   @staticmethod
   def PARTITIONED(axis: int):   # noqa: N802 (JAX's spelling)
