@@ -143,3 +143,55 @@ def test_collective_mma_rules(kw, pattern, cls):
   a, b = rand_bf16(11, (256, 64)), rand_bf16(12, (64, 128))
   with pytest.raises(cls, match=pattern):
     collective_matmul(256, 128, 64, **kw)(a, b)
+
+
+# --- leader-tracked (partitioned, replicated) copies over a pair of blocks ---------------------
+
+def leader_tracked_copy(partition, shape, part_shape, *, follower_waits=False, cluster=(2,)):
+  """Each block of the pair copies with ``partition``; the leader waits on its barrier, then
+  a cluster barrier lets the other block read its SMEM; each block writes what it got to its
+  row of the output."""
+  @plgpu.kernel(out_shape=S((2, *part_shape), jnp.float32), cluster=cluster, cluster_names=("c",),
+                scratch_shapes=dict(smem=plgpu.SMEM(part_shape, jnp.float32), bar=plgpu.Barrier(),
+                                    landed=plgpu.ClusterBarrier(collective_axes=("c",))))
+  def kernel(x_ref, o_ref, smem, bar, landed):
+    i = lax.axis_index("c")
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar, collective_axes="c", leader_tracked=partition)
+    if follower_waits:
+      plgpu.barrier_wait(bar)   # only the leader's barrier gets the arrival
+    else:
+      @pl.when(i == 0)
+      def _():
+        plgpu.barrier_wait(bar)
+    plgpu.barrier_arrive(landed)
+    plgpu.barrier_wait(landed)
+    o_ref[i] = smem[...]
+  return kernel
+
+
+@pytest.mark.parametrize("axis,shape,part", [(0, (128, 64), (64, 64)), (1, (32, 128), (32, 64))])
+def test_partitioned_copy_gives_each_block_its_half(axis, shape, part):
+  x = jax.random.normal(jax.random.key(13), shape, jnp.float32)
+  out = leader_tracked_copy(plgpu.CopyPartition.PARTITIONED(axis), shape, part)(x)
+  np.testing.assert_array_equal(out, np.stack(np.split(np.asarray(x), 2, axis=axis)))
+
+
+def test_replicated_copy_gives_each_block_all_of_it():
+  x = jax.random.normal(jax.random.key(14), (64, 64), jnp.float32)
+  out = leader_tracked_copy(plgpu.CopyPartition.REPLICATED, (64, 64), (64, 64))(x)
+  np.testing.assert_array_equal(out, np.stack([x, x]))
+
+
+def test_other_block_waiting_on_its_own_barrier_deadlocks():
+  """Only the leader's barrier tracks a leader-tracked copy: the other block's never completes."""
+  x = jax.random.normal(jax.random.key(15), (128, 64), jnp.float32)
+  with pytest.raises(KernelCheckError, match=r"deadlock"):
+    leader_tracked_copy(plgpu.CopyPartition.PARTITIONED(0), (128, 64), (64, 64),
+                        follower_waits=True)(x)
+
+
+def test_leader_tracked_copy_needs_a_cluster_of_two():
+  x = jax.random.normal(jax.random.key(16), (128, 64), jnp.float32)
+  with pytest.raises(NotImplementedError, match="Partitioned loads only supported for clusters "
+                                                "of size 2"):
+    leader_tracked_copy(plgpu.CopyPartition.REPLICATED, (64, 64), (64, 64), cluster=(4,))(x[:64])
