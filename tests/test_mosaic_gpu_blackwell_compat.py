@@ -195,3 +195,62 @@ def test_leader_tracked_copy_needs_a_cluster_of_two():
   with pytest.raises(NotImplementedError, match="Partitioned loads only supported for clusters "
                                                 "of size 2"):
     leader_tracked_copy(plgpu.CopyPartition.REPLICATED, (64, 64), (64, 64), cluster=(4,))(x[:64])
+
+
+# --- unions (plgpu.RefUnion) of TMEM Refs ------------------------------------------------------
+
+def tmem_union_kernel(read_other=False):
+  """Two products through the two groups of a TMEM union (one after the other): a (128, 128)
+  accumulator, then a (128, 64) one in the same columns. ``read_other``: read the first
+  group's accumulator after the second group's MMA wrote over it."""
+  @plgpu.kernel(out_shape=(S((128, 128), jnp.float32), S((128, 64), jnp.float32)),
+                scratch_shapes=dict(
+      a_smem=plgpu.SMEM((128, 64), jnp.bfloat16), b_smem=plgpu.SMEM((64, 128), jnp.bfloat16),
+      done=plgpu.Barrier(orders_tensor_core=True),
+      union=plgpu.RefUnion(plgpu.TMEM((128, 128), jnp.float32),
+                           plgpu.TMEM((128, 64), jnp.float32))))
+  def kernel(a_ref, b_ref, o1_ref, o2_ref, a_smem, b_smem, done, union):
+    wide, narrow = union
+    a_smem[...] = a_ref[...]
+    b_smem[...] = b_ref[...]
+    plgpu.commit_smem()
+    plgpu.tcgen05_mma(wide, a_smem, b_smem, done, accumulate=False)
+    plgpu.barrier_wait(done)
+    o1_ref[...] = plgpu.async_load_tmem(wide)
+    plgpu.wait_load_tmem()
+    plgpu.tcgen05_mma(narrow, a_smem, b_smem.at[:, pl.ds(0, 64)], done, accumulate=False)
+    plgpu.barrier_wait(done)
+    o2_ref[...] = plgpu.async_load_tmem(wide if read_other else narrow)[:, :64]
+  return kernel
+
+
+def test_tmem_union_groups_used_one_after_the_other():
+  a, b = rand_bf16(17, (128, 64)), rand_bf16(18, (64, 128))
+  wide, narrow = tmem_union_kernel()(a, b)
+  want = ref_dot(a, b)
+  np.testing.assert_allclose(wide, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(narrow, want[:, :64], rtol=1e-5, atol=1e-5)
+
+
+def test_tmem_union_read_after_the_other_group_wrote():
+  a, b = rand_bf16(19, (128, 64)), rand_bf16(20, (64, 128))
+  with pytest.raises(KernelCheckError, match=r"async_load_tmem reads TMEM scratch #3 .*after a write to "
+                     r"TMEM scratch #4 .*another group of their plgpu.RefUnion"):
+    tmem_union_kernel(read_other=True)(a, b)
+
+
+def test_tmem_union_counts_its_widest_group_against_the_budget():
+  """A union's groups share columns: 2 x 256 in one union fits the 512 columns beside 256
+  more; a group of 2 x 256 beside 256 more does not."""
+  def run(groups):
+    @plgpu.kernel(out_shape=S((128, 8), jnp.float32), scratch_shapes=dict(
+        union=plgpu.RefUnion(*groups), extra=plgpu.TMEM((128, 256), jnp.float32)))
+    def kernel(o_ref, union, extra):
+      plgpu.async_store_tmem(extra.at[:, pl.ds(0, 8)], jnp.ones((128, 8), jnp.float32))
+      plgpu.commit_tmem()
+      o_ref[...] = plgpu.async_load_tmem(extra.at[:, pl.ds(0, 8)])
+    return kernel()
+  t = lambda: plgpu.TMEM((128, 256), jnp.float32)   # noqa: E731
+  np.testing.assert_array_equal(run([t(), t()]), np.ones((128, 8)))
+  with pytest.raises(Exception, match=r"512"):
+    run([[t(), t()]])

@@ -219,9 +219,13 @@ def _write_product(th, acc, a_val, b_val, scales, accumulate, a, b, what) -> lis
   ts.check_ordered(th, acc.buf, acc_mask, what, "writes")
   if a.buf.space == "tmem":
     ts.check_ordered(th, a.buf, reads[1][1], what, "reads")
+    ms.check_union_read(th, a, reads[1][1], what)
+  if accumulate:
+    ms.check_union_read(th, acc, acc_mask, f"{what} with accumulate=True")
   prod = _product(a_val, b_val, acc.buf.data.dtype, scales)
   total = prod + np.asarray(eager.read(acc), prod.dtype) if accumulate else prod
   eager.write(acc, total.astype(acc.buf.data.dtype))
+  ms.union_write(th, acc, acc_mask)
   return reads + ([(acc.buf, acc_mask)] if accumulate else [])
 
 
