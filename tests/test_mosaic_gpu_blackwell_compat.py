@@ -16,6 +16,9 @@ import pallax as pl
 import pallax.mosaic_gpu as plgpu
 from pallax import KernelCheckError
 
+import helpers
+import mgpu_ops
+
 pytestmark = [pytest.mark.interpreter, pytest.mark.gluon_refuses("Blackwell's (sm_100a)")]
 
 S = jax.ShapeDtypeStruct
@@ -254,3 +257,32 @@ def test_tmem_union_counts_its_widest_group_against_the_budget():
   np.testing.assert_array_equal(run([t(), t()]), np.ones((128, 8)))
   with pytest.raises(Exception, match=r"512"):
     run([[t(), t()]])
+
+
+# --- JAX's blackwell_ragged_dot_mgpu.py (collective: pairs of blocks) --------------------------------
+
+def test_jax_blackwell_ragged_dot_collective():
+  """JAX's kernel, its import lines switched and the SM count (which a CPU lacks) set to 4,
+  against lax.ragged_dot on random float16 inputs, groups not aligned to the tiles. The kernel
+  rounds its float32 sums to float16: rtol=atol=1e-3 against the float32 reference rounded
+  the same way."""
+  imports = dict(mgpu_ops.IMPORTS, **{
+      "from jax.experimental.pallas.ops.gpu import blackwell_matmul_mgpu":
+          "blackwell_matmul_mgpu = _MATMUL",
+      "from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu": "ragged_dot_mgpu = _RAGGED",
+      "jax.local_devices()[0].core_count": "4"})
+  matmul = mgpu_ops.load("blackwell_matmul_mgpu")
+  mod = helpers.load_jax_ops_module("blackwell_ragged_dot_mgpu", imports, "pallax_mgpu_",
+                                    strict=False, _MATMUL=matmul,
+                                    _RAGGED=mgpu_ops.load("ragged_dot_mgpu"))
+  a = jax.random.normal(jax.random.key(21), (512, 128), jnp.float16)
+  b = jax.random.normal(jax.random.key(22), (3, 128, 256), jnp.float16)
+  sizes = jnp.array([100, 300, 112], jnp.int32)
+  cfg = mod.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+                         collective=True, grid_tile_width=1,
+                         grid_minor_dim=matmul.MatmulDimension.M)
+  out = mod.ragged_dot_kernel(a, b, sizes, cfg)
+  want = lax.ragged_dot(a.astype(jnp.float32), b.astype(jnp.float32), sizes,
+                        precision="highest").astype(jnp.float16)
+  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32),
+                             rtol=1e-3, atol=1e-3)
