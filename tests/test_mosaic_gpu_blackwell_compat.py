@@ -19,7 +19,8 @@ from pallax import KernelCheckError
 import helpers
 import mgpu_ops
 
-pytestmark = [pytest.mark.interpreter, pytest.mark.gluon_refuses("Blackwell's (sm_100a)")]
+pytestmark = [pytest.mark.interpreter,
+              pytest.mark.gluon_refuses("Blackwell's (sm_100a)", "leader-tracked cluster copies")]
 
 S = jax.ShapeDtypeStruct
 
