@@ -360,12 +360,14 @@ def test_jax_blackwell_matmul(blackwell_matmul, shape, config):
   np.testing.assert_allclose(np.asarray(out, F32), np.asarray(want, F32), rtol=1e-3, atol=1e-3)
 
 
-def test_jax_blackwell_matmul_collective_is_refused(blackwell_matmul):
-  a = rand(23, (256, 256), jnp.float16)
+def test_jax_blackwell_matmul_collective(blackwell_matmul):
+  """collective=True: pairs of blocks (a cluster of 2), partitioned copies, two-block MMAs."""
+  a, b = rand(23, (256, 256), jnp.float16), rand(24, (256, 256), jnp.float16)
   cfg = blackwell_matmul.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
                                       collective=True)
-  with pytest.raises(NotImplementedError, match="cluster"):
-    blackwell_matmul.matmul_kernel(a, a, cfg)
+  out = blackwell_matmul.matmul_kernel(a, b, cfg)
+  want = ref_dot(a, b).astype(jnp.float16)   # the kernel rounds its float32 sums to float16
+  np.testing.assert_allclose(np.asarray(out, F32), np.asarray(want, F32), rtol=1e-3, atol=1e-3)
 
 
 # --- 3. the rules, broken --------------------------------------------------------------------------
@@ -625,12 +627,7 @@ def test_operand_rules():
 
   fails(acc_in_smem, AB, r"tcgen05_mma: the accumulator must be a TMEM Ref, but SMEM c_smem",
         ValueError)
-  with pytest.raises(NotImplementedError, match="collective two-block MMAs need clusters"):
-    plgpu.kernel(lambda o, a, b, acc: plgpu.tcgen05_mma(acc, a, b, collective_axis="x"),
-                 out_shape=S((128, 128), F32),
-                 scratch_shapes=[plgpu.SMEM((128, 64), jnp.bfloat16),
-                                 plgpu.SMEM((64, 128), jnp.bfloat16),
-                                 plgpu.TMEM((128, 128), F32)])()
+  # Collective MMAs (collective_axis=) run now: test_mosaic_gpu_blackwell_compat.py.
 
 
 @pytest.mark.parametrize("make,pattern", [

@@ -192,24 +192,11 @@ def test_check_collective_axes_name_cluster_axes():
     f(rand(5, (64, 64), jnp.float32))
 
 
-def test_leader_tracked_copies_are_refused_with_what_works():
-  def kernel(x_ref, o_ref, smem, bar):
-    plgpu.copy_gmem_to_smem(x_ref, smem, bar, collective_axes="c",
-                            leader_tracked=plgpu.CopyPartition.REPLICATED)
-    plgpu.barrier_wait(bar)
-    o_ref[...] = smem[...]
-
-  f = plgpu.kernel(kernel, out_shape=S((64, 64), jnp.float32), cluster=(2,), cluster_names=("c",),
-                   scratch_shapes=[plgpu.SMEM((64, 64), jnp.float32), plgpu.Barrier()])
-  with pytest.raises(NotImplementedError, match="leader-tracked.*use a multicast copy"):
-    f(rand(5, (64, 64), jnp.float32))
-
-
+# (Leader-tracked copies run: tests/test_mosaic_gpu_blackwell_compat.py.)
 @pytest.mark.parametrize("size,error,message", [
     (127, ValueError, r"Expected source shape to be \(16,\), but got \(127,\). Dim 0 is "
-                      r"partitioned over an axis of size 2"),
-    (16, NotImplementedError, "leader-tracked.*use a multicast copy")])
-def test_partitioned_copies_are_checked_as_jax_checks_them_then_refused(size, error, message):
+                      r"partitioned over an axis of size 2")])
+def test_partitioned_copies_are_checked_as_jax_checks_them(size, error, message):
   def kernel(x_ref, o_ref, smem, bar):
     plgpu.copy_gmem_to_smem(x_ref, smem, bar, collective_axes="c",
                             leader_tracked=plgpu.CopyPartition.PARTITIONED(0))

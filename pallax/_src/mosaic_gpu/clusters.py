@@ -194,11 +194,9 @@ def _copy_gmem_to_smem(th, eqn, invals):
   if not p["collective_axes"]:
     return (yield from _local_copy(th, eqn, invals))
   what = "copy_gmem_to_smem"
-  if p.get("leader_tracked") is not None:
-    fail(th, f"{what}(leader_tracked=...): leader-tracked (partitioned or replicated) cluster "
-             "copies are not supported by pallax yet; use a multicast copy "
-             "(collective_axes=... alone)", NotImplementedError)
   members = group(th, p["collective_axes"], what)
+  if p.get("leader_tracked") is not None:
+    return (yield from _leader_tracked(th, eqn, invals, members, what))
   if len(members) <= 1:
     return (yield from _local_copy(th, eqn, invals))
   yield from ()
@@ -257,3 +255,61 @@ def _rendezvous(th, members, axes, slot, src: View, dst: View, bar: View, entry,
     for t, b, buf, _, _, e in issued:
       phase = sem.arrive(t, b, what)
       buf.state["loads"] = [(e[0], e[1], phase, e[3]) if x is e else x for x in buf.state["loads"]]
+
+
+# --- leader-tracked copies: partitioned or replicated over a pair of blocks --------------------
+
+def _leader_tracked(th, eqn, invals, members, what: str):
+  """``copy_gmem_to_smem(..., collective_axes=a, leader_tracked=...)`` in a cluster of two
+  blocks: each block copies its part of ``src`` (``PARTITIONED(d)``: the half of dimension d
+  at its index along ``a``; ``REPLICATED``: all of it) into its own ``dst``, and only the
+  leader's barrier (index 0 along ``a``) tracks the copy: one arrival, once both blocks issued
+  theirs (on the GPU, once both parts landed). The other block's barrier gets nothing; its
+  SMEM counts as landed then (the kernel orders its use with a cluster barrier; not checked)."""
+  yield from ()
+  p = eqn.params
+  if math.prod(sizes(th.block).values()) != 2 or len(members) != 2:
+    fail(th, f"{what}: Partitioned loads only supported for clusters of size 2",
+         NotImplementedError)
+  (axis,) = [n for d in _dims(th, p["collective_axes"], what) for n in d
+             if sizes(th.block)[n] == 2] or [None]
+  views = sem.copy_views(th, eqn, invals, ("gmem", "smem"))
+  if views is None:
+    return []
+  src, dst, bar = views
+  if bar is None:
+    fail(th, f"{what} needs a barrier on Hopper GPUs (TMA): pass plgpu.Barrier scratch")
+  bar = bar[0].at(bar[1])
+  me = th.block.axes[axis]
+  data, init = np.asarray(eager.read(src, fill=0)), np.asarray(eager.read_init(src))
+  if p["leader_tracked"][0] == "partitioned":
+    d = p["leader_tracked"][1]
+    half = data.shape[d] // 2
+    part = (slice(None),) * d + (slice(me * half, (me + 1) * half),)
+    data, init = data[part], init[part]
+  if tuple(data.shape) != tuple(dst.shape):
+    fail(th, f"{what}: this block's part of the source has shape {tuple(data.shape)}, but the "
+             f"destination {dst.buf.name} has shape {tuple(dst.shape)}", ValueError)
+  mask = sem.view_mask(dst)
+  sem.check_not_in_use(th, dst, mask, what)
+  eager.write(dst, data, init=init)
+  sem.union_write(th, dst, mask)
+  slot = (dst.buf.state.get("scope"), _region(mask))
+  counts = th.block.state.setdefault("leader_tracked", {})
+  seq = counts[slot] = counts.get(slot, 0) + 1
+  lead = [b for b in members if b.axes[axis] == 0][0]
+  issued = lead.state.setdefault("leader_tracked_book", {}).setdefault((slot, seq), [])
+  entry = (mask, None, PENDING, th.line)
+  if me == 0:
+    entry = (mask, (bar.buf, sem.barrier_index(th, bar, what)), PENDING, th.line)
+  dst.buf.state.setdefault("loads", []).append(entry)
+  issued.append((th, bar, dst.buf, entry))
+  if len(issued) == 2:   # both parts sent: one arrival on the leader's barrier
+    for t, b, buf, e in issued:
+      if e[1] is None:
+        buf.state["loads"] = [x for x in buf.state["loads"] if x is not e]
+      else:
+        phase = sem.arrive(t, b, what)
+        buf.state["loads"] = [(e[0], e[1], phase, e[3]) if x is e else x
+                              for x in buf.state["loads"]]
+  return []

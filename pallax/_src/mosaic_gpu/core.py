@@ -39,7 +39,8 @@ class OOBFillMode(enum.IntEnum):
 
 
 class CopyPartition:
-  """Leader-tracked cluster copies that split or replicate a transfer (not supported yet)."""
+  """Leader-tracked cluster copies that split or replicate a transfer over a pair of blocks
+  (``copy_gmem_to_smem(..., leader_tracked=...)``; the interpreter runs them: clusters.py)."""
 
   @staticmethod
   def PARTITIONED(axis: int):   # noqa: N802 (JAX's spelling)
@@ -323,10 +324,13 @@ class RefUnion:
     for leaf in leaves:
       if not _is_memory_ref(leaf):
         raise TypeError(f"plgpu.RefUnion takes pytrees of plgpu.SMEM(...) types, got {leaf!r}")
-      if leaf.memory_space is not MemorySpace.SMEM:
+      if leaf.memory_space not in (MemorySpace.SMEM, MemorySpace.TMEM):
         raise NotImplementedError(
             f"plgpu.RefUnion of {leaf.memory_space} Refs: pallax supports unions of SMEM "
-            "Refs only (TMEM is Blackwell's)")
+            "or of TMEM Refs only")
+    if len({leaf.memory_space for leaf in leaves}) > 1:
+      raise ValueError("plgpu.RefUnion: all Refs of a union must be in one memory space (SMEM "
+                       "or TMEM)")
     first = [True]
 
     def mark(g):

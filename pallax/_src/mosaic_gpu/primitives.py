@@ -143,7 +143,7 @@ def _bind_refs(p, refs, extra=(), **params):
 
 # --- asynchronous copies ---------------------------------------------------------------------
 
-def _copy_abstract_eval(*avals, trees, what, **_):
+def _copy_abstract_eval(*avals, trees, what, leader_tracked=None, **_):
   (src, sdt), (dst, ddt) = _shapes(avals, trees)[:2]
   views = (f"the source is {jnp.dtype(sdt).name}{list(src)} but the destination is "
            f"{jnp.dtype(ddt).name}{list(dst)}")
@@ -151,7 +151,8 @@ def _copy_abstract_eval(*avals, trees, what, **_):
     raise ValueError(f"{what}: Expected dtypes to match but src had type {jnp.dtype(sdt).name} "
                      f"and dst had type {jnp.dtype(ddt).name}: {views}; cast one of them "
                      "(copies do not convert)")
-  if src != dst:
+  partitioned = isinstance(leader_tracked, tuple) and leader_tracked[0] == "partitioned"
+  if src != dst and not partitioned:   # (a partitioned copy's shapes: _check_partitioned)
     jax_words = (f"Expected source shape to be {tuple(dst)}, but got {tuple(src)}"
                  if what == "copy_gmem_to_smem" else
                  f"Expected shapes to match, but src has shape {tuple(src)} and dst has shape "
@@ -177,7 +178,7 @@ def copy_gmem_to_smem(src, dst, barrier=None, *, collective_axes=None, leader_tr
   if leader_tracked is not None and not collective_axes:
     raise ValueError("`collective_axes` must be specified when `leader_tracked` is set")
   if isinstance(leader_tracked, tuple) and leader_tracked[0] == "partitioned":
-    _refuse_partitioned(src, dst, leader_tracked[1], collective_axes)
+    _check_partitioned(src, dst, leader_tracked[1], collective_axes)
   barrier = None if barrier is None else barrier_view(barrier)
   _bind_refs(copy_gmem_to_smem_p, (src, dst, barrier), _predicate(predicate),
              what="copy_gmem_to_smem", has_predicate=predicate is not None,
@@ -185,18 +186,14 @@ def copy_gmem_to_smem(src, dst, barrier=None, *, collective_axes=None, leader_tr
              oob_mode=oob_mode)
 
 
-def _refuse_partitioned(src, dst, axis: int, collective_axes):
+def _check_partitioned(src, dst, axis: int, collective_axes):
   """A partitioned cluster copy (each block receives its part of ``src``): its shapes are
-  checked as JAX checks them; the copy itself is not supported yet."""
+  checked as JAX checks them (the interpreter runs it: clusters.py)."""
   size = lax.axis_size(tuple(collective_axes))
   want = tuple(d * size if i == axis else d for i, d in enumerate(dst.shape))
   if tuple(src.shape) != want:
     raise ValueError(f"Expected source shape to be {want}, but got {tuple(src.shape)}. Dim {axis} "
                      f"is partitioned over an axis of size {size}.")
-  raise NotImplementedError(
-      "copy_gmem_to_smem(leader_tracked=CopyPartition.PARTITIONED(...)): leader-tracked "
-      "(partitioned or replicated) cluster copies are not supported by pallax yet; use a "
-      "multicast copy (collective_axes=... alone), or a copy per block of its own part")
 
 
 def copy_smem_to_gmem(src, dst, predicate=None, *, commit_group=True, reduction_op=None) -> None:

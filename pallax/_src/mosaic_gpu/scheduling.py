@@ -4,7 +4,8 @@ work of blocks that have not started (cluster launch control on Blackwell), unti
 In the eager interpreter blocks start in grid order, so the first block takes over every
 other block's work (a schedule a GPU may produce when the first block is fast): the loop body
 runs with ``local_index`` 0, 1, 2, ..., which exercises the reuse of barriers and buffers from
-one step to the next; the blocks whose work was taken find nothing left and leave the loop at
+one step to the next (the blocks of a cluster share their claims: each gets the same positions);
+the blocks whose work was taken find nothing left and leave the loop at
 once. The results are those of the static grid."""
 from __future__ import annotations
 
@@ -67,10 +68,12 @@ def dynamic_scheduling_loop(grid_names, thread_axis=None, cluster_axes=(), init_
 
 @rule(claim_work_p)
 def _claim_work(th, eqn, invals):
-  """Step ``k`` of this block's loop: the same answer for each of its threads."""
+  """Step ``k`` of this block's loop: the same answer for each of its threads, and for each
+  block of its cluster (cluster launch control cancels whole clusters: they work together)."""
   yield from ()
   grid, names, k = eqn.params["grid"], eqn.params["grid_names"], int(np.asarray(invals[0]))
-  claims = th.block.state.setdefault("claims", [])
+  owner = th.block.peers[0] if th.block.peers else th.block
+  claims = owner.state.setdefault("claims", [])
   if k < len(claims):
     got = claims[k]
   else:

@@ -66,7 +66,11 @@ def _mma_abstract_eval(*avals, trees, collective_axis, scaled):
   if acc[0] != a[0]:
     raise ValueError("Accumulator and LHS have incompatible shapes. Expected LHS to have shape "
                      f"(m, k) and accumulator to have shape (m, n). Accumulator: {acc}. LHS: {a}.")
-  if acc[1] != b[1]:
+  if collective_axis is not None and acc[1] != 2 * b[1]:
+    raise ValueError("Accumulator and RHS have incompatible shapes. Expected RHS to have shape "
+                     "(k, n) and accumulator to have shape (m, n * 2) in collective mode. "
+                     f"Accumulator: {acc}. RHS: {b}.")
+  if collective_axis is None and acc[1] != b[1]:
     raise ValueError("Accumulator and RHS have incompatible shapes. Expected RHS to have shape "
                      f"(k, n) and accumulator to have shape (m, n). Accumulator: {acc}. RHS: {b}.")
   if a[1] != b[0]:
@@ -84,22 +88,22 @@ def tcgen05_mma(acc, a, b, barrier=None, *, a_scale=None, b_scale=None, a_sparse
   TMEM Ref (M, K), ``b`` an SMEM Ref (K, N); transposed views (``.T``, ``.transpose``) are
   allowed for the SMEM operands. Its completion is awaited through ``barrier`` (an
   ``orders_tensor_core`` barrier it arrives on) or ``tcgen05_commit_arrive``. With ``a_scale``
-  and ``b_scale`` (TMEM, one scale per block of K), a block-scaled product."""
+  and ``b_scale`` (TMEM, one scale per block of K), a block-scaled product.
+
+  With ``collective_axis`` (a cluster axis of size 2, the first one), the two blocks of a pair
+  compute one product: each holds half of ``a``'s rows and of ``b``'s columns, and its ``acc``
+  (a ``collective`` TMEM) gets its rows of ``a`` times both halves of ``b``; the leader block
+  (index 0) issues the MMA, the other's call does nothing."""
   if a_sparse_metadata is not None:
     raise NotImplementedError("tcgen05_mma(a_sparse_metadata=...): sparse MMAs are not "
                               "supported by pallax yet; pass a dense a")
-  if collective_axis is not None:
-    raise NotImplementedError(
-        f"tcgen05_mma(collective_axis={collective_axis!r}): collective two-block MMAs need "
-        "clusters of two blocks, which pallax does not run yet; use collective_axis=None "
-        "(one block per MMA)")
   if (a_scale is None) != (b_scale is None):
     raise ValueError("a_scale and b_scale must both be present or absent.")
   for x, what in ((acc, "acc"), (a, "a"), (b, "b")):
     _check_ref(x, f"tcgen05_mma: {what}")
   barrier = None if barrier is None else mp.barrier_view(barrier)
   _bind(tcgen05_mma_p, (acc, a, b, barrier, a_scale, b_scale),
-        (jnp.asarray(accumulate, jnp.bool_),), collective_axis=None,
+        (jnp.asarray(accumulate, jnp.bool_),), collective_axis=collective_axis,
         scaled=a_scale is not None)
 
 
@@ -112,12 +116,9 @@ tcgen05_commit_arrive_p = _primitive("tcgen05_commit_arrive", _commit_abstract_e
 
 def tcgen05_commit_arrive(barrier, collective_axis=None) -> None:
   """One arrival on ``barrier`` (``orders_tensor_core=True``) once every ``tcgen05_mma`` and
-  SMEM->TMEM copy this thread issued so far has completed."""
-  if collective_axis is not None:
-    raise NotImplementedError(
-        f"tcgen05_commit_arrive(collective_axis={collective_axis!r}): collective MMAs over a "
-        "cluster are not supported by pallax yet; use collective_axis=None")
-  _bind(tcgen05_commit_arrive_p, (mp.barrier_view(barrier),), collective_axis=None)
+  SMEM->TMEM copy this thread issued so far has completed. With ``collective_axis``: issued by
+  the leader block of the pair only, one arrival on the barrier of each of the two blocks."""
+  _bind(tcgen05_commit_arrive_p, (mp.barrier_view(barrier),), collective_axis=collective_axis)
 
 
 # --- TMEM loads and stores ----------------------------------------------------------------------

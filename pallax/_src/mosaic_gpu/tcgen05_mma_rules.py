@@ -14,13 +14,15 @@ from pallax._src.mosaic_gpu import core as mc
 from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu import semantics as ms
 from pallax._src.mosaic_gpu import tcgen05 as tc
+from pallax._src.mosaic_gpu import tcgen05_collective as tcc
 from pallax._src.mosaic_gpu import tcgen05_semantics as ts
 
 _FP8 = {np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)}
 _FP4 = {np.dtype(ml_dtypes.float4_e2m1fn)}
 _E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
-_F32, _F16, _BF16, _I8, _I32 = (np.dtype(t) for t in (np.float32, np.float16, ml_dtypes.bfloat16,
-                                                       np.int8, np.int32))
+_F32, _F16, _BF16, _I32 = (np.dtype(t) for t in (np.float32, np.float16, ml_dtypes.bfloat16,
+                                                  np.int32))
+_I8 = {np.dtype(np.int8), np.dtype(np.uint8)}   # kind::i8 takes signed and unsigned bytes
 
 
 def _swizzle(view: View) -> int:
@@ -47,34 +49,36 @@ def _check_dtypes(th, a_dt, b_dt, acc_dt, scaled: bool):
     if not scaled:
       fail(th, f"MMA with element type {name} only supports block scaling (pass a_scale and "
                "b_scale)", ValueError)
-  elif a_dt == _I8:
+  elif a_dt in _I8:
     allowed = (_I32,)
     if scaled:
       fail(th, f"MMA with element type {name} does not support block scaling", ValueError)
   else:
     fail(th, f"tcgen05_mma: Unsupported element type: {name} (the tensor core takes float32 "
-             "(as tf32), bfloat16, float16, float8, float4 and int8)", NotImplementedError)
+             "(as tf32), bfloat16, float16, float8, float4, int8 and uint8)", NotImplementedError)
   if acc_dt not in allowed:
     fail(th, f"MMA with element type {name} only supports accumulators of type "
              f"{' or '.join(a.name for a in allowed)}, but got: {acc_dt.name}", ValueError)
 
 
-def _check_shape(th, m, n, k, a_dt, acc_dt, a_in_tmem, swizzle):
-  """The shapes one ``tcgen05.mma`` (per block, not collective) can run."""
+def _check_shape(th, m, n, k, a_dt, acc_dt, a_in_tmem, swizzle, collective=False):
+  """The shapes one ``tcgen05.mma`` can run (per block: ``n`` is the block's columns of B)."""
   if a_in_tmem and m != 128:
     fail(th, f"Only M=128 is supported for MMA with A in TMEM, but got M={m}",
          NotImplementedError)
   if m not in (64, 128):
     fail(th, f"Only M=128 and M=64 are supported for MMA, but got M={m}: split the product "
              "into MMAs of 128 rows", ValueError)
-  groups = 2 if m == 64 else 1
-  multiple = 16 if acc_dt == _I32 else 8
+  groups = 2 if m == 64 and not collective else 1
+  multiple = (16 if collective else 8) * (2 if acc_dt == _I32 else 1)
   if n % groups or (n // groups) % multiple:
-    fail(th, f"In 1 CTA {'integer ' if acc_dt == _I32 else ''}MMA"
+    fail(th, f"In {2 if collective else 1} CTA {'integer ' if acc_dt == _I32 else ''}MMA"
              f"{' with 2 lane groups' if groups > 1 else ''}, N must be a multiple of "
              f"{multiple * groups}, got N={n}", ValueError)
   if n > 256 and n != 512:
     fail(th, f"The only supported N > 256, is 512, but got N={n}", NotImplementedError)
+  if collective and n > 128:
+    fail(th, "Only N <= 128 are supported for collective MMA", ValueError)
   bits = 4 if a_dt in _FP4 else a_dt.itemsize * 8
   k_group = 8 * swizzle // bits
   if k % k_group:
@@ -118,18 +122,14 @@ def _product(a, b, acc_dt, scales):
                                     preferred_element_type=jnp.float32))
 
 
-@rule(tc.tcgen05_mma_p)
-def _tcgen05_mma(th, eqn, invals):
-  yield from ()
-  what = "tcgen05_mma"
-  (acc, a, b, bar, a_scale, b_scale), (accumulate,) = mp.split_refs(invals, eqn.params["trees"])
-  accumulate = bool(np.asarray(accumulate))
+def _operands(th, acc, a, b, what):
+  """The views of an MMA's operands, checked as the operands of ``th``'s own block, with A's mask."""
   acc = ts.view_of(th, acc, "tmem", what, "accumulator")
   b = ts.view_of(th, b, "smem", what, "right-hand side (b)")
   a_space = a[0].buf.space
   a = ts.view_of(th, a, a_space if a_space in ("smem", "tmem") else "smem", what,
                  "left-hand side (a)")
-  b_mask = ts.smem_operand(th, b, what)
+  ts.smem_operand(th, b, what)
   a_mask = (ts.smem_operand(th, a, what) if a_space == "smem" else ms.view_mask(a))
   if a_space == "tmem":
     ts.check_committed_tmem(th, a, a_mask, what)
@@ -137,37 +137,112 @@ def _tcgen05_mma(th, eqn, invals):
     if a.buf.kind.packing != 4 // a.buf.data.dtype.itemsize:
       fail(th, f"{what}: an a operand in TMEM must be packed ({a.buf.name}: allocate it with "
                "plgpu.TMEM(..., packed=True))", ValueError)
-  a_val, b_val = np.asarray(eager.read(a)), np.asarray(eager.read(b))
+  return acc, a, b
+
+
+def _pair(th, axis, views, accumulate, what):
+  """[(acc, a, b)] of each block the MMA computes for: this one, and with ``axis`` its partner
+  (None: this block does not lead its pair, and its call does nothing)."""
+  if axis is None:
+    return [views]
+  other = tcc.partner(th, axis, what)
+  if other is None:
+    tcc.follower_call(th, axis, views, what)
+    return None
+  acc, a, _ = views
+  tcc.check_collective(th, acc, "Accumulator", what)
+  tcc.check_collective(th, a, "LHS", what)
+  theirs = [tcc.twin(v, other) for v in views]
+  for v in theirs[1:] + theirs[:1] * accumulate:
+    eager.check_initialized(th, v, f"{what} (an operand of the pair's other block)")
+  return [views, theirs]
+
+
+@rule(tc.tcgen05_mma_p)
+def _tcgen05_mma(th, eqn, invals):
+  yield from ()
+  what = "tcgen05_mma"
+  (acc, a, b, bar, a_scale, b_scale), (accumulate,) = mp.split_refs(invals, eqn.params["trees"])
+  accumulate = bool(np.asarray(accumulate))
+  axis = eqn.params["collective_axis"]
+  blocks = _pair(th, axis, _operands(th, acc, a, b, what), accumulate, what)
+  if blocks is None:
+    return []
+  acc, a, b = blocks[0]
+  a_val = np.asarray(eager.read(a))
+  b_val = np.concatenate([np.asarray(eager.read(ops[2])) for ops in blocks], axis=1)
   (m, k), n = a_val.shape, b_val.shape[1]
   acc_dt, scaled = acc.buf.data.dtype, eqn.params["scaled"]
   _check_dtypes(th, a_val.dtype, b_val.dtype, acc_dt, scaled)
-  _check_shape(th, m, n, k, a_val.dtype, acc_dt, a_space == "tmem",
-               max(_swizzle(b), _swizzle(a) if a_space == "smem" else 0))
+  _check_shape(th, m, n // len(blocks), k, a_val.dtype, acc_dt, a.buf.space == "tmem",
+               max(_swizzle(b), _swizzle(a) if a.buf.space == "smem" else 0), axis is not None)
   scale_views, scales = [], None
   if scaled:
+    if axis is not None:
+      fail(th, f"{what}(collective_axis=...) with scales is not supported by pallax yet; "
+               "use one block per MMA", NotImplementedError)
     scale_views = [ts.view_of(th, s, "tmem", what, role)
                    for s, role in ((a_scale, "a_scale"), (b_scale, "b_scale"))]
     for s in scale_views:
       ts.check_committed_tmem(th, s, ms.view_mask(s), what)
+      ts.check_ordered(th, s.buf, ms.view_mask(s), what, "reads")
     scales = _scales(th, *scale_views, m, n, k, a_val.dtype)
+  reads, writes = [(s.buf, ms.view_mask(s)) for s in scale_views], []
+  for acc_i, a_i, b_i in blocks:
+    reads += _write_product(th, acc_i, np.asarray(eager.read(a_i)), b_val, scales, accumulate,
+                            a_i, b_i, what)
+    writes.append((acc_i.buf, ms.view_mask(acc_i)))
+  # Earlier MMAs into this accumulator and copies into its operands complete before it.
+  after = [op for op in ts.ops(th)
+           if any(ts.overlaps(op.writes, buf, mask) for buf, mask in reads + writes)]
+  op = ts.Op(what, th, th.line, reads, writes, after)
+  ts.issue(th, op)
+  if axis is not None:
+    tcc.share(th, op, _other(th, axis))
+  if bar is not None:
+    _arrive(th, bar[0].at(bar[1]), axis, what)
+  return []
+
+
+def _other(th, axis):
+  return tcc.partner(th, axis, "tcgen05_mma")
+
+
+def _write_product(th, acc, a_val, b_val, scales, accumulate, a, b, what) -> list:
+  """``acc (+)= a @ b`` in one block; returns the (buffer, mask) pairs the MMA reads there."""
   acc_mask = ms.view_mask(acc)
   ts.check_loads_done(th, acc, acc_mask, what)
   ts.check_committed_tmem(th, acc, acc_mask, what)
   if accumulate:
     eager.check_initialized(th, acc, f"{what} with accumulate=True")
-  reads = [(b.buf, b_mask), (a.buf, a_mask)] + [(s.buf, ms.view_mask(s)) for s in scale_views]
+  reads = [(b.buf, ms.view_mask(b)), (a.buf, ms.view_mask(a))]
   ts.check_ordered(th, acc.buf, acc_mask, what, "writes")
-  for buf, mask in reads[1:]:
-    if buf.space == "tmem":
-      ts.check_ordered(th, buf, mask, what, "reads")
-  prod = _product(a_val, b_val, acc_dt, scales)
+  if a.buf.space == "tmem":
+    ts.check_ordered(th, a.buf, reads[1][1], what, "reads")
+    ms.check_union_read(th, a, reads[1][1], what)
+  if accumulate:
+    ms.check_union_read(th, acc, acc_mask, f"{what} with accumulate=True")
+  prod = _product(a_val, b_val, acc.buf.data.dtype, scales)
   total = prod + np.asarray(eager.read(acc), prod.dtype) if accumulate else prod
-  eager.write(acc, total.astype(acc_dt))
-  # Earlier MMAs into this accumulator and copies into its operands complete before it.
-  after = [op for op in ts.ops(th)
-           if any(ts.overlaps(op.writes, buf, mask) for buf, mask in reads + [(acc.buf, acc_mask)])]
-  ts.issue(th, ts.Op(what, th, th.line, reads + ([(acc.buf, acc_mask)] if accumulate else []),
-                     [(acc.buf, acc_mask)], after))
-  if bar is not None:
-    ts.commit(th, bar[0].at(bar[1]), what)
+  eager.write(acc, total.astype(acc.buf.data.dtype))
+  ms.union_write(th, acc, acc_mask)
+  return reads + ([(acc.buf, acc_mask)] if accumulate else [])
+
+
+def _arrive(th, bar: View, axis, what: str):
+  if axis is None:
+    ts.commit(th, bar, what)
+  else:
+    tcc.commit_both(th, bar, _other(th, axis), what)
+
+
+@rule(tc.tcgen05_commit_arrive_p)
+def _commit_arrive(th, eqn, invals):
+  yield from ()
+  what = "tcgen05_commit_arrive"
+  (bar,), _ = mp.split_refs(invals, eqn.params["trees"])
+  axis = eqn.params["collective_axis"]
+  if axis is not None and tcc.partner(th, axis, what) is None:
+    return []   # the other block of the pair: the leader arrives for it
+  _arrive(th, bar[0].at(bar[1]), axis, what)
   return []

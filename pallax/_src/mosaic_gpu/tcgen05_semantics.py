@@ -226,6 +226,7 @@ def _async_load(th, eqn, invals):
   mask = ms.view_mask(view)
   _check_completed(th, view, mask, "async_load_tmem")
   check_committed_tmem(th, view, mask, "async_load_tmem")
+  ms.check_union_read(th, view, mask, "async_load_tmem")
   eager.check_initialized(th, view, "async_load_tmem")
   state(th).loads.append((view.buf, mask, th.line))
   x = eager.read(view)
@@ -241,6 +242,7 @@ def _async_store(th, eqn, invals):
   mask = _tmem_write(th, view, "async_store_tmem")
   _check_unused(th, view, mask, "async_store_tmem")
   eager.write(view, np.asarray(value))
+  ms.union_write(th, view, mask)   # (a union's other groups: undefined now)
   state(th).stores.append((view.buf, mask, th.line))
   return []
 
@@ -273,15 +275,8 @@ def _copy_to_tmem(th, eqn, invals):
   if data.ndim == 4:   # scales in the tensor core's tiles
     data, init = tc.untile_scales(data), tc.untile_scales(init)
   eager.write(dst, data, init=init)
+  ms.union_write(th, dst, dst_mask)
   issue(th, Op(what, th, th.line, [(src.buf, src_mask)], [(dst.buf, dst_mask)], []))
-  return []
-
-
-@rule(tc.tcgen05_commit_arrive_p)
-def _commit_arrive(th, eqn, invals):
-  yield from ()
-  (bar,), _ = mp.split_refs(invals, eqn.params["trees"])
-  commit(th, bar[0].at(bar[1]), "tcgen05_commit_arrive")
   return []
 
 
@@ -382,19 +377,32 @@ def _tma(inner, th, eqn, invals):
 
 # --- the TMEM budget -----------------------------------------------------------------------------
 
+def _columns(t) -> int:
+  return -(-t.columns // mc.TMEM_COL_ALIGNMENT) * mc.TMEM_COL_ALIGNMENT
+
+
 def _scope_columns(eqn):
   """(columns, a description) of the TMEM a run_scoped allocates."""
   types = eqn.params.get("scratch_types") or ()
   body = eqn.params["jaxpr"]
   names = getattr(getattr(body, "debug_info", None), "arg_names", None) or ()
   names = tuple(names)[eqn.params["num_consts"]:]
-  cols, parts = 0, []
+  cols, parts, unions = 0, [], []
   for i, t in enumerate(types):
-    if isinstance(t, mc.TMEMType):
-      n = -(-t.columns // mc.TMEM_COL_ALIGNMENT) * mc.TMEM_COL_ALIGNMENT
-      cols += n
-      name = names[i] if i < len(names) and names[i] else f"TMEM{t.shape}"
-      parts.append(f"{name}: {n}")
+    if not isinstance(t, mc.TMEMType):
+      continue
+    n = _columns(t)
+    if t.alias is not None:   # a member of a plgpu.RefUnion: (its group, first of the union?)
+      if t.alias[1]:
+        unions.append({})
+      unions[-1][t.alias[0]] = unions[-1].get(t.alias[0], 0) + n
+      continue
+    cols += n
+    name = names[i] if i < len(names) and names[i] else f"TMEM{t.shape}"
+    parts.append(f"{name}: {n}")
+  for groups in unions:   # a union's groups share columns: its widest group's count
+    cols += max(groups.values())
+    parts.append(f"a plgpu.RefUnion of TMEM: {max(groups.values())}")
   return cols, parts
 
 
