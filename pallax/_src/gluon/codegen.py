@@ -63,12 +63,24 @@ def _refuse_unplaced_buffers(params):
         "primitives is not supported by pallax's Gluon backend yet; use plgpu.kernel")
 
 
+def _refuse_packed_operands(params):
+  """Sub-byte arrays are packed in memory, which the Gluon backend neither unpacks nor packs."""
+  for bm in params.grid_mapping.block_mappings:
+    dtype = np.dtype(bm.array_aval.dtype)
+    if dtype.name not in ex.SIGNATURE:
+      raise NotImplementedError(
+          f"pallas_call {params.name}: {bm.origin} is {dtype.name}, packed two or four values per "
+          "byte in memory, which pallax's Gluon backend does not read or write; pass it as int8 "
+          "(x.astype(jnp.int8)) and convert inside the kernel, or run it in the interpreter")
+
+
 def generate(params) -> GluonSource:
   """The Gluon source of ``params``' kernel (threads: see ``threads.py``)."""
   info = params.threads
   threads = info is not None and info.num_threads > 1
   gm = params.grid_mapping
   _refuse_unplaced_buffers(params)
+  _refuse_packed_operands(params)
   name = src.kernel_identifier(params.name)
   gen = Writer(name)
   # plgpu.CompilerParams(approx_math=True): the GPU's fast math instructions (gpu/math_functions.py)
