@@ -111,7 +111,8 @@ def test_in_specs_whose_structure_differs_from_the_inputs(pl):
 
   with pytest.raises(ValueError, match="`in_specs` and `inputs` do not match" if pl is jpl else
                      f"pallas_call kernel \\(kernel at {HERE}\\): Pytree for `in_specs` and "
-                     r"`inputs` do not match: in_specs is not a prefix .*in_specs\[0\]"):
+                     r"`inputs` do not match. There are 1 mismatches, including:\n.*at \[0\], `in_specs` "
+                     "is a tuple of length 1 but `inputs` is a tuple of length 2"):
     rows(pl, kernel, in_specs=[(spec,), spec])((x, y), z)
   ok = rows(pl, kernel, in_specs=[(spec, spec), spec])((x, y), z)
   np.testing.assert_allclose(ok, x + y * z, rtol=1e-6, atol=1e-6)
