@@ -236,6 +236,8 @@ def _flatten_specs(specs, tree, what: str, count: int, name: str):
   # Pallas accepts lists and tuples interchangeably at the top level.
   full = tuple(full) if isinstance(full, list) else full
   specs = tuple(specs) if isinstance(specs, list) else specs
+  if what == "in_specs":
+    _check_same_structure(specs, full, is_leaf, name)
   try:
     flat = ji.tree_util.broadcast_prefix(specs, full, is_leaf=is_leaf)
   except (ValueError, TypeError) as e:
@@ -245,6 +247,26 @@ def _flatten_specs(specs, tree, what: str, count: int, name: str):
                      "(or None) per operand. "
                      f"{_prefix_error(specs, full, is_leaf, what, operands) or e}") from None
   return [None if isinstance(s, pc.NoBlockSpec) else s for s in flat]
+
+
+def _check_same_structure(specs, full, is_leaf, name: str):
+  """As JAX Pallas: in_specs has the inputs' structure exactly (one spec for a dict input is
+  refused, not spread over its leaves). pallax also takes None, for the whole array, where the
+  inputs have an array."""
+  spec_tree = jax.tree.structure(specs, is_leaf=is_leaf)
+  # the specs' structure with each spec (or None) as a leaf, comparable with the inputs'
+  got = jax.tree.structure(jax.tree.unflatten(spec_tree, [0] * spec_tree.num_leaves))
+  want = jax.tree.structure(full)
+  if got == want:
+    return
+  errs = list(ji.tree_util.equality_errors_pytreedef(got, want))
+  lines = [f"pallas_call {name}: Pytree for `in_specs` and `inputs` do not match. There are "
+           f"{len(errs)} mismatches, including:"]
+  for path, thing1, thing2, explanation in errs[:3]:
+    where = f"at {ji.tree_util.keystr(path)}, " if path else ""
+    lines.append(f"    * {where}`in_specs` is a {thing1} but `inputs` is a {thing2}, so {explanation}")
+  lines.append("Pass one BlockSpec (or None, for the whole array) per array of the inputs.")
+  raise ValueError("\n".join(lines))
 
 
 def _prefix_error(specs, full, is_leaf, what: str, operands: str) -> str | None:
@@ -358,6 +380,15 @@ def scratch_aval(s, name):
                   f"pl.ANY((8, 128), jnp.float32), got {s!r}")
 
 
+def _input_origins(in_tree, nidx: int, count: int) -> list[str]:
+  """Each input's name in errors, as in JAX Pallas: its path in the arguments (``args[0]['one']``
+  for a dict argument), or its position after the scalar-prefetch operands."""
+  if nidx or in_tree.num_leaves != count:
+    return [f"args[{nidx + i}]" for i in range(count)]
+  leaves = jax.tree_util.tree_flatten_with_path(jax.tree.unflatten(in_tree, [0] * count))[0]
+  return ["args" + ji.tree_util.keystr(path) for path, _ in leaves]
+
+
 def make_grid_mapping(name, grid_spec: pc.GridSpec, in_avals, in_tree, out_avals, out_tree,
                       debug=False, kernel=None) -> GridMapping:
   grid = _as_tuple_grid(grid_spec.grid, name)
@@ -371,8 +402,8 @@ def make_grid_mapping(name, grid_spec: pc.GridSpec, in_avals, in_tree, out_avals
       if nidx == 0 else _flatten_specs(grid_spec.in_specs, jax.tree.structure([0] * len(ins)),
                                        "in_specs", len(ins), label)
   out_specs = _flatten_specs(grid_spec.out_specs, out_tree, "out_specs", len(out_avals), label)
-  bms = [_block_mapping(s, a, f"args[{nidx + i}]", grid, map_avals, name, debug)
-         for i, (s, a) in enumerate(zip(in_specs, ins))]
+  bms = [_block_mapping(s, a, origin, grid, map_avals, name, debug)
+         for origin, s, a in zip(_input_origins(in_tree, nidx, len(ins)), in_specs, ins)]
   bms += [_block_mapping(s, a, f"out[{i}]", grid, map_avals, name, debug)
           for i, (s, a) in enumerate(zip(out_specs, out_avals))]
   scratch = jax.tree.leaves(grid_spec.scratch_shapes, is_leaf=lambda s: hasattr(s, "get_ref_aval"))

@@ -120,9 +120,16 @@ def trace_to_jaxpr(fun, in_avals, name="kernel", arg_names=None, axes=()):
   dbg = api_util.debug_info(name, fun, tuple(range(len(in_avals))), {})
   if arg_names is not None:
     dbg = dbg._replace(arg_names=tuple(arg_names))
-  with core.extend_axis_env_nd(list(axes)):
+  # As JAX Pallas traces kernels: a loop body may return a Ref it closes over (or was passed).
+  with core.extend_axis_env_nd(list(axes)), jax_config.mutable_array_checks(False):
     return pe.trace_to_jaxpr_dynamic(
         linear_util.wrap_init(fun, debug_info=dbg), list(in_avals))
+
+
+def dce(jaxpr):
+  """``jaxpr`` without the equations none of its outputs or effects need (as JAX Pallas prunes
+  a traced kernel)."""
+  return pe.dce_jaxpr(jaxpr, [True] * len(jaxpr.outvars), instantiate=True)[0]
 
 
 def closed(jaxpr, consts):

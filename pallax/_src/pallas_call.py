@@ -203,6 +203,17 @@ def _check_grid_names(names, name: str):
                      f"None, got {names}")
 
 
+def _own_grid_spec(gs) -> pc.GridSpec:
+  """A grid spec made by JAX Pallas (``pltpu.PrefetchScalarGridSpec`` in code written for TPUs)
+  as pallax's: the same fields; JAX's "no block spec" marker becomes pallax's."""
+  if not all(hasattr(gs, f) for f in ("grid", "in_specs", "out_specs")):
+    raise TypeError(f"grid_spec must be a pl.GridSpec or pl.PrefetchScalarGridSpec, got {gs!r}")
+  own = lambda s: pc.no_block_spec if type(s).__name__ == "NoBlockSpec" else s
+  return pc.GridSpec(gs.grid, own(gs.in_specs), own(gs.out_specs),
+                     tuple(getattr(gs, "scratch_shapes", ()) or ()),
+                     int(getattr(gs, "num_scalar_prefetch", 0) or 0))
+
+
 def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.GridSpec | None = None,
                 grid=(), in_specs=pc.no_block_spec, out_specs=pc.no_block_spec, scratch_shapes=(),
                 input_output_aliases: dict[int, int] | None = None, debug: bool = False,
@@ -225,6 +236,8 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
       or scratch_shapes != ():
     raise ValueError(f"pallas_call {name}: pass either grid_spec or grid/in_specs/out_specs/"
                      "scratch_shapes, not both")
+  elif not isinstance(grid_spec, pc.GridSpec):
+    grid_spec = _own_grid_spec(grid_spec)
   if isinstance(grid_spec.in_specs, pc.BlockSpec):   # as JAX Pallas, before any call
     raise ValueError(f"pallas_call {name}: `in_specs` must be a tuple or a list with one entry "
                      "per input, got a single BlockSpec; wrap it: in_specs=[spec]")

@@ -12,6 +12,7 @@ from pallax._src import checks
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src.grid_mapping import scratch_aval
+from pallax._src import jaxpr_util
 from pallax._src import kernel_errors
 
 
@@ -118,6 +119,10 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
   except (ValueError, TypeError, IndexError, NotImplementedError, RuntimeError) as e:
     names = dict(zip(kernel_args.names(kernel), ref_names)) if ref_names else {}
     kernel_errors.reraise(e, f"pallas_call {name}", names)
+  if _loop_returns_ref(jaxpr):
+    # A loop body that returns a Ref it closes over (JAX Pallas allows it): the unused Ref
+    # results go, as JAX Pallas's pruning removes them, before the state is discharged.
+    jaxpr = ji.dce(jaxpr)
   for c in consts:
     if isinstance(c, jax.core.Tracer) and not (allow_ref_consts and ji.is_ref_aval(jax.typeof(c))):
       raise ValueError(
@@ -166,3 +171,8 @@ def kernel_args(in_tree, out_tree, scratch_shapes) -> KernelArgs:
   pos = jax.tree.structure((*ins, *outs, *scratch_pos), is_leaf=is_leaf)
   kw = None if scratch_kw is None else jax.tree.structure(scratch_kw, is_leaf=is_leaf)
   return KernelArgs(pos, kw)
+
+
+def _loop_returns_ref(jaxpr) -> bool:
+  return any(e.primitive in (ji.scan_p, ji.while_p) and any(ji.is_ref_aval(v.aval) for v in e.outvars)
+             for e in jaxpr_util.equations(jaxpr))

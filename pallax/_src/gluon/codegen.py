@@ -87,6 +87,17 @@ _REFUSAL = ("compiles Mosaic GPU kernels for Hopper (sm_90a) only so far (plgpu.
             "does not write it for sm_100a yet")
 
 
+def _refuse_packed_operands(params):
+  """Sub-byte arrays are packed in memory, which the Gluon backend neither unpacks nor packs."""
+  for bm in params.grid_mapping.block_mappings:
+    dtype = np.dtype(bm.array_aval.dtype)
+    if dtype.name not in ex.SIGNATURE:
+      raise NotImplementedError(
+          f"pallas_call {params.name}: {bm.origin} is {dtype.name}, packed two or four values per "
+          "byte in memory, which pallax's Gluon backend does not read or write; pass it as int8 "
+          "(x.astype(jnp.int8)) and convert inside the kernel, or run it in the interpreter")
+
+
 def generate(params, target: int = 90) -> GluonSource:
   """The Gluon source of ``params``' kernel (threads: see ``threads.py``) for sm_90a, or
   (``target=100``) for sm_100a."""
@@ -95,6 +106,7 @@ def generate(params, target: int = 90) -> GluonSource:
   gm = params.grid_mapping
   _refuse_unplaced_buffers(params)
   _refuse_blackwell(params, target)
+  _refuse_packed_operands(params)
   name = src.kernel_identifier(params.name)
   gen = Writer(name)
   gen.target = target

@@ -16,37 +16,39 @@ I32 = np.dtype(np.int32)
 BOOL = np.dtype(np.bool_)
 
 
-def fori_loop(gen, body, consts, index: ex.Name, start: ex.Expr, length: int, carry: list) -> list:
+def fori_loop(gen, body, consts, index: ex.Name, start: ex.Expr, length: int, carry: list,
+              assign=None) -> list:
   """``for index in range(start, start + length): carry = body(*consts, index, *carry)[1:]``
   (``lax.fori_loop`` as a scan whose first carry is the index); returns the scan's results:
-  the index past the end, then the carries."""
+  the index past the end, then the carries. ``assign(carry, new)`` (default ``gen.assign``)
+  writes the carries' reassignment: a backend whose carries may be Refs passes its own."""
   stop = ex.add(start, ex.Lit(int(length), dtype=I32))
   gen.emit(f"for {index.name} in range({gen.render(start)}, {gen.render(stop)}):")
   gen.depth += 1
   # The body's first result, the next index, is the loop's own business.
   new = gen.lower_jaxpr(body, [*consts, index, *carry], unused_outputs=(0,))
-  gen.assign(carry, new[1:])
+  (assign or gen.assign)(carry, new[1:])
   gen.depth -= 1
   return [gen.bind(stop, "i_end"), *carry]
 
 
-def repeat(gen, body, consts, length: int, carry: list) -> list:
+def repeat(gen, body, consts, length: int, carry: list, assign=None) -> list:
   """``for _ in range(length): carry = body(*consts, *carry)`` (a scan over no arrays)."""
   gen.emit(f"for _ in range({length}):")
   gen.depth += 1
-  gen.assign(carry, gen.lower_jaxpr(body, [*consts, *carry]))
+  (assign or gen.assign)(carry, gen.lower_jaxpr(body, [*consts, *carry]))
   gen.depth -= 1
   return carry
 
 
-def while_loop(gen, cond, body, cond_consts, body_consts, carry: list) -> list:
+def while_loop(gen, cond, body, cond_consts, body_consts, carry: list, assign=None) -> list:
   """``go = cond(carry); while go: carry = body(carry); go = cond(carry)``: the flag is a carry
   like the others."""
   (go,) = gen.lower_jaxpr(cond, [*cond_consts, *carry])
   flag = gen.materialize(go, "go")
   gen.emit(f"while {flag.name}:")
   gen.depth += 1
-  gen.assign(carry, gen.lower_jaxpr(body, [*body_consts, *carry]))
+  (assign or gen.assign)(carry, gen.lower_jaxpr(body, [*body_consts, *carry]))
   (go,) = gen.lower_jaxpr(cond, [*cond_consts, *carry])
   gen.assign([flag], [go])
   gen.depth -= 1

@@ -262,6 +262,9 @@ DTYPE_NAMES = {
     "float8_e4m3fn": "float8e4nv", "float8_e5m2": "float8e5", "int8": "int8", "int16": "int16",
     "int32": "int32", "int64": "int64", "uint8": "uint8", "uint16": "uint16", "uint32": "uint32",
     "uint64": "uint64", "bool": "int1",
+    # sub-byte integers take a byte in registers (gpu/subbyte.py); in memory they are packed,
+    # so they have no entry in SIGNATURE: a backend reads them through its own code or refuses
+    "int4": "int8", "uint4": "uint8", "int2": "int8", "uint2": "uint8",
 }
 
 

@@ -11,7 +11,7 @@ What a GPU emitter may assume about ``legalize(jaxpr, cc)`` (sub-jaxprs included
    ``MIN % -1 = 0``), except literal divisors, which are neither. C's truncation is then lax's.
 2. Shifts: amounts are in ``[0, bits)``; ``shift_right_logical`` sees unsigned and
    ``shift_right_arithmetic`` signed operands only (bitcasts around them).
-3. Float -> int8/uint8 conversions see values in the target's range, never NaN (lax saturates
+3. Float -> int8/uint8 (and sub-byte integer) conversions see values in the target's range, never NaN (lax saturates
    and maps NaN to 0; a GPU converts to 16 bits and truncates). Wider targets are left alone: the
    GPU's conversions saturate and map NaN to 0 there, as lax does.
 4. fp8 (float8_e4m3fn, float8_e5m2): no arithmetic, comparison or math on fp8 values; only
@@ -32,6 +32,8 @@ What a GPU emitter may assume about ``legalize(jaxpr, cc)`` (sub-jaxprs included
 12. Float ``argmax``/``argmin`` see no NaN (a NaN anywhere wins, the first one: lax's rule).
 14. ``reduce_sum``/``cumsum`` see no 8- or 16-bit integers (summed in 32 bits, converted back).
 15. ``one_minus_square`` (tanh's derivative, in JVP kernels) is ``1 - x * x``.
+16. Sub-byte integers (int4, uint4, int2, uint2): only conversions, ``select_n``, data movement
+   and Ref access see them; the rest runs in 32 bits and is converted back (gpu/subbyte.py).
 
 Left to the emitter: NaN-propagating ``max``/``min`` and max/min reductions, padding lanes with
 neutral values, float32 ``div`` (Triton's ``/`` is ``div.full.f32``, within 2 ulps, as in
@@ -48,6 +50,7 @@ from jax import lax
 
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
+from pallax._src.gpu import subbyte
 
 F8 = (np.dtype(jnp.float8_e4m3fn), np.dtype(jnp.float8_e5m2))
 _F16, _BF16, _F32, _F64 = (np.dtype(t) for t in (jnp.float16, jnp.bfloat16, np.float32, np.float64))
@@ -76,7 +79,7 @@ def legalize(jaxpr: ji.Jaxpr, compute_capability: int) -> ji.Jaxpr:
 
 
 def _applies(eqn) -> bool:
-  return eqn.primitive in RULES or _fp8_arith(eqn)
+  return eqn.primitive in RULES or _fp8_arith(eqn) or subbyte.computes(eqn)
 
 
 def _rewrite(eqn, invals, params, ctx):
@@ -85,6 +88,8 @@ def _rewrite(eqn, invals, params, ctx):
   try:
     if _fp8_arith(eqn):
       out = _via_f32(ctx, eqn, rule, invals, params)
+    elif subbyte.computes(eqn):
+      out = subbyte.via_i32(eqn, rule, invals, params, ctx, _cast)
     else:
       out = None if rule is None else rule(ctx, *invals, **params)
   except NotImplementedError as e:
@@ -220,7 +225,7 @@ def _convert(ctx, x, new):
   if src in F8 and new not in (_F16, _BF16, _F32):   # the GPU converts fp8 to floats only
     return _cast(ctx, _to_f32(x), new)
   if _is_float(src) and new.itemsize == 1 and jnp.issubdtype(new, jnp.integer):
-    lo, hi = (_scalar(v, src) for v in (np.iinfo(new).min, np.iinfo(new).max))
+    lo, hi = (_scalar(v, src) for v in (jnp.iinfo(new).min, jnp.iinfo(new).max))
     x = _where(lax.eq(x, x), lax.min(lax.max(x, lo), hi), _scalar(0, src))   # saturate; NaN -> 0
     return lax.convert_element_type(x, new)
   return None

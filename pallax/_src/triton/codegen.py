@@ -21,6 +21,7 @@ import numpy as np
 from pallax._src.plan import plan_for
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import dot_algorithms, legalize, tiling
+from pallax._src.gpu import subbyte as gpu_subbyte
 from pallax._src.gpu.source import Unsupported, kernel_identifier
 from pallax._src.triton import control, movement, reductions, rules, shapes  # noqa: F401  (rules)
 from pallax._src.triton import lang as tl
@@ -156,7 +157,8 @@ def _source(gen, params, ptrs, launch: int) -> KernelSource:
   ptrs = ptrs[:n_in] + consts + ptrs[n_in:]
   names = [p.name for p in ptrs] + [h[0] for h in gen.hidden]
   dtypes = [p.dtype for p in ptrs] + [h[2] for h in gen.hidden]
-  signature = {n: "*" + ex.SIGNATURE[np.dtype(d).name] for n, d in zip(names, dtypes)}
+  # sub-byte arrays are packed bytes in memory (triton/subbyte.py)
+  signature = {n: "*" + ex.SIGNATURE.get(np.dtype(d).name, "u8") for n, d in zip(names, dtypes)}
   warps, stages, chosen = _default_warps_stages(params, gen)
   header = f"@triton.jit\ndef {name}({', '.join(names)}):"
   # ``pass``: a kernel whose body writes nothing has no statement of its own.
@@ -202,7 +204,9 @@ def _block_dims(gen, bm, view, idx, ptr) -> tuple:
       start = ex.add(idx[d], tl.i32(-low)) if low else idx[d]
     else:
       start = ex.mul(idx[d], block)
-    if not isinstance(start, (ex.Name, ex.Lit)):
+    # (kept as an expression for packed sub-byte arrays: stores see that it is a multiple of
+    # the values per byte, triton/subbyte.py)
+    if not isinstance(start, (ex.Name, ex.Lit)) and not gpu_subbyte.is_subbyte(bm.array_aval.dtype):
       start = gen.bind(start, f"{ptr.name}_start{d}")
     dims.append(memory.RefDim(start, block, size, memory.stride(view.array_shape, d),
                               kept=not view.squeezed[d], exact=view.exact[d], low=view.low[d]))

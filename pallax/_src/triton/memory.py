@@ -17,9 +17,11 @@ from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
 from pallax._src import ref_access
 from pallax._src.gpu import expr as ex
+from pallax._src.gpu import subbyte as gpu_subbyte
 from pallax._src.gpu.expr import add, mul
 from pallax._src.gpu.source import Unsupported
 from pallax._src.triton import lang as tl
+from pallax._src.triton import subbyte
 from pallax._src.triton.writer import Access, rule
 
 
@@ -228,6 +230,11 @@ def load(gen, ref: RefVal, user_mask=None, other=None, hint="", cache=None, evic
   kwargs.update(_hints(cache_modifier=cache, eviction_policy=evict))
   gen.max_numel = max(gen.max_numel, math.prod(ex.pow2(s) for s in shape))
   gen.accesses.append(Access("load", ref.origin, shape, mask))
+  if gpu_subbyte.is_subbyte(ref.dtype):   # packed in memory: load the bytes and unpack
+    value = subbyte.load(ref.ptr, offs, ref.dtype, shape, mask, _hints(cache_modifier=cache, eviction_policy=evict))
+    if other is not None and mask is not None:
+      value = tl.where(mask, value, _fill(other, ref.dtype))
+    return gen.bind(value, hint)
   value = ex.call("tl.load", _pointer(ref, offs), dtype=ref.dtype, shape=shape, **kwargs)
   if ref.dtype == np.bool_:   # bools live in memory as bytes
     value = tl.compare("!=", value, tl.i32(0))
@@ -254,9 +261,13 @@ def _zero(dtype) -> ex.Lit:
 
 
 def store(gen, ref: RefVal, val: ex.Expr, user_mask=None, evict=None):
+  if tuple(ref.shape) != tuple(val.shape):
+    raise Unsupported(f"store of shape {val.shape} into a Ref view of shape {ref.shape}")
+  if gpu_subbyte.is_subbyte(ref.dtype):   # packed in memory: write whole bytes
+    if user_mask is not None:
+      raise Unsupported(f"a masked store to {ref.origin} ({ref.dtype.name}, packed in memory)")
+    ref, val = subbyte.byte_view(ref, ref.origin), gen.bind(subbyte.pack(tl.tensor(val), ref.dtype), "packed")
   offs, mask, shape = address(ref, user_mask)
-  if tuple(shape) != tuple(val.shape):
-    raise Unsupported(f"store of shape {val.shape} into a Ref view of shape {shape}")
   v = tl.tensor(val)
   if ref.dtype == np.bool_:
     v = tl.to(val, np.int8)
@@ -278,12 +289,15 @@ def scratch_ref(gen, aval, name: str, zeroed: bool = False, shared: bool = False
   run as loops inside a program, as in the interpreter."""
   shape = tuple(aval.shape)
   lanes = 1 if shared else gen.lanes
-  ptr = ex.Name(gen.fresh(name), dtype=np.dtype(aval.dtype))
-  gen.hidden.append((ptr.name, (lanes,) + shape, np.dtype(aval.dtype), zeroed))
+  dtype = np.dtype(aval.dtype)
+  if gpu_subbyte.is_subbyte(dtype):   # a byte per value: only pallax reads this buffer
+    dtype = gpu_subbyte.storage(dtype)
+  ptr = ex.Name(gen.fresh(name), dtype=dtype)
+  gen.hidden.append((ptr.name, (lanes,) + shape, dtype, zeroed))
   gen.read_back.add(ptr.name)
   lane = tl.i32(0) if shared else gen.lane
   lead = (RefDim(lane, 1, lanes, int(math.prod(shape)), kept=False),)
-  return whole(ptr, aval.dtype, shape, name, lead)
+  return whole(ptr, dtype, shape, name, lead)
 
 
 def spill(gen, v: ex.Expr | None, aval=None) -> RefVal:

@@ -15,8 +15,10 @@ from jax import lax
 from pallax._src import jax_internals as ji
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import math_functions
+from pallax._src.gpu import subbyte as gpu_subbyte
 from pallax._src.gpu.expr import Token, binary, call
 from pallax._src.triton import lang as tl
+from pallax._src.triton import subbyte
 from pallax._src.triton.writer import is_float, rule
 
 _NAN_ALL = Token("tl.PropagateNan.ALL")
@@ -150,6 +152,8 @@ def _convert(ctx, x, new_dtype, **_):
     return x
   if new == np.bool_:
     return tl.compare("!=", x, tl.i32(0))
+  if gpu_subbyte.is_subbyte(new):
+    return subbyte.wrap(x, new)
   return tl.to(x, new)   # legalized: values that overflow or are NaN were handled before
 
 
