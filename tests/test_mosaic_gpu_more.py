@@ -64,3 +64,19 @@ def test_mosaic_gpu_kernel_writing_the_aliased_input_ref_changes_the_output():
     pl.run_scoped(body, plgpu.SMEM(x.shape, x.dtype), plgpu.Barrier())
 
   np.testing.assert_allclose(kernel(x), jnp.exp(x), rtol=1e-6)
+
+
+# --- rounding in registers (Gluon: libdevice rint / round) ----------------------------------
+
+@pytest.mark.parametrize("method", [0, 1], ids=["away", "even"])
+def test_round_in_a_mosaic_gpu_kernel(method):
+  # half-way values included: the two methods differ exactly there
+  x = jax.random.uniform(jax.random.key(4), (128,), jnp.float32, -8, 8)
+  x = x.at[:8].set(jnp.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.0, -7.5]))
+
+  @functools.partial(plgpu.kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))
+  def kernel(x_ref, o_ref):
+    o_ref[...] = jax.lax.round(x_ref[...], jax.lax.RoundingMethod(method))
+
+  want = jnp.round(x) if method == 1 else jnp.sign(x) * jnp.floor(jnp.abs(x) + 0.5)
+  np.testing.assert_array_equal(kernel(x), want)

@@ -180,3 +180,10 @@ def _reduce_layouts(ctx, x, *, axes, **_):
 
 for _p in (lax.reduce_max_p, lax.reduce_min_p, lax.reduce_sum_p):
   layout_rule(_p)(_reduce_layouts)
+
+
+@rule(lax.round_p)
+def _round(ctx, x, rounding_method):
+  # lax's TO_NEAREST_EVEN (1) is rint; AWAY_FROM_ZERO (0) is round (half-way cases away from 0)
+  fn = f"{_LIBDEVICE}.rint" if int(rounding_method) == 1 else f"{_LIBDEVICE}.round"
+  return ctx.gen.value(call(fn, x, dtype=x.dtype, shape=x.shape), ctx.gen.layout_of(x))
