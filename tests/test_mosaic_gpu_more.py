@@ -80,3 +80,34 @@ def test_round_in_a_mosaic_gpu_kernel(method):
 
   want = jnp.round(x) if method == 1 else jnp.sign(x) * jnp.floor(jnp.abs(x) + 0.5)
   np.testing.assert_array_equal(kernel(x), want)
+
+
+# --- reductions over several axes (Gluon: one reduction per axis) ---------------------------
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_reduction_over_several_axes(op):
+  axes = (0, 1)   # the whole tile to a scalar (register accesses of rank-3 GMEM do not lower yet)
+  x = jax.random.normal(jax.random.key(5), (64, 128), jnp.float32)
+  ref = getattr(jnp, op)
+  out_shape = jax.eval_shape(lambda v: ref(v, axis=axes), x)
+
+  @functools.partial(plgpu.kernel, out_shape=out_shape)
+  def kernel(x_ref, o_ref):
+    o_ref[...] = ref(x_ref[...], axis=axes)
+
+  np.testing.assert_allclose(kernel(x), ref(x, axis=axes), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axes", [(0, 2), (1, 2), (0, 1)])
+def test_reduction_over_several_axes_of_a_rank3_tile_from_smem(axes):
+  x = jax.random.normal(jax.random.key(6), (2, 16, 128), jnp.float32)
+  out_shape = jax.eval_shape(lambda v: jnp.sum(v, axis=axes), x)
+
+  @functools.partial(plgpu.kernel, out_shape=out_shape,
+                     scratch_shapes=[plgpu.SMEM(x.shape, x.dtype), plgpu.Barrier()])
+  def kernel(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar)
+    plgpu.barrier_wait(bar)
+    o_ref[...] = jnp.sum(smem[...], axis=axes)
+
+  np.testing.assert_allclose(kernel(x), jnp.sum(x, axis=axes), rtol=1e-5, atol=1e-4)
