@@ -111,3 +111,28 @@ def test_reduction_over_several_axes_of_a_rank3_tile_from_smem(axes):
     o_ref[...] = jnp.sum(smem[...], axis=axes)
 
   np.testing.assert_allclose(kernel(x), jnp.sum(x, axis=axes), rtol=1e-5, atol=1e-4)
+
+
+# --- a predicated-off TMA load still arrives on its barrier ---------------------------------
+
+def test_predicated_off_copy_still_completes_the_barrier():
+  """Block 1's copy is predicated off; its barrier_wait must not hang (Mosaic GPU arrives with
+  no bytes), and its SMEM keeps the zeros the kernel wrote."""
+  x = jax.random.normal(jax.random.key(7), (256,), jnp.float32)
+
+  @functools.partial(plgpu.kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                     grid=(2,), grid_names=("b",),
+                     scratch_shapes=[plgpu.SMEM((128,), jnp.float32), plgpu.Barrier()])
+  def kernel(x_ref, o_ref, smem, bar):
+    smem[...] = jnp.zeros_like(smem)
+    plgpu.commit_smem()
+    b = jax.lax.axis_index("b")
+    half = pl.ds(b * 128, 128)
+    plgpu.copy_gmem_to_smem(x_ref.at[half], smem, bar, predicate=b == 0)
+    plgpu.barrier_wait(bar)
+    plgpu.copy_smem_to_gmem(smem, o_ref.at[half])
+    plgpu.wait_smem_to_gmem(0)
+
+  out = kernel(x)
+  np.testing.assert_array_equal(out[:128], x[:128])
+  np.testing.assert_array_equal(out[128:], jnp.zeros(128))
