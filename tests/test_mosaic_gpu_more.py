@@ -136,3 +136,16 @@ def test_predicated_off_copy_still_completes_the_barrier():
   out = kernel(x)
   np.testing.assert_array_equal(out[:128], x[:128])
   np.testing.assert_array_equal(out[128:], jnp.zeros(128))
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_reduction_over_several_axes_of_a_padded_int_tile(op):
+  """A tile Gluon pads to powers of two: the padding must not join the reduction."""
+  x = jax.random.randint(jax.random.key(8), (24, 100), -1000, 1000, jnp.int32)
+  ref = getattr(jnp, op)
+
+  @functools.partial(plgpu.kernel, out_shape=jax.ShapeDtypeStruct((), jnp.int32))
+  def kernel(x_ref, o_ref):
+    o_ref[...] = ref(x_ref[...], axis=(0, 1))
+
+  np.testing.assert_array_equal(kernel(x), ref(x))
