@@ -172,7 +172,10 @@ def _copy_gmem_to_smem(ctx, *invals, **params):
   for target, desc, coords, event in pieces:
     gen.events.append(event)
     gen.emit(f"tma.async_copy_global_to_shared({desc}, [{coords}], {b}, {target})")
-  _end(gen, opened)
+  if opened:   # predicated off: the barrier still gets its one arrival, as in Mosaic GPU
+    gen.depth -= 1
+    gen.emit("else:")
+    gen.emit(f"    mbarrier.arrive({b})")
   return []
 
 

@@ -98,12 +98,17 @@ def _bitcast(ctx, x, *, new_dtype):
 def _reduce_rule(fn, kind: str):
   def lower(ctx, x, *, axes, **_):
     gen = ctx.gen
-    if len(axes) != 1 or gen.layout_of(x) is None:
-      gen.unsupported("reductions over several axes, or of values without a layout")
-    (axis,) = axes
-    x = masked(gen, x, [axis], ex.untyped(ex.neutral(kind, x.dtype)))
-    layout = slice_layout(gen, gen.layout_of(x), axis)
-    return gen.value(call(fn, x, i32(axis), dtype=ctx.out.dtype, shape=ctx.out.shape), layout)
+    if not axes:
+      return x
+    if gen.layout_of(x) is None:
+      gen.unsupported("reductions of values without a layout")
+    # several axes: one reduction per axis, the last first, so the others keep their numbers
+    x = masked(gen, x, list(axes), ex.untyped(ex.neutral(kind, x.dtype)))
+    layout, shape = gen.layout_of(x), tuple(x.shape)
+    for axis in sorted(axes, reverse=True):
+      layout, shape = slice_layout(gen, layout, axis), shape[:axis] + shape[axis + 1:]
+      x = gen.value(call(fn, x, i32(axis), dtype=ctx.out.dtype, shape=shape), layout)
+    return x
   return lower
 
 
@@ -173,10 +178,19 @@ def _hint_layouts(ctx, x, **_):
 
 def _reduce_layouts(ctx, x, *, axes, **_):
   layout = getattr(x, "layout", None)
-  if len(axes) != 1 or layout is None:
-    return None
-  return Val(tuple(ctx.out.shape), np.dtype(ctx.out.dtype), L.Slice(axes[0], layout))
+  if not axes or layout is None:
+    return x if not axes else None
+  for axis in sorted(axes, reverse=True):   # as _reduce_rule reduces them
+    layout = L.Slice(axis, layout)
+  return Val(tuple(ctx.out.shape), np.dtype(ctx.out.dtype), layout)
 
 
 for _p in (lax.reduce_max_p, lax.reduce_min_p, lax.reduce_sum_p):
   layout_rule(_p)(_reduce_layouts)
+
+
+@rule(lax.round_p)
+def _round(ctx, x, rounding_method):
+  # lax's TO_NEAREST_EVEN (1) is rint; AWAY_FROM_ZERO (0) is round (half-way cases away from 0)
+  fn = f"{_LIBDEVICE}.rint" if int(rounding_method) == 1 else f"{_LIBDEVICE}.round"
+  return ctx.gen.value(call(fn, x, dtype=x.dtype, shape=x.shape), ctx.gen.layout_of(x))

@@ -491,9 +491,8 @@ def kernel_memory(params, args, track: bool):
   outs = [Buffer(f"out[{i}]", "gmem", np.array(prims.poison(bm.array_aval.shape, bm.array_aval.dtype)),
                  init=np.zeros(bm.array_aval.shape, bool) if track else None)
           for i, bm in enumerate(gm.block_mappings_output)]
-  for i, o in params.input_output_aliases:
-    outs[o].data[...] = ins[i].data
-    outs[o].init = None
+  for i, o in params.input_output_aliases:   # one buffer: the kernel may write either ref
+    outs[o] = ins[i]
   for k, o in enumerate(getattr(params.threads, "global_outputs", ())):   # plgpu kernels'
     outs[o].name, outs[o].state["global"] = f"pl.get_global #{k}", True
   glob = [Buffer(f"pl.get_global #{k}", "gmem", np.zeros(a.shape, a.dtype), None, {"global": True})

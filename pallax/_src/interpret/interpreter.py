@@ -443,7 +443,25 @@ def _interpret(*args, params, prep: Prepared):
   for k, (m, v) in enumerate(zip(state.init_outs, views)):
     if k not in aliased:
       uninit.check_all_written(params.name, v.origin, _unpad(m, v))
-  return [_unpad(o, v) for o, v in zip(state.outs, views)]
+  return _aliased_writes(call, state, [_unpad(o, v) for o, v in zip(state.outs, views)])
+
+
+def _aliased_writes(call: Call, state: State, outs: list) -> list:
+  """An output aliased to an input is one buffer with it: what the kernel wrote through the
+  input's Ref is the output (JAX's kernels write the aliased input and leave the output alone)."""
+  gm, nidx = call.gm, call.gm.num_index_operands
+  written = call.prep.plan.written
+  for i, o in call.params.input_output_aliases:
+    if i not in call.carried_pos:
+      continue
+    if nidx + gm.num_inputs + o in written:
+      raise NotImplementedError(
+          f"pallas_call {call.params.name}: the kernel writes both args[{i}] and out[{o}], which "
+          "input_output_aliases makes one buffer; pallax's interpreter does not merge the two "
+          "yet: write through one of the two Refs only")
+    final = state.carried[call.carried_pos.index(i)]
+    outs[o] = final if i < nidx else _unpad(final, call.prep.plan.blocks[i - nidx])
+  return outs
 
 
 # --- entry points ----------------------------------------------------------------------

@@ -387,11 +387,14 @@ def _copy_views(th, eqn, invals, spaces):
 @rule(mp.copy_gmem_to_smem_p)
 def _copy_gmem_to_smem(th, eqn, invals):
   yield from ()
+  what = "copy_gmem_to_smem"
   views = _copy_views(th, eqn, invals, ("gmem", "smem"))
-  if views is None:
+  if views is None:   # predicated off: no data, but the barrier still gets its arrival (with
+    bar = mp.split_refs(invals, eqn.params["trees"])[0][2]   # no bytes), as in Mosaic GPU
+    if bar is not None:
+      arrive(th, bar[0].at(bar[1]), what)
     return []
   src, dst, bar = views
-  what = "copy_gmem_to_smem"
   if bar is None:
     fail(th, f"{what} needs a barrier on Hopper GPUs (TMA): pass plgpu.Barrier scratch and "
              "barrier_wait on it before reading the data")
