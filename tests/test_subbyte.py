@@ -185,6 +185,28 @@ def test_legalized_subbyte_arithmetic_is_xla_bitwise():
     _same(g, w)
 
 
+def bits_of(dtype) -> int:
+  return jnp.iinfo(dtype).bits
+
+
+@pytest.mark.parametrize("dtype", SUB, ids=IDS)
+def test_legalized_subbyte_shifts_are_xla_bitwise(dtype):
+  """jnp's ``>>`` on uint4 is lax's arithmetic shift, which XLA computes on the signed value of
+  the bits (uint4 10 >> 2 is 14); the 32-bit rewrite must agree (found on the GPU: the rewrite
+  had shifted the zero-extended value)."""
+  x = _values(dtype, (256,), seed=11)
+  amount = jnp.asarray(np.arange(256) % bits_of(dtype), dtype)
+
+  def f(a, s):
+    return a >> 2, lax.shift_right_arithmetic(a, s), lax.shift_right_logical(a, s), a << s
+
+  closed = jax.make_jaxpr(f)(x, amount)
+  legal = lg.legalize(closed.jaxpr, 90)
+  got = jax.core.eval_jaxpr(legal, closed.consts, x, amount)
+  for g, w in zip(got, f(x, amount)):
+    _same(g, w)
+
+
 def test_popcount_of_signed_subbyte_values_is_refused_on_the_gpu():
   """XLA on the CPU counts the sign-extension bits of an int4 (popcount(-8) is 5 there)."""
   closed = jax.make_jaxpr(lax.population_count)(_values(jnp.int4, (16,)))

@@ -65,6 +65,16 @@ def _widen(x, unsigned_bits: bool):
   return _convert(x, np.uint32 if unsigned_bits else np.int32)
 
 
+def _as_signed_bits(x, dtype):
+  """XLA shifts an unsigned sub-byte value arithmetically as the signed value of its bits
+  (uint4 10 >> 2 is 14, as jnp's ``>>`` on uint4 asks): the widened operand gets the sign of its
+  top bit."""
+  if not is_subbyte(dtype) or ml_dtypes.iinfo(dtype).min < 0:
+    return x
+  k = np.int32(32 - bits(dtype))
+  return lax.shift_right_arithmetic(lax.shift_left(x, k), k)
+
+
 def _convert(x, dtype):
   if isinstance(x, (np.ndarray, np.generic)):   # a literal in the re-trace
     return np.asarray(x).astype(dtype)[()]
@@ -84,6 +94,8 @@ def via_i32(eqn, rule, invals, params, ctx, cast):
         "of the same width first, or to int8)")
   unsigned_bits = eqn.primitive in _ON_BITS
   xs = [_widen(x, unsigned_bits) for x in invals]
+  if eqn.primitive is lax.shift_right_arithmetic_p and dt is not None:
+    xs[0] = _as_signed_bits(xs[0], dt)
   # The rule sees the 32-bit equation: its results' types say 32 bits too (shifts read them).
   wide = dataclasses.replace(ctx, out_avals=tuple(
       a.update(dtype=np.dtype(np.uint32 if unsigned_bits else np.int32)) if is_subbyte(a.dtype) else a
