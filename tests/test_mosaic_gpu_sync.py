@@ -546,8 +546,6 @@ def test_ref_union_in_run_scoped_and_its_errors():
     pl.run_scoped(scope, plgpu.RefUnion(plgpu.SMEM((128,), jnp.float32)))
 
   np.testing.assert_allclose(plgpu.kernel(body, out_shape=S(x.shape, x.dtype))(x), x + 1.0, **EXACT)
-  with pytest.raises(NotImplementedError, match="unions of SMEM Refs only"):
-    plgpu.RefUnion(plgpu.TMEM((128, 128), jnp.float32))
   with pytest.raises(TypeError, match="pytrees of plgpu.SMEM"):
     plgpu.RefUnion(jnp.float32)
 
