@@ -66,7 +66,7 @@ def test_mma_matches_dot_in_the_accumulators_dtype(dtype, mkn):
     np.testing.assert_allclose(got, reference(acc, a, b), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.gluon_refuses("plgpu.mma of int4")
+@pytest.mark.gluon_refuses("plgpu.mma of int4", "is int4, packed two or four values per byte")
 def test_mma_of_int4():
   a, b = operands(1, 64, 64, 8, jnp.int4)
   acc = np.ones((64, 8), np.int32)

@@ -252,11 +252,12 @@ def _flatten_specs(specs, tree, what: str, count: int, name: str):
 def _check_same_structure(specs, full, is_leaf, name: str):
   """As JAX Pallas: in_specs has the inputs' structure exactly (one spec for a dict input is
   refused, not spread over its leaves). pallax also takes None, for the whole array, where the
-  inputs have an array."""
+  inputs have an array; an input that is None has one entry too (its spec is not used)."""
   spec_tree = jax.tree.structure(specs, is_leaf=is_leaf)
   # the specs' structure with each spec (or None) as a leaf, comparable with the inputs'
   got = jax.tree.structure(jax.tree.unflatten(spec_tree, [0] * spec_tree.num_leaves))
-  want = jax.tree.structure(full)
+  # an input that is None (JAX's mha passes segment_ids=None) takes a spec (None) of its own
+  want = jax.tree.structure(full, is_leaf=lambda x: x is None)
   if got == want:
     return
   errs = list(ji.tree_util.equality_errors_pytreedef(got, want))
