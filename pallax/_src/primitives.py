@@ -426,7 +426,9 @@ run_scoped_p = ji.Primitive("run_scoped")
 run_scoped_p.multiple_results = True
 
 
-def _run_scoped_abstract_eval(*args, jaxpr, num_consts, zeroed=(), **_):
+def body_effects(jaxpr, num_consts: int) -> set:
+  """The effects of a primitive whose body ``jaxpr`` takes its ``num_consts`` operands first:
+  the body's, its Ref-input effects renumbered to those operands (the others are its own)."""
   effects = set()
   for eff in jaxpr.effects:
     if isinstance(eff, ji.effects.JaxprInputEffect):
@@ -435,7 +437,11 @@ def _run_scoped_abstract_eval(*args, jaxpr, num_consts, zeroed=(), **_):
         effects.add(eff.replace(pos))
     else:
       effects.add(eff)
-  return [v.aval for v in jaxpr.outvars], effects
+  return effects
+
+
+def _run_scoped_abstract_eval(*args, jaxpr, num_consts, zeroed=(), **_):
+  return [v.aval for v in jaxpr.outvars], body_effects(jaxpr, num_consts)
 
 
 run_scoped_p.def_effectful_abstract_eval(_run_scoped_abstract_eval)

@@ -188,6 +188,17 @@ def _peer_lands(th, q, dst: View, mask, what: str):
                             "issued its own copy yet)"))
 
 
+def _copy_views(th, eqn, invals, what):
+  """(source, destination, the barrier's view) of a cluster copy; None: nothing to copy."""
+  views = sem.copy_views(th, eqn, invals, ("gmem", "smem"))
+  if views is None:
+    return None
+  src, dst, bar = views
+  if bar is None:
+    fail(th, f"{what} needs a barrier on Hopper GPUs (TMA): pass plgpu.Barrier scratch")
+  return src, dst, bar[0].at(bar[1])
+
+
 @rule(mp.copy_gmem_to_smem_p)
 def _copy_gmem_to_smem(th, eqn, invals):
   p = eqn.params
@@ -200,13 +211,10 @@ def _copy_gmem_to_smem(th, eqn, invals):
   if len(members) <= 1:
     return (yield from _local_copy(th, eqn, invals))
   yield from ()
-  views = sem.copy_views(th, eqn, invals, ("gmem", "smem"))
+  views = _copy_views(th, eqn, invals, what)
   if views is None:
     return []
   src, dst, bar = views
-  if bar is None:
-    fail(th, f"{what} needs a barrier on Hopper GPUs (TMA): pass plgpu.Barrier scratch")
-  bar = bar[0].at(bar[1])
   sem.check_box(th, dst, src, what)
   _check_divisible(th, dst, len(members), what)
   mask = sem.view_mask(dst)
@@ -273,13 +281,10 @@ def _leader_tracked(th, eqn, invals, members, what: str):
          NotImplementedError)
   (axis,) = [n for d in _dims(th, p["collective_axes"], what) for n in d
              if sizes(th.block)[n] == 2] or [None]
-  views = sem.copy_views(th, eqn, invals, ("gmem", "smem"))
+  views = _copy_views(th, eqn, invals, what)
   if views is None:
     return []
   src, dst, bar = views
-  if bar is None:
-    fail(th, f"{what} needs a barrier on Hopper GPUs (TMA): pass plgpu.Barrier scratch")
-  bar = bar[0].at(bar[1])
   me = th.block.axes[axis]
   data, init = np.asarray(eager.read(src, fill=0)), np.asarray(eager.read_init(src))
   if p["leader_tracked"][0] == "partitioned":

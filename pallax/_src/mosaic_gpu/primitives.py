@@ -204,16 +204,16 @@ def copy_smem_to_gmem(src, dst, predicate=None, *, commit_group=True, reduction_
              reduction_op=reduction_op)
 
 
-def _no_ref_primitive(name):
+def no_ref_primitive(name):
   return _primitive(name, lambda **_: ([], {mosaic_effect}))
 
 
-commit_smem_p = _no_ref_primitive("commit_smem")
-commit_smem_to_gmem_group_p = _no_ref_primitive("commit_smem_to_gmem_group")
-wait_smem_to_gmem_p = _no_ref_primitive("wait_smem_to_gmem")
-wait_gmem_to_smem_p = _no_ref_primitive("wait_gmem_to_smem")
-wgmma_wait_p = _no_ref_primitive("wgmma_wait")
-set_max_registers_p = _no_ref_primitive("set_max_registers")
+commit_smem_p = no_ref_primitive("commit_smem")
+commit_smem_to_gmem_group_p = no_ref_primitive("commit_smem_to_gmem_group")
+wait_smem_to_gmem_p = no_ref_primitive("wait_smem_to_gmem")
+wait_gmem_to_smem_p = no_ref_primitive("wait_gmem_to_smem")
+wgmma_wait_p = no_ref_primitive("wgmma_wait")
+set_max_registers_p = no_ref_primitive("set_max_registers")
 
 
 def commit_smem() -> None:

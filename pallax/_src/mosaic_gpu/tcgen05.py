@@ -170,12 +170,8 @@ def async_store_tmem(ref, value) -> None:
   _bind(async_store_tmem_p, (ref,), (jnp.asarray(value),))
 
 
-def _no_refs(name):
-  return _primitive(name, lambda **_: ([], {mp.mosaic_effect}))
-
-
-wait_load_tmem_p = _no_refs("wait_load_tmem")
-commit_tmem_p = _no_refs("commit_tmem")
+wait_load_tmem_p = mp.no_ref_primitive("wait_load_tmem")
+commit_tmem_p = mp.no_ref_primitive("commit_tmem")
 
 
 def wait_load_tmem() -> None:

@@ -30,6 +30,7 @@ from pallax._src import backends
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
+from pallax._src import primitives as prims
 from pallax._src.mosaic_gpu import primitives as mp
 
 NUM_WARPS = 4   # warps per warpgroup
@@ -79,15 +80,7 @@ warp_map_p.multiple_results = True
 
 
 def _warp_map_abstract_eval(*args, jaxpr, num_consts, axis_name):
-  effects = {mp.mosaic_effect}
-  for eff in jaxpr.effects:
-    if isinstance(eff, ji.effects.JaxprInputEffect):
-      pos = jaxpr.invars.index(eff.input) if eff.input in jaxpr.invars else None
-      if pos is not None and pos < num_consts:
-        effects.add(eff.replace(pos))
-    else:
-      effects.add(eff)
-  return [], effects
+  return [], {mp.mosaic_effect} | prims.body_effects(jaxpr, num_consts)
 
 
 warp_map_p.def_effectful_abstract_eval(_warp_map_abstract_eval)
