@@ -115,7 +115,7 @@ def barrier_view(ref):
   return ji.TransformedRef(base, tuple(out))
 
 
-def _effects(trees, reads=(), writes=()):
+def ref_effects(trees, reads=(), writes=()):
   pos = _positions(trees)
   effs = {mosaic_effect}
   effs |= {ji.ReadEffect(pos[i]) for i in reads if pos[i] is not None}
@@ -123,20 +123,20 @@ def _effects(trees, reads=(), writes=()):
   return effs
 
 
-def _shapes(avals, trees):
+def ref_shapes(avals, trees):
   refs, _ = split_refs(avals, trees)
   return [None if r is None else (view_shape(r[0].inner_aval, r[1]), r[0].inner_aval.dtype)
           for r in refs]
 
 
-def _primitive(name, abstract_eval):
+def primitive(name, abstract_eval):
   p = ji.Primitive(name)
   p.multiple_results = True
   p.def_effectful_abstract_eval(abstract_eval)
   return p
 
 
-def _bind_refs(p, refs, extra=(), **params):
+def bind_refs(p, refs, extra=(), **params):
   flat, trees = flatten_refs(*refs)
   return p.bind(*flat, *extra, trees=trees, **params)
 
@@ -144,7 +144,7 @@ def _bind_refs(p, refs, extra=(), **params):
 # --- asynchronous copies ---------------------------------------------------------------------
 
 def _copy_abstract_eval(*avals, trees, what, leader_tracked=None, **_):
-  (src, sdt), (dst, ddt) = _shapes(avals, trees)[:2]
+  (src, sdt), (dst, ddt) = ref_shapes(avals, trees)[:2]
   views = (f"the source is {jnp.dtype(sdt).name}{list(src)} but the destination is "
            f"{jnp.dtype(ddt).name}{list(dst)}")
   if sdt != ddt:   # JAX's words first (users match them), then which views
@@ -158,11 +158,11 @@ def _copy_abstract_eval(*avals, trees, what, leader_tracked=None, **_):
                  f"Expected shapes to match, but src has shape {tuple(src)} and dst has shape "
                  f"{tuple(dst)}")
     raise ValueError(f"{what}: {jax_words}: {views}; slice them to one shape")
-  return [], _effects(trees, reads=(0,), writes=(1, 2))
+  return [], ref_effects(trees, reads=(0,), writes=(1, 2))
 
 
-copy_gmem_to_smem_p = _primitive("copy_gmem_to_smem", _copy_abstract_eval)
-copy_smem_to_gmem_p = _primitive("copy_smem_to_gmem", _copy_abstract_eval)
+copy_gmem_to_smem_p = primitive("copy_gmem_to_smem", _copy_abstract_eval)
+copy_smem_to_gmem_p = primitive("copy_smem_to_gmem", _copy_abstract_eval)
 
 
 def _predicate(predicate):
@@ -180,7 +180,7 @@ def copy_gmem_to_smem(src, dst, barrier=None, *, collective_axes=None, leader_tr
   if isinstance(leader_tracked, tuple) and leader_tracked[0] == "partitioned":
     _check_partitioned(src, dst, leader_tracked[1], collective_axes)
   barrier = None if barrier is None else barrier_view(barrier)
-  _bind_refs(copy_gmem_to_smem_p, (src, dst, barrier), _predicate(predicate),
+  bind_refs(copy_gmem_to_smem_p, (src, dst, barrier), _predicate(predicate),
              what="copy_gmem_to_smem", has_predicate=predicate is not None,
              collective_axes=tuple(collective_axes or ()), leader_tracked=leader_tracked,
              oob_mode=oob_mode)
@@ -199,13 +199,13 @@ def _check_partitioned(src, dst, axis: int, collective_axes):
 def copy_smem_to_gmem(src, dst, predicate=None, *, commit_group=True, reduction_op=None) -> None:
   """Starts copying the SMEM view ``src`` to the GMEM view ``dst`` (elements past the array's end
   are dropped). ``wait_smem_to_gmem`` awaits it."""
-  _bind_refs(copy_smem_to_gmem_p, (src, dst, None), _predicate(predicate), what="copy_smem_to_gmem",
+  bind_refs(copy_smem_to_gmem_p, (src, dst, None), _predicate(predicate), what="copy_smem_to_gmem",
              has_predicate=predicate is not None, commit_group=bool(commit_group),
              reduction_op=reduction_op)
 
 
 def no_ref_primitive(name):
-  return _primitive(name, lambda **_: ([], {mosaic_effect}))
+  return primitive(name, lambda **_: ([], {mosaic_effect}))
 
 
 commit_smem_p = no_ref_primitive("commit_smem")
@@ -253,22 +253,22 @@ def set_max_registers(n: int, *, action: str) -> None:
 # --- barriers --------------------------------------------------------------------------------
 
 def _barrier_abstract_eval(*avals, trees, **_):
-  return [], _effects(trees, writes=(0,))
+  return [], ref_effects(trees, writes=(0,))
 
 
-barrier_arrive_p = _primitive("barrier_arrive", _barrier_abstract_eval)
-barrier_wait_p = _primitive("barrier_wait", _barrier_abstract_eval)
+barrier_arrive_p = primitive("barrier_arrive", _barrier_abstract_eval)
+barrier_wait_p = primitive("barrier_wait", _barrier_abstract_eval)
 
 
 def barrier_arrive(barrier, *, predicate=None) -> None:
   """One arrival of this thread on ``barrier``."""
-  _bind_refs(barrier_arrive_p, (barrier_view(barrier),), _predicate(predicate),
+  bind_refs(barrier_arrive_p, (barrier_view(barrier),), _predicate(predicate),
              has_predicate=predicate is not None)
 
 
 def barrier_wait(barrier) -> None:
   """Waits until ``barrier`` completes the phase this thread waits for next."""
-  _bind_refs(barrier_wait_p, (barrier_view(barrier),))
+  bind_refs(barrier_wait_p, (barrier_view(barrier),))
 
 
 # --- wgmma -----------------------------------------------------------------------------------
@@ -289,10 +289,10 @@ def _wgmma_abstract_eval(*avals, trees):
     raise ValueError(f"wgmma: Mixed input dtypes for matrix multiplication unsupported: "
                      f"lhs={jnp.dtype(a_dtype).name}, rhs={jnp.dtype(b_dtype).name}; cast one "
                      "of them (only the two float8 types mix)")
-  return [], _effects(trees, reads=(1, 2), writes=(0,))
+  return [], ref_effects(trees, reads=(1, 2), writes=(0,))
 
 
-wgmma_p = _primitive("wgmma", _wgmma_abstract_eval)
+wgmma_p = primitive("wgmma", _wgmma_abstract_eval)
 
 
 def wgmma(acc, a, b) -> None:
@@ -361,22 +361,22 @@ def async_prefetch(ref, *, collective_axes=None, leader_tracked=None, predicate=
 # Gluon does not lower these yet: its code generator refuses them by their primitive's name.
 
 def _barrier_test_abstract_eval(*avals, trees):
-  if _shapes(avals, trees)[0][0] != ():
+  if ref_shapes(avals, trees)[0][0] != ():
     raise ValueError("plgpu.barrier_test takes one barrier; index the barrier array (bar.at[i])")
-  return [ji.ShapedArray((), jnp.bool_)], _effects(trees, writes=(0,))
+  return [ji.ShapedArray((), jnp.bool_)], ref_effects(trees, writes=(0,))
 
 
-barrier_test_p = _primitive("plgpu_barrier_test", _barrier_test_abstract_eval)
+barrier_test_p = primitive("plgpu_barrier_test", _barrier_test_abstract_eval)
 
 
 def barrier_test(barrier) -> jax.Array:
   """Whether ``barrier`` completed the phase this thread waits for next, without waiting; if
   it did, the next ``barrier_wait``/``barrier_test`` is for the phase after it."""
-  return _bind_refs(barrier_test_p, (barrier_view(barrier),))[0]
+  return bind_refs(barrier_test_p, (barrier_view(barrier),))[0]
 
 
 def _atomic_abstract_eval(*avals, trees, op):
-  ((shape, dtype),), (val,) = _shapes(avals, trees)[:1], avals[-1:]
+  ((shape, dtype),), (val,) = ref_shapes(avals, trees)[:1], avals[-1:]
   if tuple(val.shape) != shape:
     raise ValueError(f"plgpu.atomic_{op}: Invalid shape for the update: the Ref (view) is "
                      f"{list(shape)} but the value is {list(val.shape)}; they must match")
@@ -387,10 +387,10 @@ def _atomic_abstract_eval(*avals, trees, op):
   if op in ("and", "or", "xor") and not jnp.issubdtype(dtype, jnp.integer):
     raise TypeError(f"plgpu.atomic_{op} takes integers, but the Ref holds "
                     f"{jnp.dtype(dtype).name}")
-  return [], _effects(trees, reads=(0,), writes=(0,))
+  return [], ref_effects(trees, reads=(0,), writes=(0,))
 
 
-atomic_p = _primitive("plgpu_atomic", _atomic_abstract_eval)
+atomic_p = primitive("plgpu_atomic", _atomic_abstract_eval)
 
 
 def _atomic_fn(op):
@@ -398,7 +398,7 @@ def _atomic_fn(op):
     if isinstance(val, (int, float)):   # a Python number: the Ref's dtype, every element
       shape = view_shape(*_ref_type(ref))
       val = jnp.full(shape, val, _ref_type(ref)[0].dtype)
-    _bind_refs(atomic_p, (ref,), (jnp.asarray(val),), op=op)
+    bind_refs(atomic_p, (ref,), (jnp.asarray(val),), op=op)
   fn.__name__ = f"atomic_{op}"
   fn.__doc__ = (f"Updates every element of the SMEM or GMEM view ``ref`` with its {op} with "
                 "``val``, atomically per element (other threads and blocks may update it too).")
@@ -415,7 +415,7 @@ atomic_and, atomic_or, atomic_xor = (_atomic_fn(op) for op in ("and", "or", "xor
 
 
 def _one_semaphore(avals, trees, what):
-  (shape, dtype), = _shapes(avals, trees)[:1]
+  (shape, dtype), = ref_shapes(avals, trees)[:1]
   if shape != ():
     raise ValueError(f"{what} takes one semaphore, but the Ref is of shape {list(shape)}; index "
                      "the semaphore array (sems.at[i])")
@@ -426,22 +426,22 @@ def _one_semaphore(avals, trees, what):
 
 def _signal_abstract_eval(*avals, trees, memory_scope):
   _one_semaphore(avals, trees, "semaphore_signal")
-  return [], _effects(trees, reads=(0,), writes=(0,))
+  return [], ref_effects(trees, reads=(0,), writes=(0,))
 
 
 def _wait_abstract_eval(*avals, trees, decrement, memory_scope):
   _one_semaphore(avals, trees, "semaphore_wait")
-  return [], _effects(trees, reads=(0,), writes=(0,))
+  return [], ref_effects(trees, reads=(0,), writes=(0,))
 
 
 def _read_abstract_eval(*avals, trees):
   _one_semaphore(avals, trees, "semaphore_read")
-  return [ji.ShapedArray((), jnp.int32)], _effects(trees, reads=(0,))
+  return [ji.ShapedArray((), jnp.int32)], ref_effects(trees, reads=(0,))
 
 
-semaphore_signal_p = _primitive("plgpu_semaphore_signal", _signal_abstract_eval)
-semaphore_wait_p = _primitive("plgpu_semaphore_wait", _wait_abstract_eval)
-semaphore_read_p = _primitive("plgpu_semaphore_read", _read_abstract_eval)
+semaphore_signal_p = primitive("plgpu_semaphore_signal", _signal_abstract_eval)
+semaphore_wait_p = primitive("plgpu_semaphore_wait", _wait_abstract_eval)
+semaphore_read_p = primitive("plgpu_semaphore_read", _read_abstract_eval)
 
 
 def _memory_scope(memory_scope):
@@ -465,7 +465,7 @@ def semaphore_signal(sem, inc=1, *, device_id=None, device_id_type=None, core_in
                               "kernels have none (pass device_id to signal another device)")
   if device_id is not None:
     sem = remote.remote_ref(sem, device_id, device_id_type or remote.DeviceIdType.MESH)
-  _bind_refs(semaphore_signal_p, (sem,), (jnp.asarray(inc, jnp.int32),),
+  bind_refs(semaphore_signal_p, (sem,), (jnp.asarray(inc, jnp.int32),),
              memory_scope=_memory_scope(memory_scope))
 
 
@@ -473,14 +473,14 @@ def semaphore_wait(sem, value=1, *, decrement=True, memory_scope="gpu") -> None:
   """Waits until the semaphore ``sem`` holds at least ``value``, then subtracts ``value`` from
   it (unless ``decrement=False``)."""
   _local_only(sem, "semaphore_wait")
-  _bind_refs(semaphore_wait_p, (sem,), (jnp.asarray(value, jnp.int32),),
+  bind_refs(semaphore_wait_p, (sem,), (jnp.asarray(value, jnp.int32),),
              decrement=bool(decrement), memory_scope=_memory_scope(memory_scope))
 
 
 def semaphore_read(sem) -> jax.Array:
   """The value of the semaphore ``sem`` now."""
   _local_only(sem, "semaphore_read")
-  return _bind_refs(semaphore_read_p, (sem,))[0]
+  return bind_refs(semaphore_read_p, (sem,))[0]
 
 
 SEMAPHORES = semaphores.SemaphoreOps(semaphore_signal, semaphore_wait, semaphore_read)

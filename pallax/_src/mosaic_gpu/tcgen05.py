@@ -16,39 +16,6 @@ from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu.core import TMEM  # noqa: F401 (the Gluon backend refuses it by this name)
 
 
-def _positions(trees):
-  pos, at = [], 0
-  for tree in trees:
-    pos.append(None if tree is None else at)
-    at += 0 if tree is None else 1 + tree.num_leaves
-  return pos
-
-
-def _effects(trees, reads=(), writes=()):
-  pos = _positions(trees)
-  effs = {mp.mosaic_effect}
-  effs |= {ji.ReadEffect(pos[i]) for i in reads if pos[i] is not None}
-  effs |= {ji.WriteEffect(pos[i]) for i in writes if pos[i] is not None}
-  return effs
-
-
-def _shapes(avals, trees):
-  refs, _ = mp.split_refs(avals, trees)
-  return [None if r is None else (mp.view_shape(r[0].inner_aval, r[1]), r[0].inner_aval.dtype)
-          for r in refs]
-
-
-def _primitive(name, abstract_eval):
-  p = ji.Primitive(name)
-  p.multiple_results = True
-  p.def_effectful_abstract_eval(abstract_eval)
-  return p
-
-
-def _bind(p, refs, extra=(), **params):
-  flat, trees = mp.flatten_refs(*refs)
-  return p.bind(*flat, *extra, trees=trees, **params)
-
 
 def _check_ref(x, what: str):
   if not (isinstance(x, ji.TransformedRef) or ji.is_ref_aval(jax.typeof(x))):
@@ -59,7 +26,7 @@ def _check_ref(x, what: str):
 # --- tcgen05_mma -------------------------------------------------------------------------------
 
 def _mma_abstract_eval(*avals, trees, collective_axis, scaled):
-  shapes = _shapes(avals, trees)
+  shapes = mp.ref_shapes(avals, trees)
   (acc, _), (a, _), (b, _) = shapes[:3]
   if len(acc) != 2 or len(a) != 2 or len(b) != 2:
     raise ValueError(f"tcgen05_mma takes 2D operands, got acc{list(acc)}, a{list(a)}, b{list(b)}")
@@ -75,10 +42,10 @@ def _mma_abstract_eval(*avals, trees, collective_axis, scaled):
                      f"(k, n) and accumulator to have shape (m, n). Accumulator: {acc}. RHS: {b}.")
   if a[1] != b[0]:
     raise ValueError(f"LHS and RHS have incompatible shapes. LHS: {a}. RHS: {b}.")
-  return [], _effects(trees, reads=(1, 2, 4, 5), writes=(0, 3))
+  return [], mp.ref_effects(trees, reads=(1, 2, 4, 5), writes=(0, 3))
 
 
-tcgen05_mma_p = _primitive("tcgen05_mma", _mma_abstract_eval)
+tcgen05_mma_p = mp.primitive("tcgen05_mma", _mma_abstract_eval)
 
 
 def tcgen05_mma(acc, a, b, barrier=None, *, a_scale=None, b_scale=None, a_sparse_metadata=None,
@@ -102,23 +69,23 @@ def tcgen05_mma(acc, a, b, barrier=None, *, a_scale=None, b_scale=None, a_sparse
   for x, what in ((acc, "acc"), (a, "a"), (b, "b")):
     _check_ref(x, f"tcgen05_mma: {what}")
   barrier = None if barrier is None else mp.barrier_view(barrier)
-  _bind(tcgen05_mma_p, (acc, a, b, barrier, a_scale, b_scale),
+  mp.bind_refs(tcgen05_mma_p, (acc, a, b, barrier, a_scale, b_scale),
         (jnp.asarray(accumulate, jnp.bool_),), collective_axis=collective_axis,
         scaled=a_scale is not None)
 
 
 def _commit_abstract_eval(*avals, trees, collective_axis):
-  return [], _effects(trees, writes=(0,))
+  return [], mp.ref_effects(trees, writes=(0,))
 
 
-tcgen05_commit_arrive_p = _primitive("tcgen05_commit_arrive", _commit_abstract_eval)
+tcgen05_commit_arrive_p = mp.primitive("tcgen05_commit_arrive", _commit_abstract_eval)
 
 
 def tcgen05_commit_arrive(barrier, collective_axis=None) -> None:
   """One arrival on ``barrier`` (``orders_tensor_core=True``) once every ``tcgen05_mma`` and
   SMEM->TMEM copy this thread issued so far has completed. With ``collective_axis``: issued by
   the leader block of the pair only, one arrival on the barrier of each of the two blocks."""
-  _bind(tcgen05_commit_arrive_p, (mp.barrier_view(barrier),), collective_axis=collective_axis)
+  mp.bind_refs(tcgen05_commit_arrive_p, (mp.barrier_view(barrier),), collective_axis=collective_axis)
 
 
 # --- TMEM loads and stores ----------------------------------------------------------------------
@@ -127,17 +94,17 @@ _REDUCTIONS = ("max", "min", "absmax", "absmin")
 
 
 def _load_abstract_eval(*avals, trees, reduce):
-  ((shape, dtype),) = _shapes(avals, trees)
+  ((shape, dtype),) = mp.ref_shapes(avals, trees)
   out = [ji.ShapedArray(shape, dtype)]
   if reduce is not None:
     if jnp.dtype(dtype) not in map(jnp.dtype, (jnp.float32, jnp.int32, jnp.uint32)):
       raise ValueError(f"Unsupported dtype for reduction: {jnp.dtype(dtype)}. Only float32, "
                        "int32 and uint32 are supported.")
     out.append(ji.ShapedArray(shape[:-1], dtype))
-  return out, _effects(trees, reads=(0,))
+  return out, mp.ref_effects(trees, reads=(0,))
 
 
-async_load_tmem_p = _primitive("async_load_tmem", _load_abstract_eval)
+async_load_tmem_p = mp.primitive("async_load_tmem", _load_abstract_eval)
 
 
 def async_load_tmem(src, *, layout=None, reduce=None):
@@ -147,27 +114,27 @@ def async_load_tmem(src, *, layout=None, reduce=None):
   if reduce is not None and reduce not in _REDUCTIONS:
     raise ValueError(f"async_load_tmem: reduce must be one of {_REDUCTIONS}, got {reduce!r}")
   _check_ref(src, "async_load_tmem: src")
-  outs = _bind(async_load_tmem_p, (src,), reduce=reduce)
+  outs = mp.bind_refs(async_load_tmem_p, (src,), reduce=reduce)
   value = outs[0] if layout is None else mp.layout_cast(outs[0], layout)
   return value if reduce is None else (value, outs[1])
 
 
 def _store_abstract_eval(*avals, trees):
-  ((shape, dtype),), (val,) = _shapes(avals, trees), avals[-1:]
+  ((shape, dtype),), (val,) = mp.ref_shapes(avals, trees), avals[-1:]
   if tuple(val.shape) != tuple(shape) or val.dtype != dtype:
     raise ValueError(f"async_store_tmem: the TMEM view is {jnp.dtype(dtype).name}{list(shape)} "
                      f"but the value is {val.str_short()}; they must match")
-  return [], _effects(trees, writes=(0,))
+  return [], mp.ref_effects(trees, writes=(0,))
 
 
-async_store_tmem_p = _primitive("async_store_tmem", _store_abstract_eval)
+async_store_tmem_p = mp.primitive("async_store_tmem", _store_abstract_eval)
 
 
 def async_store_tmem(ref, value) -> None:
   """Writes ``value`` to the TMEM view ``ref``; the write is seen by loads and MMAs once this
   thread calls ``commit_tmem``."""
   _check_ref(ref, "async_store_tmem: ref")
-  _bind(async_store_tmem_p, (ref,), (jnp.asarray(value),))
+  mp.bind_refs(async_store_tmem_p, (ref,), (jnp.asarray(value),))
 
 
 wait_load_tmem_p = mp.no_ref_primitive("wait_load_tmem")
@@ -187,7 +154,7 @@ def commit_tmem() -> None:
 # --- SMEM -> TMEM copies -------------------------------------------------------------------------
 
 def _copy_abstract_eval(*avals, trees, what, collective_axis):
-  (src, sdt), (dst, ddt) = _shapes(avals, trees)
+  (src, sdt), (dst, ddt) = mp.ref_shapes(avals, trees)
   if sdt != ddt:
     raise ValueError(f"Expected SMEM element type ({jnp.dtype(sdt)}) to equal the TMEM element "
                      f"type ({jnp.dtype(ddt)})")
@@ -197,10 +164,10 @@ def _copy_abstract_eval(*avals, trees, what, collective_axis):
     raise ValueError(f"Expected SMEM reference shape {src} to equal the TMEM reference shape {dst}"
                      + (f" (or, for scales, {scales_tiles(dst)}: MMA scale tiles)"
                         if what == "async_copy_scales_to_tmem" else ""))
-  return [], _effects(trees, reads=(0,), writes=(1,))
+  return [], mp.ref_effects(trees, reads=(0,), writes=(1,))
 
 
-async_copy_smem_to_tmem_p = _primitive("async_copy_smem_to_tmem", _copy_abstract_eval)
+async_copy_smem_to_tmem_p = mp.primitive("async_copy_smem_to_tmem", _copy_abstract_eval)
 
 
 def scales_tiles(shape) -> tuple:
@@ -224,7 +191,7 @@ def _copy_fn(what: str):
           "supported by pallax yet; use collective_axis=None")
     _check_ref(smem_ref, f"{what}: smem_ref")
     _check_ref(tmem_ref, f"{what}: tmem_ref")
-    _bind(async_copy_smem_to_tmem_p, (smem_ref, tmem_ref), what=what, collective_axis=None)
+    mp.bind_refs(async_copy_smem_to_tmem_p, (smem_ref, tmem_ref), what=what, collective_axis=None)
   fn.__name__ = what
   fn.__doc__ = ("Copies the SMEM view into the TMEM view asynchronously (tcgen05.cp); an MMA of "
                 "this thread may use the TMEM at once, anything else after "
