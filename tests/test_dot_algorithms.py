@@ -326,3 +326,18 @@ def test_float64_preset_with_x64(dtype):
   size = np.abs(x.astype(np.float64)) @ np.abs(y.astype(np.float64))
   # float64 products and sums: far below float32's rounding
   np.testing.assert_array_less(np.abs(got - exact), x.shape[1] * 2.0 ** -52 * size + 1e-300)
+
+
+@pytest.mark.interpreter   # the interpreter's matrix-vector product is one the Triton backend refuses
+def test_triton_refuses_a_matrix_vector_product_in_jaxs_words():
+  """The interpreter multiplies a matrix by a vector; Triton's tl.dot takes matrices only, and
+  JAX's Triton lowering says the operands "must be 2D": pallax says so too, and how to fix it."""
+  def kernel(x_ref, y_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], y_ref[...])
+  x = jax.random.normal(jax.random.key(3), (32, 48), jnp.float32)
+  y = jax.random.normal(jax.random.key(4), (48,), jnp.float32)
+  f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((32,), jnp.float32))
+  np.testing.assert_allclose(pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((32,), jnp.float32),
+                                            interpret=True)(x, y), x @ y, rtol=1e-5, atol=1e-5)
+  with pytest.raises(NotImplementedError, match="must be 2D.*reshape a vector"):
+    plgpu.lower(f, x, y, compute_capability=90)

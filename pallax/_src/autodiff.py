@@ -120,12 +120,17 @@ def _partial_eval(trace, *tracers, params: Params):
 ji.pe.custom_partial_eval_rules[pallas_call_p] = _partial_eval
 
 
+class ReverseModeError(NotImplementedError, ValueError):
+  """No transpose for a kernel. A ValueError too: JAX Pallas fails the same programs with a
+  ValueError ("Linearization failed ..."), which JAX users catch."""
+
+
 def _transpose(*args, params: Params, **_):
-  raise NotImplementedError(
+  raise ReverseModeError(
       f"pallas_call {params.name}: reverse-mode differentiation (jax.grad, jax.vjp) of a kernel is "
-      "not defined, in pallax as in JAX Pallas: pallax differentiates kernels forward (jax.jvp) "
-      "only. Wrap the function that calls pallas_call in jax.custom_vjp and write its backward "
-      "pass, usually as another pallas_call.")
+      "not defined, in pallax as in JAX Pallas (where it stops with \"Linearization failed\"): "
+      "pallax differentiates kernels forward (jax.jvp) only. Wrap the function that calls "
+      "pallas_call in jax.custom_vjp and write its backward pass, usually as another pallas_call.")
 
 
 ji.ad.primitive_transposes[pallas_call_p] = _transpose

@@ -134,7 +134,8 @@ def _check_dims(dimension_numbers, a, b):
   if (len(lc) != 1 or len(rc) != 1 or nb > 1 or tuple(lb) != tuple(range(nb))
       or tuple(rb) != tuple(range(nb)) or len(a.shape) - nb != 2 or len(b.shape) - nb != 2):
     raise NotImplementedError(f"dot_general with dimension numbers {dimension_numbers}: the "
-                              "Triton backend multiplies (batched) matrices")
+                              "Triton backend multiplies (batched) matrices: both operands must be 2D "
+                              "(3D with one batch dimension); reshape a vector to a (n, 1) matrix")
   return lc[0], rc[0], nb
 
 
