@@ -22,7 +22,7 @@ test: $(VENV)/.installed
 # the `gpu` tests comparing Triton with the interpreter kernel by kernel.
 gpu-test:
 	XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONPATH=$(CURDIR) python3 -m pytest -q -m "gpu or not gpu" \
-	  -n 8 tests -p no:cacheprovider
+	  -n 24 tests -p no:cacheprovider
 
 bench-interpret: $(VENV)/.installed
 	$(PY) benchmarks/interpret_vs_pallas.py
