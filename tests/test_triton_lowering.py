@@ -1,4 +1,5 @@
-"""CI (no GPU): every kernel of the corpus lowers to PTX for sm_70, sm_75, sm_80 and sm_90, or
+"""CI (no GPU): every kernel of the corpus lowers to PTX for sm_70, sm_75, sm_80, sm_90 and sm_100
+(Blackwell: never run here, compiled only), or
 is refused with a clear error where the target lacks what it needs."""
 import jax
 import jax.numpy as jnp
@@ -16,7 +17,7 @@ def _specs(case):
   return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
 
 
-@pytest.mark.parametrize("cc", [70, 75, 80, 90])
+@pytest.mark.parametrize("cc", [70, 75, 80, 90, 100])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_lowers_to_ptx(case, cc):
   if cc < case.min_cc:
@@ -43,7 +44,9 @@ def test_bf16_matmul_uses_tensor_cores():
   f = lambda a, b: matmul_inner_loop(a, b)
   [a90] = plgpu.lower(f, x, x, compute_capability=90)
   [a80] = plgpu.lower(f, x, x, compute_capability=80)
+  [a100] = plgpu.lower(f, x, x, compute_capability=100)
   assert "wgmma" in a90.ptx
+  assert "tcgen05.mma" in a100.ptx and "tcgen05.commit" in a100.ptx and "wgmma" not in a100.ptx
   assert "mma.sync" in a80.ptx and "wgmma" not in a80.ptx
 
 
