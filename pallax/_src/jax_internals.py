@@ -108,6 +108,12 @@ register_discharge_rule = state_discharge.register_discharge_rule
 def gpu_triton():
   """jaxlib's Triton kernel call (from the CUDA plugin: present on GPU machines only)."""
   from jax._src.lib import gpu_triton as lib
+  if not hasattr(lib, "TritonKernel"):   # a jaxlib without the CUDA plugin: a stub module
+    raise RuntimeError(
+        "this kernel is launched through jaxlib's Triton kernel call, which comes with JAX's "
+        "CUDA plugin (pip install 'jax[cuda12]'); it is not installed here. Lowering such a "
+        "kernel for CUDA ahead of time (jax.export, lowering_platforms=('cuda',)) needs the "
+        "plugin even on a machine without a GPU")
   return lib
 
 

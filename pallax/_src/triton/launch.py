@@ -32,10 +32,17 @@ def target_compute_capability(params) -> int:
   device = device_compute_capability()
   asked = getattr(params.compiler_params, "compute_capability", None) or \
       os.environ.get("PALLAX_TRITON_COMPUTE_CAPABILITY")
+  if device is None and not asked:
+    raise ValueError(
+        f"pallas_call {params.name}: lowering for CUDA on a machine without a GPU (jax.export, "
+        "lowering_platforms=('cuda',)) needs the target GPU named, because the Triton backend "
+        "compiles the kernel to PTX now: pass compiler_params=pallax.triton.CompilerParams("
+        "compute_capability=90) (90 for H100/H200, 80 for A100) or set "
+        "PALLAX_TRITON_COMPUTE_CAPABILITY=90. The PTX runs on that GPU and newer ones.")
   if not asked:
     return device
   asked = int(asked)
-  if asked > device:
+  if device is not None and asked > device:
     raise ValueError(f"pallas_call {params.name}: compute capability {asked} was asked for, but "
                      f"this GPU has {device}; code for a newer GPU cannot run on an older one")
   return asked
