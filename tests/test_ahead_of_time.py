@@ -82,34 +82,3 @@ def test_an_exported_triton_kernel_runs_on_the_gpu():
   exp = _exported(_call(plt.CompilerParams(compute_capability=80)), jax.ShapeDtypeStruct(x.shape, x.dtype))
   # rtol 1e-6: ptxas may contract the multiply and subtract into one fma (a rounding less)
   np.testing.assert_allclose(np.asarray(exp.call(x)), np.asarray(x) * 3.0 - 1.0, rtol=1e-6, atol=1e-6)
-
-
-def _copy(x_ref, o_ref):
-  o_ref[...] = x_ref[...]
-
-
-def test_symbolic_shapes_under_export_are_refused_in_jaxs_words():
-  """JAX Pallas's GPU lowering refuses dynamic grid bounds (NotImplementedError) and every
-  backend dynamically-shaped blocks (ValueError); pallax refuses both before lowering, with the
-  same classes and phrases."""
-  rows, = export.symbolic_shape("rows")
-  x = jax.ShapeDtypeStruct((rows, 128), jnp.float32)
-
-  def dynamic_grid(x):
-    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
-    return pl.pallas_call(_copy, out_shape=jax.ShapeDtypeStruct.like(x), grid=(pl.cdiv(x.shape[0], 8),),
-                          in_specs=[spec], out_specs=spec)(x)
-
-  def dynamic_block(x):
-    spec = pl.BlockSpec((x.shape[0] // 2, 128), lambda i: (i, 0))
-    return pl.pallas_call(_copy, out_shape=jax.ShapeDtypeStruct.like(x), grid=(2,),
-                          in_specs=[spec], out_specs=spec)(x)
-
-  with pytest.raises(NotImplementedError, match="dynamic grid bounds not supported.*concrete shapes"):
-    export.export(jax.jit(dynamic_grid), platforms=["cpu"])(x)
-  with pytest.raises(ValueError, match="args\\[0\\].*does not support dynamically-shaped blocks"):
-    export.export(jax.jit(dynamic_block), platforms=["cpu"])(x)
-  # With concrete shapes both run (the interpreter's host callbacks cannot be exported).
-  x24 = jax.random.normal(jax.random.key(1), (24, 128), jnp.float32)
-  np.testing.assert_array_equal(np.asarray(jax.jit(dynamic_grid)(x24)), np.asarray(x24))
-  np.testing.assert_array_equal(np.asarray(jax.jit(dynamic_block)(x24)), np.asarray(x24))

@@ -56,18 +56,8 @@ def canonical_block_dim(d) -> BlockDim:
     return d
   if isinstance(d, (int, np.integer)):
     return Blocked(int(d))
-  if not isinstance(d, (str, float, bool)) and hasattr(d, "__floordiv__"):   # a symbolic dim
-    raise SymbolicShapeError(
-        f"block_shape entries must be ints, got {d!r}: shape polymorphism for Pallas does not "
-        "support dynamically-shaped blocks (jax.export with symbolic shapes needs constant "
-        "block shapes)")
   raise TypeError(f"block_shape entries must be ints, None, pl.squeezed, "
                   f"pl.Blocked or pl.Element, got {d!r}")
-
-
-class SymbolicShapeError(TypeError, ValueError):
-  """A symbolic dimension (``jax.export.symbolic_shape``) where pallax needs a constant. A
-  ValueError too, as JAX Pallas raises for dynamically-shaped blocks."""
 
 
 # --- memory spaces and scratch types ------------------------------------------

@@ -28,11 +28,6 @@ from pallax._src import jax_internals as ji
 from pallax._src import kernel_errors
 
 
-class DynamicGridError(TypeError, NotImplementedError):
-  """A grid size that is not a constant. NotImplementedError too, as JAX Pallas's Triton
-  lowering raises for dynamic grid bounds."""
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class BlockMapping:
   """How one operand (``origin``: 'args[1]', 'out[0]') is cut into blocks."""
@@ -207,10 +202,8 @@ def _as_tuple_grid(grid, name) -> tuple[int, ...]:
       raise TypeError(f"pallas_call {name}: grid {grid!r} mixes named and unnamed axes; name "
                       "every axis, grid=((\"i\", 2), (\"j\", 4)), or none")
     if not isinstance(g, (int, np.integer)):
-      raise DynamicGridError(
-          f"pallas_call {name}: grid sizes must be static Python ints, got {grid!r}; dynamic grid "
-          "bounds not supported in the Triton backend (nor in the interpreter): under jax.export "
-          "with symbolic shapes, export for concrete shapes")
+      raise TypeError(f"pallas_call {name}: grid sizes must be static Python ints, got {grid!r}; "
+                      "dynamic grids are not supported")
   if any(g < 0 for g in grid):
     raise ValueError(f"pallas_call {name}: grid sizes must be positive, got grid={tuple(grid)}")
   if any(g == 0 for g in grid):
@@ -302,7 +295,7 @@ def _block_shape(spec: pc.BlockSpec | None, shape: tuple, origin: str, name: str
   try:
     block_shape = tuple(pc.canonical_block_dim(d) for d in spec.block_shape)
   except TypeError as e:
-    raise type(e)(f"pallas_call {name}: {origin}: {e}") from None
+    raise TypeError(f"pallas_call {name}: {origin}: {e}") from None
   for d in block_shape:
     if d.block_size <= 0:
       raise ValueError(f"pallas_call {name}: block sizes must be positive; {origin} has block_shape "
