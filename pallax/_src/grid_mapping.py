@@ -40,6 +40,7 @@ class BlockMapping:
   transforms: tuple = ()
   pipeline_mode: Any = None
   debug: bool = False
+  memory_space: Any = None             # the spec's (None: the backend's default)
 
   @property
   def block_aval(self):
@@ -357,7 +358,8 @@ def _block_mapping(spec: pc.BlockSpec | None, aval, origin: str, grid, index_ava
   kernel_shape = tuple(d.block_size for d in block_shape if not isinstance(d, pc.Squeezed))
   ref = ji.ref_aval(kernel_shape, aval.dtype, getattr(spec, "memory_space", None))
   return BlockMapping(block_shape, ref, ji.closed(jaxpr, consts), None, ji.ShapedArray(shape, aval.dtype),
-                      origin, pipeline_mode=getattr(spec, "pipeline_mode", None), debug=debug)
+                      origin, pipeline_mode=getattr(spec, "pipeline_mode", None), debug=debug,
+                      memory_space=getattr(spec, "memory_space", None))
 
 
 def _check_block_index(i, k: int, the_map: str):
