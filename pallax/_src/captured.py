@@ -75,6 +75,14 @@ def check_kernel(jaxpr, consts, name: str, where: str | None):
         "enclosing jax.jit or vmap); pass them to the kernel as inputs instead")
 
 
+def check(closure: str, jaxpr, consts, name: str, where: str | None):
+  """The rule of ``closure`` ("pallas_call" or "kernel") for the traced kernel's constants."""
+  if closure == "kernel":
+    check_kernel(jaxpr, consts, name, where)
+  else:
+    check_pallas_call(jaxpr, consts, name, where)
+
+
 def as_literal(c):
   """A scalar constant of a probed ``pl.kernel`` body as a NumPy scalar, which a new trace
   inlines as a literal (rather than capturing it again as a constant)."""

@@ -128,11 +128,7 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
     # A loop body that returns a Ref it closes over (JAX Pallas allows it): the unused Ref
     # results go, as JAX Pallas's pruning removes them, before the state is discharged.
     jaxpr = ji.dce(jaxpr)
-  where = kernel_errors.defined_at(kernel)
-  if closure == "kernel":
-    captured.check_kernel(jaxpr, consts, name, where)
-  else:
-    captured.check_pallas_call(jaxpr, consts, name, where)
+  captured.check(closure, jaxpr, consts, name, kernel_errors.defined_at(kernel))
   closed = ji.closed(jaxpr, consts)
   checks.check_static_indices(closed, name, ref_names)
   return closed, tuple(globals_avals)
