@@ -3,7 +3,6 @@ constants"; they are to be inputs), ``pl.kernel`` refuses non-scalar ones; Pytho
 scalars are inlined and fine. With JAX's ``jax_use_simplified_jaxpr_constants`` on, JAX traces
 arrays as literals and accepts them, and so does pallax. Also: JAX's words for a Ref passed to a
 jnp function, with the block Ref's memory space ('Ref<default>{...}')."""
-import contextlib
 import functools
 
 import jax
@@ -13,6 +12,7 @@ import pytest
 from jax import lax
 
 import pallax as pl
+from kernel_corpus import simplified_constants
 
 S = jax.ShapeDtypeStruct
 _RNG = np.random.default_rng(31)
@@ -21,16 +21,6 @@ WEIGHTS = _RNG.standard_normal((8, 128)).astype(np.float32)   # a module-level t
 
 def _x(shape=(16, 128)):
   return jnp.asarray(_RNG.standard_normal(shape).astype(np.float32))
-
-
-@contextlib.contextmanager
-def simplified_constants():
-  before = jax.config.jax_use_simplified_jaxpr_constants
-  jax.config.update("jax_use_simplified_jaxpr_constants", True)
-  try:
-    yield
-  finally:
-    jax.config.update("jax_use_simplified_jaxpr_constants", before)
 
 
 def _scaled(table, x):

@@ -28,13 +28,19 @@ def _used_at(jaxpr, var) -> str | None:
   return None
 
 
+def _holds_data(c) -> bool:
+  """Not an empty array (the index array that ``x.at[...]`` makes: JAX Pallas refuses it too,
+  but it carries nothing to pass in)."""
+  return _is_ref(c) or jax.typeof(c).size > 0
+
+
 def _listing(jaxpr, consts, bad) -> str:
   """'float32[1,128] (used at file:line (kernel)), ...' for the refused constants."""
   items = []
   # JAX's trace gives the constants' variables as the jaxpr's leading inputs (or as constvars)
   const_vars = jaxpr.constvars if len(jaxpr.constvars) == len(consts) else jaxpr.invars[:len(consts)]
   for var, c in zip(const_vars, consts):
-    if bad(c):
+    if _holds_data(c) and bad(c):
       at = _used_at(jaxpr, var)
       items.append(jax.typeof(c).str_short() + (f" (used at {at})" if at else ""))
   return ", ".join(items)
