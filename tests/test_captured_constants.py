@@ -123,6 +123,24 @@ def test_pl_kernel_may_close_over_a_jax_scalar():
   np.testing.assert_allclose(_kernel_adding(c, x), np.asarray(x) + 1.5, rtol=1e-6)
 
 
+def test_x_at_ellipsis_is_not_a_captured_constant():
+  # jnp's x.at[...] makes an empty index array, a constant JAX Pallas refuses; it carries no data
+  x = _x((8, 128))
+
+  def kernel(x_ref, o_ref):
+    buf = jnp.zeros((8, 128), jnp.float32).at[...].set(x_ref[...])
+    o_ref[...] = buf.at[:, :64].set(buf[:, 64:]) * 2
+
+  want = np.asarray(x).copy()
+  want[:, :64] = want[:, 64:]
+  out = pl.pallas_call(kernel, out_shape=S(x.shape, x.dtype), interpret=True)(x)
+  np.testing.assert_allclose(out, want * 2, rtol=1e-6)
+
+  mesh = pl.Mesh(grid=(1,), grid_names=("i",))
+  out = pl.kernel(kernel, out_type=S(x.shape, x.dtype), mesh=mesh, interpret=True)(x)
+  np.testing.assert_allclose(out, want * 2, rtol=1e-6)
+
+
 def test_pl_kernel_refuses_an_array_closed_over():
   with pytest.raises(ValueError, match=r"captures non-scalar array constants \[float32\[8,128\].*"
                      r"You can only close over scalars and Refs"):

@@ -91,7 +91,9 @@ def check(closure: str, jaxpr, consts, name: str, where: str | None):
 
 def as_literal(c):
   """A scalar constant of a probed ``pl.kernel`` body as a NumPy scalar, which a new trace
-  inlines as a literal (rather than capturing it again as a constant)."""
+  inlines as a literal (rather than capturing it again as a constant); an empty array as a
+  NumPy array."""
   if _is_ref(c) or isinstance(c, jax.core.Tracer):
     return c
-  return np.asarray(c)[()]
+  a = np.asarray(c)
+  return a[()] if a.ndim == 0 else a   # else empty: allowed, it carries no data
