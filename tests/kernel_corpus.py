@@ -3,6 +3,7 @@ makes fresh random inputs. Used by the Triton lowering tests (CI) and the GPU di
 tests (Triton against the interpreter)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -37,6 +38,26 @@ def case(name, args, tol=1e-6, min_cc=70, unwritten=None):
     CASES.append(Case(name, build, args, tol, min_cc, unwritten))
     return build
   return register
+
+
+@contextlib.contextmanager
+def simplified_constants():
+  """JAX's ``jax_use_simplified_jaxpr_constants`` on: arrays a kernel closes over are traced as
+  literals, which JAX Pallas (and pallax) accept; with it off (the default) both refuse them."""
+  before = jax.config.jax_use_simplified_jaxpr_constants
+  jax.config.update("jax_use_simplified_jaxpr_constants", True)
+  try:
+    yield
+  finally:
+    jax.config.update("jax_use_simplified_jaxpr_constants", before)
+
+
+def with_simplified_constants(f):
+  @functools.wraps(f)
+  def run(*args):
+    with simplified_constants():
+      return f(*args)
+  return run
 
 
 def normal(shape, dtype=jnp.float32):
@@ -1115,9 +1136,10 @@ def _constants_kernel(x_ref, i_ref, o_ref, j_ref):
 
 @case("captured_constant_arrays", lambda k: (normal((4, 6))(k)[0], jnp.arange(8, dtype=jnp.int32)), tol=1e-6)
 def _(interpret):
-  return jax.jit(lambda x, i: pl.pallas_call(
+  # JAX Pallas refuses these constants unless JAX traces them as literals: run it that way
+  return with_simplified_constants(jax.jit(lambda x, i: pl.pallas_call(
       _constants_kernel, out_shape=[S((4, 6), jnp.float32), S((8,), jnp.int32)],
-      interpret=interpret)(x, i))
+      interpret=interpret)(x, i)))
 
 
 def _running_max_kernel(x_ref, o_ref):

@@ -418,14 +418,19 @@ def test_a_constant_array_in_the_kernel_is_an_input_up_to_a_size():
   def kernel(x_ref, o_ref):
     o_ref[...] = x_ref[...] + table + np.float32(0.5)
   f = lambda x: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((4,), jnp.float32))(x)
-  [a] = plgpu.lower(f, jax.ShapeDtypeStruct((4,), jnp.float32))
+  # As JAX Pallas: refused ("captures constants") unless JAX traces arrays as literals
+  with pytest.raises(ValueError, match="captures constants"):
+    plgpu.lower(f, jax.ShapeDtypeStruct((4,), jnp.float32))
+  with kc.simplified_constants():
+    [a] = plgpu.lower(f, jax.ShapeDtypeStruct((4,), jnp.float32))
   assert "def kernel(x_ref, const, o_ref):" in a.source   # the table: an operand after x
   big = np.ones(MAX_CONSTANT_ELEMENTS + 1, np.float32)
   def big_kernel(x_ref, o_ref):
     o_ref[...] = x_ref[...] + jnp.asarray(big)[:4]
   g = lambda x: pl.pallas_call(big_kernel, out_shape=jax.ShapeDtypeStruct((4,), jnp.float32))(x)
   with pytest.raises(NotImplementedError, match=r"constant array of shape \(65537,\).*test_triton_lowering.py:\d+.*as an input"):
-    plgpu.lower(g, jax.ShapeDtypeStruct((4,), jnp.float32))
+    with kc.simplified_constants():
+      plgpu.lower(g, jax.ShapeDtypeStruct((4,), jnp.float32))
   def scalar_kernel(x_ref, o_ref):
     o_ref[...] = x_ref[...] * jnp.float32(3.0) + jnp.array(0.5, jnp.float32)
   g = lambda x: pl.pallas_call(scalar_kernel, out_shape=jax.ShapeDtypeStruct((4,), jnp.float32))(x)

@@ -119,7 +119,9 @@ def _check_static_access(eqn, kernel: str, names) -> None:
   ref = eqn.invars[0]
   vals = [a.val if isinstance(a, ji.Literal) else None for a in eqn.invars]
   with jax.ensure_compile_time_eval():
-    acc = ref_access.split(eqn, vals)
+    # entries of index arrays counting from the end are in bounds, as at run time (an array
+    # literal: JAX's jax_use_simplified_jaxpr_constants)
+    acc = ref_access.split(eqn, _from_end(eqn, vals))
     for ok, d, size, bad, integer in violations(acc.transforms, ref.aval.shape, acc.mask):
       if not _static_ok(ok, bad, size, integer):
         raise IndexError(_describe(kernel, eqn, names.get(ref, "a Ref"), d, size,

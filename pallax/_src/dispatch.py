@@ -13,8 +13,38 @@ from pallax._src import remote
 from pallax._src.call_primitive import Params, pallas_call_p
 
 
+def _without_host_callbacks(ctx) -> str | None:
+  """Why this lowering cannot hold host callbacks (None where it can): ``jax.export``
+  serializes none, and lowering for a platform this machine has no device of (ahead-of-time
+  compilation) has no backend to call back from."""
+  mc = ctx.module_context
+  if mc.lowering_parameters.for_export:
+    return "jax.export cannot serialize"
+  try:
+    if mc.get_backend(optional=True) is not None:
+      return None
+  except RuntimeError:
+    pass
+  return f"a lowering for {', '.join(mc.platforms)} without such a device here cannot hold"
+
+
+def _refuse_callbacks(ctx, params: Params, eager: bool):
+  why = _without_host_callbacks(ctx)
+  if why is None or not (eager or interpreter.prepare(params).checked):
+    return
+  instead = ("its Mosaic GPU threads and cross-device semantics run on the host: run it on a "
+             "machine with the target device, without jax.export" if eager else
+             "pass interpret=pl.InterpretParams(check_bounds=False) to lower the kernel without "
+             "its run-time bounds checks (debug checks and race detection must be off too)")
+  raise NotImplementedError(
+      f"pallas_call {params.name}: pallax's interpreter reports failed run-time checks through "
+      f"host callbacks, which {why}; {instead}")
+
+
 def _lowering(ctx, *args, params: Params, platform: str):
   backend = backends.choose(params, platform)
+  if backend is None:
+    _refuse_callbacks(ctx, params, backends.needs_eager_interpreter(params))
   if backend is None and backends.needs_eager_interpreter(params):
     return ji.mlir.lower_fun(functools.partial(devices.run_traced, params=params),
                              multiple_results=True)(ctx, *args)

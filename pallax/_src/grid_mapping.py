@@ -40,6 +40,7 @@ class BlockMapping:
   transforms: tuple = ()
   pipeline_mode: Any = None
   debug: bool = False
+  memory_space: Any = None             # the spec's (None: the backend's default)
 
   @property
   def block_aval(self):
@@ -201,6 +202,10 @@ def _as_tuple_grid(grid, name) -> tuple[int, ...]:
     if isinstance(g, tuple):
       raise TypeError(f"pallas_call {name}: grid {grid!r} mixes named and unnamed axes; name "
                       "every axis, grid=((\"i\", 2), (\"j\", 4)), or none")
+    if ji.is_symbolic_dim(g):   # jax.export's shape polymorphism: JAX Pallas supports it
+      raise NotImplementedError(
+          f"pallas_call {name}: grid={grid!r} has symbolic sizes (shape polymorphism, jax.export); "
+          "pallax's grids are static: export the kernel for concrete shapes")
     if not isinstance(g, (int, np.integer)):
       raise TypeError(f"pallas_call {name}: grid sizes must be static Python ints, got {grid!r}; "
                       "dynamic grids are not supported")
@@ -283,6 +288,11 @@ def _prefix_error(specs, full, is_leaf, what: str, operands: str) -> str | None:
 def _block_shape(spec: pc.BlockSpec | None, shape: tuple, origin: str, name: str) -> tuple:
   """The spec's block shape in canonical form (the whole array without a spec)."""
   if spec is None or spec.block_shape is None:
+    if any(ji.is_symbolic_dim(d) for d in shape):
+      raise ValueError(   # JAX's words first: users match them
+          f"pallas_call {name}: shape polymorphism for Pallas does not support dynamically-shaped "
+          f"blocks. Block spec for {origin} has block_shape: {shape} (the whole array, whose shape "
+          "is symbolic); give it a BlockSpec with static block sizes")
     return tuple(pc.Blocked(d) if d > 0 else pc.Blocked(1) for d in shape)
   if isinstance(spec.block_shape, (int, np.integer)) or not isinstance(spec.block_shape, Sequence):
     raise TypeError(f"pallas_call {name}: block_shape of {origin} must be a tuple, got {spec.block_shape!r}")
@@ -292,6 +302,11 @@ def _block_shape(spec: pc.BlockSpec | None, shape: tuple, origin: str, name: str
         f"{tuple(spec.block_shape)} must have the same "
         f"number of dimensions as the array shape {shape}: it has {len(spec.block_shape)}, the "
         f"array {len(shape)}; give one block size per dimension (None to squeeze a dimension)")
+  if any(ji.is_symbolic_dim(getattr(d, "block_size", d)) for d in spec.block_shape):
+    raise ValueError(   # JAX's words first: users match them
+        f"pallas_call {name}: shape polymorphism for Pallas does not support dynamically-shaped "
+        f"blocks. Block spec for {origin} has block_shape: {tuple(spec.block_shape)}; give "
+        "static block sizes")
   try:
     block_shape = tuple(pc.canonical_block_dim(d) for d in spec.block_shape)
   except TypeError as e:
@@ -357,7 +372,8 @@ def _block_mapping(spec: pc.BlockSpec | None, aval, origin: str, grid, index_ava
   kernel_shape = tuple(d.block_size for d in block_shape if not isinstance(d, pc.Squeezed))
   ref = ji.ref_aval(kernel_shape, aval.dtype, getattr(spec, "memory_space", None))
   return BlockMapping(block_shape, ref, ji.closed(jaxpr, consts), None, ji.ShapedArray(shape, aval.dtype),
-                      origin, pipeline_mode=getattr(spec, "pipeline_mode", None), debug=debug)
+                      origin, pipeline_mode=getattr(spec, "pipeline_mode", None), debug=debug,
+                      memory_space=getattr(spec, "memory_space", None))
 
 
 def _check_block_index(i, k: int, the_map: str):

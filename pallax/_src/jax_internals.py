@@ -132,6 +132,11 @@ def trace_to_jaxpr(fun, in_avals, name="kernel", arg_names=None, axes=()):
         linear_util.wrap_init(fun, debug_info=dbg), list(in_avals))
 
 
+def is_symbolic_dim(d) -> bool:
+  """Whether ``d`` is a symbolic dimension of ``jax.export``'s shape polymorphism."""
+  return core.is_symbolic_dim(d)
+
+
 def dce(jaxpr):
   """``jaxpr`` without the equations none of its outputs or effects need (as JAX Pallas prunes
   a traced kernel)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallax._src import captured
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import grid_mapping
@@ -43,7 +44,7 @@ def _run_one(body, mesh: pc.Mesh, operands, out_avals, scratch, name, interpret,
   probe, globals_avals = tracing.trace_kernel(body, name, mesh.grid, probe_avals,
                                 [f"args[{i}]" for i in range(len(operands))]
                                 + [f"out[{i}]" for i in range(len(out_avals))], mesh.grid_names,
-                                kernel_args, allow_ref_consts=True,
+                                kernel_args, closure="kernel",
                                 extra_axes=threads.axis_env() if threads is not None else ())
   closed_refs = [c for c in probe.consts if _is_ref(c)]
   # A Mosaic GPU kernel's pl.get_global buffers are operands too: zeros in GMEM, which every
@@ -68,7 +69,7 @@ def _run_one(body, mesh: pc.Mesh, operands, out_avals, scratch, name, interpret,
     ins, outs, scr = refs[:n_in], refs[n_in:n_in + len(call_outs)], refs[n_in + len(call_outs):]
     body_ops = [outs[n_out + ref_ops.index(i)] if i in ref_ops else ins[i] for i in range(n_ops)]
     closed_it = iter(outs[n_out + len(ref_ops):])
-    consts = [next(closed_it) if _is_ref(c) else c for c in probe.consts]
+    consts = [next(closed_it) if _is_ref(c) else captured.as_literal(c) for c in probe.consts]
     ids = [prims.program_id(a) for a in range(rank)]
     glob = (list(outs[len(outs) - n_glob:]) if n_glob else
             [semaphores.get_global(jax.ShapeDtypeStruct(a.shape, a.dtype)) for a in globals_avals])

@@ -36,10 +36,31 @@ def _refs_on_line(frame: str | None, ref_names: dict[str, str]) -> str:
   return f" ({', '.join(found)})" if found else ""
 
 
-def reraise(exc: Exception, prefix: str, ref_names: dict[str, str] | None = None):
-  """Re-raises ``exc`` with the kernel's name, the user's source line and the Refs on it."""
+def spaces_by_type(ref_avals, ref_spaces) -> dict[str, str]:
+  """{'Ref{float32[8,32]}': 'default'} for the Ref types whose Refs all have one known memory
+  space (pallax's Ref types carry none, JAX Pallas's do; its errors print them)."""
+  found: dict[str, set] = {}
+  for aval, space in zip(ref_avals, ref_spaces):
+    found.setdefault(str(aval), set()).add(space)
+  return {t: s.pop() for t, s in found.items() if len(s) == 1 and None not in s}
+
+
+def _with_spaces(msg: str, spaces: dict[str, str]) -> str:
+  """JAX's 'Attempting to pass a Ref Ref{...} to a primitive' with the Ref's memory space, as
+  JAX Pallas writes it: 'Ref<default>{...}'."""
+  for t, space in spaces.items():
+    msg = msg.replace(f"Attempting to pass a Ref {t} ",
+                      f"Attempting to pass a Ref Ref<{space}>{t[len('Ref'):]} ")
+  return msg
+
+
+def reraise(exc: Exception, prefix: str, ref_names: dict[str, str] | None = None,
+            spaces: dict[str, str] | None = None):
+  """Re-raises ``exc`` with the kernel's name, the user's source line and the Refs on it
+  (``spaces``: memory spaces by Ref type, see ``spaces_by_type``)."""
   frame = _user_frame_of(exc)
-  msg = str(exc).split("\n--------------------")[0] + _refs_on_line(frame, ref_names or {})
+  msg = _with_spaces(str(exc).split("\n--------------------")[0], spaces or {})
+  msg += _refs_on_line(frame, ref_names or {})
   where = f" at {frame}" if frame and frame not in msg else ""
   cls = type(exc)
   if cls is ValueError and "Out of bound" in msg:

@@ -187,14 +187,24 @@ def _trace(call: _Call, in_tree, in_avals) -> Params:
                + [f"scratch[{i}]" for i in range(len(gm.scratch_avals))])
   kargs = tracing.kernel_args(in_tree, call.out_tree, call.grid_spec.scratch_shapes)
   extra_axes = call.threads.axis_env() if call.threads is not None else ()
+  # What JAX Pallas prints for a block Ref's memory space ('Ref<default>{f32[8]}'), for errors
+  spaces = ([None] * nidx + [_space_label(bm.memory_space) for bm in gm.block_mappings]
+            + [None] * len(gm.scratch_avals))
   jaxpr, globals_avals = tracing.trace_kernel(call.kernel, name, gm.grid, ref_avals, ref_names,
-                                      call.grid_names, kargs, extra_axes=extra_axes)
+                                      call.grid_names, kargs, extra_axes=extra_axes,
+                                      ref_spaces=spaces)
   params = Params(jaxpr, gm, name, call.interpret, call.debug, call.aliases, call.compiler_params,
                   call.cost_estimate, call.backend, globals_avals, kargs.names(call.kernel),
                   call.threads)
   if call.debug:
     print(f"The kernel jaxpr of pallas_call {name}:\n{jaxpr}\n{gm}")
   return params
+
+
+def _space_label(space) -> str | None:
+  if space is None:
+    return str(pc.MemorySpace.DEFAULT)
+  return str(space) if isinstance(space, pc.MemorySpace) else None
 
 
 def _check_grid_names(names, name: str):

@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from pallax._src import captured
 from pallax._src import checks
 from pallax._src import core as pc
 from pallax._src import jax_internals as ji
@@ -72,12 +73,15 @@ def _check_signature(kernel, name, kernel_args: KernelArgs, ref_names):
 
 
 def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid_names=(),
-                 kernel_args: KernelArgs | None = None, allow_ref_consts: bool = False,
-                 extra_axes=()):
+                 kernel_args: KernelArgs | None = None, closure: str = "pallas_call",
+                 extra_axes=(), ref_spaces=()):
   """Traces the kernel on Refs into a jaxpr whose invars are ``*grid_indices, *refs, *globals``.
 
   Named grid axes and ``extra_axes`` ((name, size) pairs: a Mosaic GPU kernel's cluster and
-  thread axes) are in scope for ``lax.axis_index``/``lax.axis_size``.
+  thread axes) are in scope for ``lax.axis_index``/``lax.axis_size``. ``closure`` says whose
+  rule for the arrays the kernel closes over applies: "pallas_call" or "kernel" (``pl.kernel``).
+  ``ref_spaces``: each Ref's memory space as JAX Pallas prints it ('default'; None: unknown),
+  for errors that show a Ref's type.
 
   Returns (closed jaxpr, global scratch avals). ``pl.get_global`` requests make a
   second trace with those Refs appended.
@@ -118,16 +122,13 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
                                            name=name, axes=named)
   except (ValueError, TypeError, IndexError, NotImplementedError, RuntimeError) as e:
     names = dict(zip(kernel_args.names(kernel), ref_names)) if ref_names else {}
-    kernel_errors.reraise(e, f"pallas_call {name}", names)
+    spaces = kernel_errors.spaces_by_type(ref_avals, ref_spaces)
+    kernel_errors.reraise(e, f"pallas_call {name}", names, spaces)
   if _loop_returns_ref(jaxpr):
     # A loop body that returns a Ref it closes over (JAX Pallas allows it): the unused Ref
     # results go, as JAX Pallas's pruning removes them, before the state is discharged.
     jaxpr = ji.dce(jaxpr)
-  for c in consts:
-    if isinstance(c, jax.core.Tracer) and not (allow_ref_consts and ji.is_ref_aval(jax.typeof(c))):
-      raise ValueError(
-          f"pallas_call {name}: the kernel closes over a traced value of type {jax.typeof(c)}; "
-          "pass it to pallas_call as an operand instead")
+  captured.check(closure, jaxpr, consts, name, kernel_errors.defined_at(kernel))
   closed = ji.closed(jaxpr, consts)
   checks.check_static_indices(closed, name, ref_names)
   return closed, tuple(globals_avals)

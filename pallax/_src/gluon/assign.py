@@ -223,7 +223,8 @@ class Assigner:
     self._live |= {a for a in jaxpr.outvars if isinstance(a, ji.Var)}
     env = dict(zip(jaxpr.invars, args))
     env.update(zip(jaxpr.constvars, map(self.gen.constant, jaxpr.consts)))
-    read = lambda a: self.gen.literal(a.val, a.aval.dtype) if isinstance(a, ji.Literal) else env[a]
+    read = lambda a: (env[a] if not isinstance(a, ji.Literal) else self.gen.constant(a.val)
+                      if np.ndim(a.val) else self.gen.literal(a.val, a.aval.dtype))
     try:
       for eqn in jaxpr.eqns:
         if not eqn.effects and not any(v in self._live for v in eqn.outvars):

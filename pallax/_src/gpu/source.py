@@ -178,7 +178,10 @@ class Source:
     env.update(zip(jaxpr.constvars, map(self.constant, jaxpr.consts)))
 
     def read(a):
-      return self.literal(a.val, a.aval.dtype) if isinstance(a, ji.Literal) else env[a]
+      if not isinstance(a, ji.Literal):
+        return env[a]
+      # an array literal (JAX's jax_use_simplified_jaxpr_constants): as a closed-over constant
+      return self.constant(a.val) if np.ndim(a.val) else self.literal(a.val, a.aval.dtype)
 
     outer = self._live, self._eqns
     self._live = {a for e in jaxpr.eqns for a in e.invars if isinstance(a, ji.Var)}
