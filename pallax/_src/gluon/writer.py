@@ -122,6 +122,7 @@ class Writer(src.Source):
     self.events: list = []                   # what the running thread does (events.py)
     self.barriers = 0                        # how many barrier allocations were made
     self.constexprs: dict = {}               # Layout -> its constexpr name
+    self.used_layouts: set = set()           # the layouts the function being written names
     self.descriptors: dict = {}              # (ptr, box) -> its Descriptor
     self.pointer_uses: set = set()           # GMEM operands accessed through registers
     self.axes: dict = {}                     # axis name -> index expression
@@ -147,19 +148,36 @@ class Writer(src.Source):
             for refs in self.hoisted.values() for r in refs if not isinstance(r, AccRef)]
 
   def layout(self, layout: L.Layout) -> str:
-    """The name of a layout (``L0: gl.constexpr = ...`` in the prologue)."""
+    """The name of a layout (``L0: gl.constexpr = ...`` in the prologue of each function whose
+    statements name it: ``used_layouts``)."""
+    self.used_layouts.add(layout)
+    return self._named(layout)
+
+  def _named(self, layout: L.Layout) -> str:
     if layout.registers:
       self.register_tensors = True
     if layout not in self.constexprs:
       if isinstance(layout, (L.Slice, L.DotOperand)):
-        self.layout(layout.parent)   # declared first: its name is in this one's text
+        self._named(layout.parent)   # named first: its name is in this one's text
       self.constexprs[layout] = f"L{len(self.constexprs)}"
     return self.constexprs[layout]
 
   def declared(self, layout: L.Layout) -> L.Layout:
-    """``layout``, declared (named) now."""
-    self.layout(layout)
+    """``layout``, named now (declared where a statement names it)."""
+    self._named(layout)
     return layout
+
+  def declarations(self, used) -> list[str]:
+    """``Ln: gl.constexpr = ...`` for the layouts of ``used`` and those their text names, in
+    the order they were named."""
+    needed, todo = set(), list(used)
+    while todo:
+      layout = todo.pop()
+      if layout not in needed:
+        needed.add(layout)
+        layout.text(lambda named: todo.append(named) or self._named(named))
+    return [f"{n}: gl.constexpr = {layout.text(self._named)}"
+            for layout, n in self.constexprs.items() if layout in needed]
 
   def value(self, e: ex.Expr, layout: L.Layout | None, hint="v") -> ex.Name:
     name = self.bind(e, hint)
@@ -319,7 +337,7 @@ class Writer(src.Source):
                                 "dimension and rows of at least 16 bytes")
     if key not in self.descriptors:
       strides = tuple(int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape)))
-      self.layout(smem_layout)   # declared with the descriptor
+      self._named(smem_layout)   # named with the descriptor
       self.descriptors[key] = Descriptor(self.fresh(f"{ref.ptr}_desc"), ref.ptr, tuple(ref.shape),
                                          strides, padded, smem_layout)
     return self.descriptors[key].name
