@@ -108,6 +108,9 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
       outs.append(r.value)
     elif isinstance(r, AccRef):
       wait_all(gen, [r])
+      if not gen.is_used(v):   # the final value of an accumulator no one reads
+        outs.append(None)
+        continue
       value = gen.fresh_name("acc_value", v.aval.dtype, r.shape)
       gen.emit(f"{value.name} = {r.name}")
       gen.layouts[value.name] = r.layout

@@ -311,7 +311,7 @@ def _function(gen: Writer, name: str, params: list[str], body: list[str], part: 
 
 def _module(gen: Writer, name: str, params: list[str], part: Partition) -> str:
   header = _HEADER + (blackwell.HEADER if getattr(gen, "blackwell", False) else "")
-  body = _kernel_made(gen, params, part) + gen.lines
+  (body,) = gen.live([_kernel_made(gen, params, part) + gen.lines])
   if all(not line.strip() or line.lstrip().startswith("#") for line in body):
     body.append("    pass")   # a kernel that does nothing (a warp_map whose warps do nothing)
   return "\n".join([header] + _function(gen, name, params, body, part)) + "\n"
@@ -323,9 +323,10 @@ def _threaded_module(gen: Writer, name: str, params: list[str], main: Partition,
       params + [d.name for d in gen.descriptors.values()] + [i.name for i in ids if isinstance(i, ex.Name)]
       + gen.hoisted_names()))
   lines = [_HEADER + (blackwell.HEADER if getattr(gen, "blackwell", False) else "")]
-  for t, part in enumerate(parts):
-    lines += _function(gen, f"{name}_t{t}", shared, part.lines + ["    pass"], part) + [""]
+  *bodies, body = gen.live([p.lines for p in parts] + [_kernel_made(gen, params, main) + main.lines])
+  for t, (part, lines_t) in enumerate(zip(parts, bodies)):
+    lines += _function(gen, f"{name}_t{t}", shared, lines_t + ["    pass"], part) + [""]
     # (``pass``: a thread may have nothing to do)
-  body = _kernel_made(gen, params, main) + main.lines + warp_specialize.split(name, shared, parts)
+  body += warp_specialize.split(name, shared, parts)
   lines += _function(gen, name, params, body, main)
   return "\n".join(lines) + "\n"

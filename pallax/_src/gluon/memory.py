@@ -169,6 +169,8 @@ def _get(ctx, *invals, **_):
   a = ref_access.split(ctx.eqn, invals)
   if isinstance(a.ref, AccRef):
     wait_all(gen, [a.ref])
+    if not ctx.is_used():
+      return None
     value = gen.fresh_name("acc_value", ctx.out.dtype, a.ref.shape)
     gen.emit(f"{value.name} = {a.ref.name}")   # a copy: later wgmmas reassign the accumulator
     gen.layouts[value.name] = gen.assigned(ctx.eqn.outvars[0])

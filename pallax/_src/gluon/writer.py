@@ -105,12 +105,53 @@ class GluonSource:
   program_ids: tuple = ()
 
 
+class Binding(str):
+  """The statement ``name = expression`` of a pure expression, with the variables it reads: a
+  function leaves it out where nothing reads ``name`` (``Writer.live``)."""
+  name: str
+  reads: frozenset
+  depth: int
+
+  def __new__(cls, text: str, name: str, reads, depth: int):
+    line = super().__new__(cls, text)
+    line.name, line.reads, line.depth = name, frozenset(reads), depth
+    return line
+
+
+# Calls that do something besides computing a value: a statement binding one is always kept.
+_EFFECTS = ("atomic", "asm", "store", "async", "mbarrier", "wait", "arrive", "fence", "print",
+            "assert", "barrier")
+
+
+def _pure(e: ex.Expr) -> bool:
+  todo = [e]
+  while todo:
+    x = todo.pop()
+    if isinstance(x, ex.Call):
+      fn = x.fn if isinstance(x.fn, str) else getattr(x.fn, "attr", "")
+      if any(word in fn for word in _EFFECTS):
+        return False
+    todo += ex.parts(x)
+  return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading(ex.Renderer):
+  """A renderer that notes the variables every text it writes reads (``reads``): what the
+  statements not kept as ``Binding``s need."""
+  reads: set = dataclasses.field(default_factory=set)
+
+  def __call__(self, e, prec: int = 0) -> str:
+    self.reads.update(ex.names(e))
+    return super().__call__(e, prec)
+
+
 class Writer(src.Source):
   """The Gluon kernel being written: the statements, the layouts of register values, and the
   TMA descriptors the body asked for (emitted in the prologue)."""
 
   def __init__(self, kernel_name: str):
-    super().__init__(kernel_name, TABLE, ex.Renderer("gl"))
+    super().__init__(kernel_name, TABLE, Reading("gl"))
     self.approx_math = False                 # plgpu.CompilerParams(approx_math=True)
     self.layouts: dict = {}                  # register value name -> its Layout
     self.remat: dict = {}                    # register value name -> layout -> the value
@@ -139,6 +180,27 @@ class Writer(src.Source):
                                              # (zeroed from registers) was asked for
     self.phases_read: set = set()            # barrier phase variables the running thread
                                              # waits with
+
+  def emit_binding(self, name: ex.Name, e: ex.Expr):
+    """``name = e``, kept as a ``Binding`` (left out unless read) where ``e`` is pure."""
+    text = f"{'    ' * self.depth}{name.name} = {ex.Renderer('gl')(e)}"
+    if _pure(e):
+      self.lines.append(Binding(text, name.name, ex.names(e), self.depth))
+    else:
+      self.lines.append(text)
+      self.render.reads.update(ex.names(e))
+
+  def live(self, functions: list[list[str]]) -> list[list[str]]:
+    """Each function's statements without the ``Binding``s nothing reads (nor reads through
+    other bindings that are read); a block left with no statement gets ``pass``."""
+    bindings = {line.name: line for lines in functions for line in lines if isinstance(line, Binding)}
+    read, todo = set(), [n for n in self.render.reads if n in bindings]
+    while todo:
+      n = todo.pop()
+      if n not in read:
+        read.add(n)
+        todo += [m for m in bindings[n].reads if m in bindings]
+    return [_without_dead(lines, read) for lines in functions]
 
   def hoisted_barriers(self) -> list:
     return [r for refs in self.hoisted.values() for r in refs if isinstance(r, BarrierRef)]
@@ -361,3 +423,24 @@ def _check_padded_box(ref: GmemRef, box: tuple):
           f"{tuple(ref.shape)}; Gluon pads the box to {L.padded(box)}, which in dimension {d} "
           f"would reach into the next block. Use blocks whose sizes are powers of two, or that "
           "span the whole dimension")
+
+
+def _depth(line: str) -> int:
+  return (len(line) - len(line.lstrip(" "))) // 4
+
+
+def _without_dead(lines: list[str], read: set) -> list[str]:
+  """``lines`` without the bindings whose name is not in ``read``; where one was the only
+  statement of its block (a header's, the line before, ends with a colon), ``pass``."""
+  out = []
+  for k, line in enumerate(lines):
+    if not isinstance(line, Binding) or line.name in read:
+      out.append(line)
+      continue
+    header = next((x for x in reversed(out) if not x.lstrip().startswith("#")), None)
+    after = next((x for x in lines[k + 1:] if x.strip() and not x.lstrip().startswith("#")
+                  and not (isinstance(x, Binding) and x.name not in read)), None)
+    opens = header is not None and header.rstrip().endswith(":") and _depth(header) < line.depth
+    if opens and (after is None or _depth(after) < line.depth):
+      out.append("    " * line.depth + "pass")
+  return out
