@@ -133,11 +133,13 @@ def generate(params, target: int = 90) -> GluonSource:
     gen.thread_name = info.thread_name
     warp_specialize.hoist(jaxpr, info.thread_name,
                           lambda kind, aval: allocate(gen, kind, aval, phases=False), gen.hoisted)
+    gen.claim()
     main = Partition(gen.lines, None, L.WARPS, [], gen.used_layouts)
     parts = warp_specialize.partitions(gen, jaxpr, [*ids, *refs], info)
   else:
     hoist_nested(jaxpr, allocate_now, gen.hoisted)
     gen.lower_jaxpr(jaxpr, [*ids, *refs])
+    gen.claim()
     parts = [Partition(gen.lines, None, L.WARPS, gen.events, gen.used_layouts)]
   _check(gen, params.name)
   clusters.refuse(params, gen, parts)
@@ -220,7 +222,9 @@ def _kernel_made(gen: Writer, signature: dict, part: Partition) -> list[str]:
   function: the layouts they name are its)."""
   outer, gen.used_layouts = gen.used_layouts, part.layouts
   try:
-    return [f"    {d.line(gen)}" for d in gen.descriptors.values() if d.name not in signature]
+    lines = [f"    {d.line(gen)}" for d in gen.descriptors.values() if d.name not in signature]
+    gen.claim()
+    return lines
   finally:
     gen.used_layouts = outer
 
@@ -303,18 +307,19 @@ NAN = gl.constexpr(float("nan"))
 """
 
 
-def _function(gen: Writer, name: str, params: list[str], body: list[str], part: Partition) -> list[str]:
+def _function(gen: Writer, name: str, params: list[str], body: list[str], layouts) -> list[str]:
   """``@gluon.jit def name(params):``, the layouts its body names, and its body."""
   return (["@gluon.jit", f"def {name}({', '.join(params)}):"]
-          + [f"    {line}" for line in gen.declarations(part.layouts)] + body)
+          + [f"    {line}" for line in gen.declarations(layouts)] + body)
 
 
 def _module(gen: Writer, name: str, params: list[str], part: Partition) -> str:
   header = _HEADER + (blackwell.HEADER if getattr(gen, "blackwell", False) else "")
-  (body,) = gen.live([_kernel_made(gen, params, part) + gen.lines])
+  made = _kernel_made(gen, params, part)
+  ((body, layouts),) = gen.live([(made + gen.lines, part.layouts)])
   if all(not line.strip() or line.lstrip().startswith("#") for line in body):
     body.append("    pass")   # a kernel that does nothing (a warp_map whose warps do nothing)
-  return "\n".join([header] + _function(gen, name, params, body, part)) + "\n"
+  return "\n".join([header] + _function(gen, name, params, body, layouts)) + "\n"
 
 
 def _threaded_module(gen: Writer, name: str, params: list[str], main: Partition, parts, ids) -> str:
@@ -323,10 +328,12 @@ def _threaded_module(gen: Writer, name: str, params: list[str], main: Partition,
       params + [d.name for d in gen.descriptors.values()] + [i.name for i in ids if isinstance(i, ex.Name)]
       + gen.hoisted_names()))
   lines = [_HEADER + (blackwell.HEADER if getattr(gen, "blackwell", False) else "")]
-  *bodies, body = gen.live([p.lines for p in parts] + [_kernel_made(gen, params, main) + main.lines])
-  for t, (part, lines_t) in enumerate(zip(parts, bodies)):
-    lines += _function(gen, f"{name}_t{t}", shared, lines_t + ["    pass"], part) + [""]
+  made = _kernel_made(gen, params, main)
+  *threads, (body, layouts) = gen.live([(p.lines, p.layouts) for p in parts] +
+                                       [(made + main.lines, main.layouts)])
+  for t, (lines_t, layouts_t) in enumerate(threads):
+    lines += _function(gen, f"{name}_t{t}", shared, lines_t + ["    pass"], layouts_t) + [""]
     # (``pass``: a thread may have nothing to do)
   body += warp_specialize.split(name, shared, parts)
-  lines += _function(gen, name, params, body, main)
+  lines += _function(gen, name, params, body, layouts)
   return "\n".join(lines) + "\n"

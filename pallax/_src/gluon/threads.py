@@ -48,7 +48,8 @@ def partitions(gen, jaxpr, args, info) -> list[Partition]:
   """Each thread's partition: its statements, register budget, warps and operations."""
   out = []
   for t in range(info.num_threads):
-    gen.lines, gen.registers, gen.events, gen.used_layouts = [], None, [], set()
+    gen.lines, gen.registers, gen.events = [], None, []
+    gen.used_layouts, gen.pending_layouts = set(), set()
     gen.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
     gen.pending_accs = []
     gen.register_tensors = False
@@ -60,6 +61,7 @@ def partitions(gen, jaxpr, args, info) -> list[Partition]:
       if ref.phase in gen.phases_read:
         gen.emit(f"{ref.phase} = 0")
     gen.lines += body
+    gen.claim()
     out.append(Partition(gen.lines, gen.registers,
                          WORKER_WARPS if gen.register_tensors else SCALAR_WORKER_WARPS, gen.events,
                          gen.used_layouts))

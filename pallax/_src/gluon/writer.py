@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 
 from pallax._src.gluon import layouts as L
+from pallax._src.gluon import statements
 from pallax._src.gluon.assign import Buffer
 from pallax._src.gluon.events import SmemView
 from pallax._src.gpu import expr as ex
@@ -105,36 +106,6 @@ class GluonSource:
   program_ids: tuple = ()
 
 
-class Binding(str):
-  """The statement ``name = expression`` of a pure expression, with the variables it reads: a
-  function leaves it out where nothing reads ``name`` (``Writer.live``)."""
-  name: str
-  reads: frozenset
-  depth: int
-
-  def __new__(cls, text: str, name: str, reads, depth: int):
-    line = super().__new__(cls, text)
-    line.name, line.reads, line.depth = name, frozenset(reads), depth
-    return line
-
-
-# Calls that do something besides computing a value: a statement binding one is always kept.
-_EFFECTS = ("atomic", "asm", "store", "async", "mbarrier", "wait", "arrive", "fence", "print",
-            "assert", "barrier")
-
-
-def _pure(e: ex.Expr) -> bool:
-  todo = [e]
-  while todo:
-    x = todo.pop()
-    if isinstance(x, ex.Call):
-      fn = x.fn if isinstance(x.fn, str) else getattr(x.fn, "attr", "")
-      if any(word in fn for word in _EFFECTS):
-        return False
-    todo += ex.parts(x)
-  return True
-
-
 @dataclasses.dataclass(frozen=True)
 class Reading(ex.Renderer):
   """A renderer that notes the variables every text it writes reads (``reads``): what the
@@ -164,6 +135,7 @@ class Writer(src.Source):
     self.barriers = 0                        # how many barrier allocations were made
     self.constexprs: dict = {}               # Layout -> its constexpr name
     self.used_layouts: set = set()           # the layouts the function being written names
+    self.pending_layouts: set = set()        # layouts named for a statement not yet written
     self.descriptors: dict = {}              # (ptr, box) -> its Descriptor
     self.pointer_uses: set = set()           # GMEM operands accessed through registers
     self.axes: dict = {}                     # axis name -> index expression
@@ -181,26 +153,46 @@ class Writer(src.Source):
     self.phases_read: set = set()            # barrier phase variables the running thread
                                              # waits with
 
-  def emit_binding(self, name: ex.Name, e: ex.Expr):
-    """``name = e``, kept as a ``Binding`` (left out unless read) where ``e`` is pure."""
-    text = f"{'    ' * self.depth}{name.name} = {ex.Renderer('gl')(e)}"
-    if _pure(e):
-      self.lines.append(Binding(text, name.name, ex.names(e), self.depth))
-    else:
-      self.lines.append(text)
-      self.render.reads.update(ex.names(e))
+  def emit(self, line: str):
+    super().emit(line)
+    self.claim()
 
-  def live(self, functions: list[list[str]]) -> list[list[str]]:
-    """Each function's statements without the ``Binding``s nothing reads (nor reads through
-    other bindings that are read); a block left with no statement gets ``pass``."""
-    bindings = {line.name: line for lines in functions for line in lines if isinstance(line, Binding)}
-    read, todo = set(), [n for n in self.render.reads if n in bindings]
-    while todo:
-      n = todo.pop()
-      if n not in read:
-        read.add(n)
-        todo += [m for m in bindings[n].reads if m in bindings]
-    return [_without_dead(lines, read) for lines in functions]
+  def claim(self):
+    """The layouts named since the last statement are the function's (``used_layouts``): the
+    statement just written names them (or one still to come: they are declared either way)."""
+    self.used_layouts |= self.pending_layouts
+    self.pending_layouts = set()
+
+  def emit_binding(self, name: ex.Name, e: ex.Expr):
+    """``name = e``, kept as a ``statements.Binding`` (left out unless read) where ``e`` is
+    pure; the layouts it takes are its own."""
+    text = f"{name.name} = {ex.Renderer('gl')(e)}"
+    if not statements.pure(e):
+      self.render.reads.update(ex.names(e))
+      self.emit(text)
+      return
+    binding = statements.Binding("    " * self.depth + text, name.name, e, self.depth)
+    self.pending_layouts -= binding.layouts
+    self.lines.append(binding)
+
+  def live(self, functions: list[tuple[list, set]]) -> list[tuple[list, set]]:
+    """``statements.live``: what each function keeps, and the layouts it declares."""
+    return statements.live(functions, self.render.reads)
+
+  def accumulator(self, shape: tuple, dtype, layout: L.Layout) -> AccRef:
+    """A new wgmma accumulator of zeros in ``layout``: a ``Binding``, left out (its layout not
+    declared) in a function that never uses it (a thread that does not compute)."""
+    name = ex.Name(self.fresh("acc"), dtype=np.dtype(dtype), shape=tuple(shape))
+    self.emit_binding(name, ex.call("gl.zeros", ex.Token(str(list(L.padded(shape)))),
+                                    ex.Token(ex.dtype_name(dtype, "gl")),
+                                    layout=ex.Token(self.layout(layout)), dtype=name.dtype, shape=shape))
+    return AccRef(name.name, tuple(shape), layout)
+
+  def acc(self, ref: AccRef) -> str:
+    """The variable of accumulator ``ref``, as a statement written as text reads or writes it
+    (noted: its zeros are then kept)."""
+    self.render.reads.add(ref.name)
+    return ref.name
 
   def hoisted_barriers(self) -> list:
     return [r for refs in self.hoisted.values() for r in refs if isinstance(r, BarrierRef)]
@@ -210,10 +202,10 @@ class Writer(src.Source):
             for refs in self.hoisted.values() for r in refs if not isinstance(r, AccRef)]
 
   def layout(self, layout: L.Layout) -> str:
-    """The name of a layout (``L0: gl.constexpr = ...`` in the prologue of each function whose
-    statements name it: ``used_layouts``)."""
-    self.used_layouts.add(layout)
-    return self._named(layout)
+    """The name of a layout, as a statement takes it (``L0: gl.constexpr = ...`` in the
+    prologue of each function whose statements name it: see ``claim``)."""
+    self.pending_layouts.add(layout)
+    return statements.LayoutName(self._named(layout), layout)
 
   def _named(self, layout: L.Layout) -> str:
     if layout.registers:
@@ -255,17 +247,6 @@ class Writer(src.Source):
       return super().lower_jaxpr(jaxpr, args, unused_outputs)
     finally:
       self.scope = outer
-
-  def block(self, fn) -> list[str]:
-    """The statements ``fn()`` writes one level deeper, kept apart (a branch of an ``if``)."""
-    outer, self.lines = self.lines, []
-    self.depth += 1
-    try:
-      fn()
-      return self.lines
-    finally:
-      self.lines = outer
-      self.depth -= 1
 
   def assigned(self, var) -> L.Layout | None:
     """The layout the assignment gave ``var`` (a variable of the jaxpr being lowered)."""
@@ -424,23 +405,3 @@ def _check_padded_box(ref: GmemRef, box: tuple):
           f"would reach into the next block. Use blocks whose sizes are powers of two, or that "
           "span the whole dimension")
 
-
-def _depth(line: str) -> int:
-  return (len(line) - len(line.lstrip(" "))) // 4
-
-
-def _without_dead(lines: list[str], read: set) -> list[str]:
-  """``lines`` without the bindings whose name is not in ``read``; where one was the only
-  statement of its block (a header's, the line before, ends with a colon), ``pass``."""
-  out = []
-  for k, line in enumerate(lines):
-    if not isinstance(line, Binding) or line.name in read:
-      out.append(line)
-      continue
-    header = next((x for x in reversed(out) if not x.lstrip().startswith("#")), None)
-    after = next((x for x in lines[k + 1:] if x.strip() and not x.lstrip().startswith("#")
-                  and not (isinstance(x, Binding) and x.name not in read)), None)
-    opens = header is not None and header.rstrip().endswith(":") and _depth(header) < line.depth
-    if opens and (after is None or _depth(after) < line.depth):
-      out.append("    " * line.depth + "pass")
-  return out
