@@ -65,8 +65,7 @@ def load_jax_ops_module(name: str, imports: dict, prefix: str, strict: bool = Tr
 def unused_definitions(source: str, layouts: bool = True) -> list[str]:
   """The variables and (with ``layouts``) named layouts a generated kernel module assigns and
   never reads, per function (a property of the code, not of its names: generated code defines
-  nothing it does not use). Each thread function of a warp-specialized kernel declares every
-  layout of the kernel: ``layouts=False`` leaves those out."""
+  nothing it does not use). ``layouts=False`` leaves the named layouts out."""
   import ast
   unused = []
   for fn in [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]:

@@ -468,8 +468,9 @@ def test_threads_lower_to_warp_specialized_ptx():
   assert [type(e).__name__ for e in producer.events] == ["BarrierOp", "BarrierOp", "Copy"]
   assert [(e.kind, e.barrier[:10]) for e in events(k, ev.BarrierOp)] == [
       ("wait", "barrier[0]"), ("arrive", "barrier[1]")]
-  # Each thread starts the phases of the barriers it waits on, and no others.
-  assert unused_definitions(k.source, layouts=False) == []
+  # Each thread starts the phases of the barriers it waits on, and declares the layouts it
+  # uses, and no others.
+  assert unused_definitions(k.source) == []
   assert [e.kind for e in events(k, ev.Access)] == ["load", "store"]
 
 

@@ -49,11 +49,7 @@ def hoist_nested(jaxpr, allocate, hoisted: dict, nested: bool = False) -> None:
 def allocate(gen, kind, aval, phases: bool = True):
   shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
   if isinstance(kind, mc.WGMMAAccumulatorRef):
-    layout = gen.declared(L.wgmma(shape[1], gen.mma_bits))
-    name = gen.fresh("acc")
-    gen.emit(f"{name} = gl.zeros({list(L.padded(shape))}, {ex.dtype_name(dtype, 'gl')}, "
-             f"layout={gen.layout(layout)})")
-    return AccRef(name, shape, layout)
+    return gen.accumulator(shape, dtype, L.wgmma(shape[1], gen.mma_bits))
   if gen.depth != 1:
     gen.unsupported("SMEM or barrier allocations inside loops or branches")
   if isinstance(kind, mc.Barrier):
@@ -108,8 +104,11 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
       outs.append(r.value)
     elif isinstance(r, AccRef):
       wait_all(gen, [r])
+      if not gen.is_used(v):   # the final value of an accumulator no one reads
+        outs.append(None)
+        continue
       value = gen.fresh_name("acc_value", v.aval.dtype, r.shape)
-      gen.emit(f"{value.name} = {r.name}")
+      gen.emit(f"{value.name} = {gen.acc(r)}")
       gen.layouts[value.name] = r.layout
       outs.append(value)
     else:

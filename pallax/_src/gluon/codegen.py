@@ -133,19 +133,21 @@ def generate(params, target: int = 90) -> GluonSource:
     gen.thread_name = info.thread_name
     warp_specialize.hoist(jaxpr, info.thread_name,
                           lambda kind, aval: allocate(gen, kind, aval, phases=False), gen.hoisted)
-    main = gen.lines
+    gen.claim()
+    main = Partition(gen.lines, None, L.WARPS, [], gen.used_layouts)
     parts = warp_specialize.partitions(gen, jaxpr, [*ids, *refs], info)
   else:
     hoist_nested(jaxpr, allocate_now, gen.hoisted)
     gen.lower_jaxpr(jaxpr, [*ids, *refs])
-    parts = [Partition(gen.lines, None, L.WARPS, gen.events)]
+    gen.claim()
+    parts = [Partition(gen.lines, None, L.WARPS, gen.events, gen.used_layouts)]
   _check(gen, params.name)
   clusters.refuse(params, gen, parts)
   signature, host = _signature(gen, refs)
   if threads:
     source = _threaded_module(gen, name, list(signature), main, parts, launch_ids)
   else:
-    source = _module(gen, name, list(signature))
+    source = _module(gen, name, list(signature), parts[0])
   if params.debug:
     print(layout_report(gen, params.name))
   return GluonSource(name, source, signature, (lanes, 1, 1), host_descriptors=host,
@@ -215,9 +217,16 @@ def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
   return signature, tuple(host)
 
 
-def _kernel_made(gen: Writer, signature: dict) -> list[str]:
-  """The statements that make the descriptors not passed as parameters."""
-  return [f"    {d.line(gen)}" for d in gen.descriptors.values() if d.name not in signature]
+def _kernel_made(gen: Writer, signature: dict, part: Partition) -> list[str]:
+  """The statements that make the descriptors not passed as parameters (in ``part``'s
+  function: the layouts they name are its)."""
+  outer, gen.used_layouts = gen.used_layouts, part.layouts
+  try:
+    lines = [f"    {d.line(gen)}" for d in gen.descriptors.values() if d.name not in signature]
+    gen.claim()
+    return lines
+  finally:
+    gen.used_layouts = outer
 
 
 def _squeezed_lead(bm) -> int | None:
@@ -298,30 +307,33 @@ NAN = gl.constexpr(float("nan"))
 """
 
 
-def _constexprs(gen: Writer) -> list[str]:
-  return [f"    {n}: gl.constexpr = {gen.layout_text(layout)}" for layout, n in gen.constexprs.items()]
+def _function(gen: Writer, name: str, params: list[str], body: list[str], layouts) -> list[str]:
+  """``@gluon.jit def name(params):``, the layouts its body names, and its body."""
+  return (["@gluon.jit", f"def {name}({', '.join(params)}):"]
+          + [f"    {line}" for line in gen.declarations(layouts)] + body)
 
 
-def _module(gen: Writer, name: str, params: list[str]) -> str:
+def _module(gen: Writer, name: str, params: list[str], part: Partition) -> str:
   header = _HEADER + (blackwell.HEADER if getattr(gen, "blackwell", False) else "")
-  lines = [header, "@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
-  body = _kernel_made(gen, params) + gen.lines
+  made = _kernel_made(gen, params, part)
+  ((body, layouts),) = gen.live([(made + gen.lines, part.layouts)])
   if all(not line.strip() or line.lstrip().startswith("#") for line in body):
     body.append("    pass")   # a kernel that does nothing (a warp_map whose warps do nothing)
-  return "\n".join(lines + body) + "\n"
+  return "\n".join([header] + _function(gen, name, params, body, layouts)) + "\n"
 
 
-def _threaded_module(gen: Writer, name: str, params: list[str], main, parts, ids) -> str:
+def _threaded_module(gen: Writer, name: str, params: list[str], main: Partition, parts, ids) -> str:
   """One function per thread, and the kernel: descriptors, collective scratch, the split."""
   shared = list(dict.fromkeys(
       params + [d.name for d in gen.descriptors.values()] + [i.name for i in ids if isinstance(i, ex.Name)]
       + gen.hoisted_names()))
-  bodies = [p.lines for p in parts]
   lines = [_HEADER + (blackwell.HEADER if getattr(gen, "blackwell", False) else "")]
-  for t, body in enumerate(bodies):
-    lines += ["@gluon.jit", f"def {name}_t{t}({', '.join(shared)}):"] + _constexprs(gen)
-    lines += body + ["    pass", ""]   # a thread may have nothing to do
-  lines += ["@gluon.jit", f"def {name}({', '.join(params)}):"] + _constexprs(gen)
-  lines += _kernel_made(gen, params) + main
-  lines += warp_specialize.split(name, shared, parts)
+  made = _kernel_made(gen, params, main)
+  *threads, (body, layouts) = gen.live([(p.lines, p.layouts) for p in parts] +
+                                       [(made + main.lines, main.layouts)])
+  for t, (lines_t, layouts_t) in enumerate(threads):
+    lines += _function(gen, f"{name}_t{t}", shared, lines_t + ["    pass"], layouts_t) + [""]
+    # (``pass``: a thread may have nothing to do)
+  body += warp_specialize.split(name, shared, parts)
+  lines += _function(gen, name, params, body, layouts)
   return "\n".join(lines) + "\n"

@@ -1,21 +1,19 @@
 """Gluon rules of structured control flow (scan and fori loops, while loops, conds, calls
-inlined) and of the axis indices; the loops themselves are written by ``gpu/control.py``, as
-for Triton. Loop and branch carries keep the layout they enter with; a
+inlined) and of the axis indices; the loops and conditionals themselves are written by
+``gpu/control.py``, as for Triton. Loop and branch carries keep the layout they enter with; a
 loop carry that starts as a splat or an iota starts in the layout the loop body computes it in
 (found by the layout assignment, which analyses the body with that carry undecided first).
 """
 from __future__ import annotations
 
-import numpy as np
-
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src.gluon.assign import Val, layout_rule
-from pallax._src.gluon.values import I32, dtype_token, i32
+from pallax._src.gluon.values import I32, i32
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import control as gpu_control
 from pallax._src.gpu import expr as ex
-from pallax._src.gpu.expr import Lit, binary, method
+from pallax._src.gpu.expr import Lit
 
 
 @rule(ji.axis_index_p)
@@ -66,22 +64,7 @@ def _while(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
 
 @rule(ji.cond_p)
 def _cond(ctx, index, *ops, branches, **_):
-  gen = ctx.gen
-  if isinstance(index, Lit):   # decided when the code is written (a thread's own branch)
-    k = int(np.clip(int(index.value), 0, len(branches) - 1))
-    return gen.lower_jaxpr(branches[k], list(ops))
-  if len(branches) != 2:
-    gen.unsupported("lax.switch with more than two branches")
-  results = [gen.fresh_name("r", a.dtype, a.shape) for a in ctx.avals_out]
-  idx = index if index.dtype != np.bool_ else method(index, "to", dtype_token(np.int32), dtype=I32)
-  then, other = (gen.block(lambda k=k: gen.assign(results, gen.lower_jaxpr(branches[k], list(ops))))
-                 for k in (1, 0))
-  gen.emit(f"if {gen.render(binary('!=', idx, i32(0)))}:")
-  gen.lines += then or gen.block(lambda: gen.emit("pass"))
-  if other:   # an empty else (pl.when) is left out
-    gen.emit("else:")
-    gen.lines += other
-  return results
+  return gpu_control.cond(ctx.gen, index, branches, ops, ctx.avals_out)
 
 
 def _inline(param):
@@ -166,14 +149,12 @@ def _while_layouts(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncon
 
 @layout_rule(ji.cond_p)
 def _cond_layouts(ctx, index, *ops, branches, **_):
-  if isinstance(index, Lit):   # the writer lowers the one branch taken
-    k = int(np.clip(int(index.value), 0, len(branches) - 1))
+  k = gpu_control.static_branch(index, len(branches))
+  if k is not None:   # the writer lowers the one branch taken
     return ctx.lower(branches[k], list(ops))
-  if len(branches) != 2:
-    return None
-  for k in (1, 0):   # the results are new variables, of no layout
+  for k in gpu_control.branch_order(len(branches)):   # in the writer's order
     ctx.lower(branches[k], list(ops))
-  return None
+  return None   # the results are new variables, of no layout
 
 
 def _inline_layouts(param):

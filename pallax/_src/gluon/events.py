@@ -65,8 +65,10 @@ class Halve:
 @dataclasses.dataclass
 class Partition:
   """One thread's code (a kernel without threads has one): its statements, register budget
-  (None: the default), warps, and the operations it makes in order."""
+  (None: the default), warps, the operations it makes in order, and the layouts its
+  statements name (its function declares those only)."""
   lines: list
   registers: int | None
   warps: int
   events: list
+  layouts: set = dataclasses.field(default_factory=set)

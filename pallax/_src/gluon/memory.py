@@ -169,8 +169,10 @@ def _get(ctx, *invals, **_):
   a = ref_access.split(ctx.eqn, invals)
   if isinstance(a.ref, AccRef):
     wait_all(gen, [a.ref])
+    if not ctx.is_used():
+      return None
     value = gen.fresh_name("acc_value", ctx.out.dtype, a.ref.shape)
-    gen.emit(f"{value.name} = {a.ref.name}")   # a copy: later wgmmas reassign the accumulator
+    gen.emit(f"{value.name} = {gen.acc(a.ref)}")   # a copy: later wgmmas reassign the accumulator
     gen.layouts[value.name] = gen.assigned(ctx.eqn.outvars[0])
     return value
   if isinstance(a.ref, ValueRef):
@@ -264,7 +266,7 @@ def _swap(ctx, ref, value, *leaves, **_):
   if isinstance(a.ref, AccRef):
     target = gen.facts(ctx.eqn)   # the layout of what the accumulator's variable holds
     v = value if target is None else gen.convert(value, target)
-    gen.emit(f"{a.ref.name} = {gen.render(v)}")
+    gen.emit(f"{gen.acc(a.ref)} = {gen.render(v)}")
     return None
   if ctx.is_used(0):
     gen.unsupported("using the old value of a store")

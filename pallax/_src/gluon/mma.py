@@ -41,14 +41,16 @@ def _wgmma(ctx, *invals, trees):
   layout = gen.declared(gen.facts(ctx.eqn))   # the accumulator's layout for this operand width
   if layout != acc_ref.layout:
     gen.conversions.append((acc_ref.layout, layout, tuple(acc_ref.shape), gen.last_frame))
-    gen.emit(f"{acc_ref.name} = gl.convert_layout({acc_ref.name}, {gen.layout(layout)})")
+    acc = gen.acc(acc_ref)
+    gen.emit(f"{acc} = gl.convert_layout({acc}, {gen.layout(layout)})")
     acc_ref.layout = layout
   gen.events.append(Wgmma(tuple(acc_ref.shape), "registers" if a is None else gen.smem_view(a_view),
                           gen.smem_view(b_view)))
-  gen.emit(f"{acc_ref.name} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc_ref.name}, is_async=True)")
+  acc = gen.acc(acc_ref)
+  gen.emit(f"{acc} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc}, is_async=True)")
   # plgpu.wgmma returns with at most this wgmma in flight.
   # The operands stay alive (and unwritten) while the wgmma may read them.
-  gen.emit(f"{acc_ref.name}, _, _ = hopper.warpgroup_mma_wait(1, deps=[{acc_ref.name}, {a_view.text}, "
+  gen.emit(f"{acc}, _, _ = hopper.warpgroup_mma_wait(1, deps=[{acc}, {a_view.text}, "
            f"{b_view.text}])")
   pending = gen.pending_accs
   if acc_ref not in pending:

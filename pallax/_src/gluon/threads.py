@@ -49,6 +49,7 @@ def partitions(gen, jaxpr, args, info) -> list[Partition]:
   out = []
   for t in range(info.num_threads):
     gen.lines, gen.registers, gen.events = [], None, []
+    gen.used_layouts, gen.pending_layouts = set(), set()
     gen.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
     gen.pending_accs = []
     gen.register_tensors = False
@@ -60,8 +61,10 @@ def partitions(gen, jaxpr, args, info) -> list[Partition]:
       if ref.phase in gen.phases_read:
         gen.emit(f"{ref.phase} = 0")
     gen.lines += body
+    gen.claim()
     out.append(Partition(gen.lines, gen.registers,
-                         WORKER_WARPS if gen.register_tensors else SCALAR_WORKER_WARPS, gen.events))
+                         WORKER_WARPS if gen.register_tensors else SCALAR_WORKER_WARPS, gen.events,
+                         gen.used_layouts))
   return out
 
 

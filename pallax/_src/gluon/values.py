@@ -142,7 +142,7 @@ def wgmma_vector_of(layout, shape, mma_bits: int) -> L.Layout | None:
 def slice_layout(gen, layout: L.Layout, dim: int) -> L.Slice:
   """The layout of a tensor with ``dim`` of a ``layout`` tensor taken away (a reduction's)."""
   sliced = L.Slice(dim, layout)
-  gen.layout(sliced)
+  gen.declared(sliced)
   return sliced
 
 
@@ -162,6 +162,7 @@ def wait_all(gen, accs):
   """Waits for every wgmma into ``accs`` (reading an accumulator, or wgmma_wait(0))."""
   pending = gen.pending_accs
   for acc in accs:
-    gen.emit(f"{acc.name} = hopper.warpgroup_mma_wait(0, deps=[{acc.name}])")
+    name = gen.acc(acc)
+    gen.emit(f"{name} = hopper.warpgroup_mma_wait(0, deps=[{name}])")
     if acc in pending:
       pending.remove(acc)

@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 
 from pallax._src.gluon import layouts as L
+from pallax._src.gluon import statements
 from pallax._src.gluon.assign import Buffer
 from pallax._src.gluon.events import SmemView
 from pallax._src.gpu import expr as ex
@@ -105,12 +106,23 @@ class GluonSource:
   program_ids: tuple = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class Reading(ex.Renderer):
+  """A renderer that notes the variables every text it writes reads (``reads``): what the
+  statements not kept as ``Binding``s need."""
+  reads: set = dataclasses.field(default_factory=set)
+
+  def __call__(self, e, prec: int = 0) -> str:
+    self.reads.update(ex.names(e))
+    return super().__call__(e, prec)
+
+
 class Writer(src.Source):
   """The Gluon kernel being written: the statements, the layouts of register values, and the
   TMA descriptors the body asked for (emitted in the prologue)."""
 
   def __init__(self, kernel_name: str):
-    super().__init__(kernel_name, TABLE, ex.Renderer("gl"))
+    super().__init__(kernel_name, TABLE, Reading("gl"))
     self.approx_math = False                 # plgpu.CompilerParams(approx_math=True)
     self.layouts: dict = {}                  # register value name -> its Layout
     self.remat: dict = {}                    # register value name -> layout -> the value
@@ -122,6 +134,8 @@ class Writer(src.Source):
     self.events: list = []                   # what the running thread does (events.py)
     self.barriers = 0                        # how many barrier allocations were made
     self.constexprs: dict = {}               # Layout -> its constexpr name
+    self.used_layouts: set = set()           # the layouts the function being written names
+    self.pending_layouts: set = set()        # layouts named for a statement not yet written
     self.descriptors: dict = {}              # (ptr, box) -> its Descriptor
     self.pointer_uses: set = set()           # GMEM operands accessed through registers
     self.axes: dict = {}                     # axis name -> index expression
@@ -139,6 +153,47 @@ class Writer(src.Source):
     self.phases_read: set = set()            # barrier phase variables the running thread
                                              # waits with
 
+  def emit(self, line: str):
+    super().emit(line)
+    self.claim()
+
+  def claim(self):
+    """The layouts named since the last statement are the function's (``used_layouts``): the
+    statement just written names them (or one still to come: they are declared either way)."""
+    self.used_layouts |= self.pending_layouts
+    self.pending_layouts = set()
+
+  def emit_binding(self, name: ex.Name, e: ex.Expr):
+    """``name = e``, kept as a ``statements.Binding`` (left out unless read) where ``e`` is
+    pure; the layouts it takes are its own."""
+    text = f"{name.name} = {ex.Renderer('gl')(e)}"
+    if not statements.pure(e):
+      self.render.reads.update(ex.names(e))
+      self.emit(text)
+      return
+    binding = statements.Binding("    " * self.depth + text, name.name, e, self.depth)
+    self.pending_layouts -= binding.layouts
+    self.lines.append(binding)
+
+  def live(self, functions: list[tuple[list, set]]) -> list[tuple[list, set]]:
+    """``statements.live``: what each function keeps, and the layouts it declares."""
+    return statements.live(functions, self.render.reads)
+
+  def accumulator(self, shape: tuple, dtype, layout: L.Layout) -> AccRef:
+    """A new wgmma accumulator of zeros in ``layout``: a ``Binding``, left out (its layout not
+    declared) in a function that never uses it (a thread that does not compute)."""
+    name = ex.Name(self.fresh("acc"), dtype=np.dtype(dtype), shape=tuple(shape))
+    self.emit_binding(name, ex.call("gl.zeros", ex.Token(str(list(L.padded(shape)))),
+                                    ex.Token(ex.dtype_name(dtype, "gl")),
+                                    layout=ex.Token(self.layout(layout)), dtype=name.dtype, shape=shape))
+    return AccRef(name.name, tuple(shape), layout)
+
+  def acc(self, ref: AccRef) -> str:
+    """The variable of accumulator ``ref``, as a statement written as text reads or writes it
+    (noted: its zeros are then kept)."""
+    self.render.reads.add(ref.name)
+    return ref.name
+
   def hoisted_barriers(self) -> list:
     return [r for refs in self.hoisted.values() for r in refs if isinstance(r, BarrierRef)]
 
@@ -147,19 +202,36 @@ class Writer(src.Source):
             for refs in self.hoisted.values() for r in refs if not isinstance(r, AccRef)]
 
   def layout(self, layout: L.Layout) -> str:
-    """The name of a layout (``L0: gl.constexpr = ...`` in the prologue)."""
+    """The name of a layout, as a statement takes it (``L0: gl.constexpr = ...`` in the
+    prologue of each function whose statements name it: see ``claim``)."""
+    self.pending_layouts.add(layout)
+    return statements.LayoutName(self._named(layout), layout)
+
+  def _named(self, layout: L.Layout) -> str:
     if layout.registers:
       self.register_tensors = True
     if layout not in self.constexprs:
       if isinstance(layout, (L.Slice, L.DotOperand)):
-        self.layout(layout.parent)   # declared first: its name is in this one's text
+        self._named(layout.parent)   # named first: its name is in this one's text
       self.constexprs[layout] = f"L{len(self.constexprs)}"
     return self.constexprs[layout]
 
   def declared(self, layout: L.Layout) -> L.Layout:
-    """``layout``, declared (named) now."""
-    self.layout(layout)
+    """``layout``, named now (declared where a statement names it)."""
+    self._named(layout)
     return layout
+
+  def declarations(self, used) -> list[str]:
+    """``Ln: gl.constexpr = ...`` for the layouts of ``used`` and those their text names, in
+    the order they were named."""
+    needed, todo = set(), list(used)
+    while todo:
+      layout = todo.pop()
+      if layout not in needed:
+        needed.add(layout)
+        layout.text(lambda named: todo.append(named) or self._named(named))
+    return [f"{n}: gl.constexpr = {layout.text(self._named)}"
+            for layout, n in self.constexprs.items() if layout in needed]
 
   def value(self, e: ex.Expr, layout: L.Layout | None, hint="v") -> ex.Name:
     name = self.bind(e, hint)
@@ -175,17 +247,6 @@ class Writer(src.Source):
       return super().lower_jaxpr(jaxpr, args, unused_outputs)
     finally:
       self.scope = outer
-
-  def block(self, fn) -> list[str]:
-    """The statements ``fn()`` writes one level deeper, kept apart (a branch of an ``if``)."""
-    outer, self.lines = self.lines, []
-    self.depth += 1
-    try:
-      fn()
-      return self.lines
-    finally:
-      self.lines = outer
-      self.depth -= 1
 
   def assigned(self, var) -> L.Layout | None:
     """The layout the assignment gave ``var`` (a variable of the jaxpr being lowered)."""
@@ -319,7 +380,7 @@ class Writer(src.Source):
                                 "dimension and rows of at least 16 bytes")
     if key not in self.descriptors:
       strides = tuple(int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape)))
-      self.layout(smem_layout)   # declared with the descriptor
+      self._named(smem_layout)   # named with the descriptor
       self.descriptors[key] = Descriptor(self.fresh(f"{ref.ptr}_desc"), ref.ptr, tuple(ref.shape),
                                          strides, padded, smem_layout)
     return self.descriptors[key].name
@@ -343,3 +404,4 @@ def _check_padded_box(ref: GmemRef, box: tuple):
           f"{tuple(ref.shape)}; Gluon pads the box to {L.padded(box)}, which in dimension {d} "
           f"would reach into the next block. Use blocks whose sizes are powers of two, or that "
           "span the whole dimension")
+

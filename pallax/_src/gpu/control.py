@@ -1,10 +1,11 @@
 """Structured control flow as both GPU backends write it: counted loops, repeated bodies and
-while loops over named carries, and the masks of padded lanes.
+while loops over named carries, conditionals (``lax.cond``, ``lax.switch``), and the masks of
+padded lanes.
 
 A backend makes the carries (``gen.materialize``: a fresh variable holding a value, in the type
 or layout its language needs) and the index variable (with the bounds it knows), then calls
-these; the loop statements, the carries' reassignment at the end of each iteration (the
-backend's ``gen.assign``) and the values after the loop are written here once.
+these; the loop and ``if`` statements, the carries' and results' assignments (the backend's
+``gen.assign``) and the values after the loop are written here once.
 """
 from __future__ import annotations
 
@@ -53,6 +54,64 @@ def while_loop(gen, cond, body, cond_consts, body_consts, carry: list, assign=No
   gen.assign([flag], [go])
   gen.depth -= 1
   return carry
+
+
+def branch_order(n: int) -> list[int]:
+  """The order in which ``cond`` writes the branches of a ``lax.cond``/``lax.switch`` of ``n``
+  branches (a backend that analyses the branches before writing them visits them in it):
+  ``if index != 0: branch 1 else: branch 0`` for two (``lax.cond(pred, true_fn, false_fn)``
+  reads as written), ``if index == 0: ... elif ...: ... else: branch n-1`` for more."""
+  return [1, 0] if n == 2 else list(range(n))
+
+
+def static_branch(index: ex.Expr, n: int) -> int | None:
+  """The branch taken when the index is known where the code is written (a literal: say a
+  Mosaic GPU thread's own ``pl.when``), clamped as ``lax.switch`` clamps; None: decided at run
+  time."""
+  if n == 1:
+    return 0
+  if isinstance(index, ex.Lit):
+    return int(np.clip(int(index.value), 0, n - 1))
+  return None
+
+
+def cond(gen, index: ex.Expr, branches, ops, avals_out) -> list:
+  """``results = branches[index](*ops)`` as an ``if``/``elif``/``else`` chain over fresh result
+  variables (a branch that writes nothing is ``pass``; an empty ``else``, as ``pl.when``'s, is
+  left out). A known index lowers its branch alone."""
+  k = static_branch(index, len(branches))
+  if k is not None:
+    return gen.lower_jaxpr(branches[k], list(ops))
+  results = [gen.fresh_name("r", a.dtype, a.shape) for a in avals_out]
+  if index.dtype == BOOL:
+    index = ex.method(index, "to", ex.Token(ex.dtype_name(I32, gen.render.ns)), dtype=I32)
+  order = branch_order(len(branches))
+  for pos, k in enumerate(order):
+    if pos == len(order) - 1:
+      head = "else:"
+    elif len(order) == 2:
+      head = f"if {gen.render(ex.binary('!=', index, ex.Lit(0, dtype=I32), dtype=BOOL))}:"
+    else:
+      test = ex.binary("==", index, ex.Lit(k, dtype=I32), dtype=BOOL)
+      head = f"{'elif' if pos else 'if'} {gen.render(test)}:"
+    _branch(gen, head, lambda k=k: gen.assign(results, gen.lower_jaxpr(branches[k], list(ops))),
+            optional=pos == len(order) - 1)
+  return results
+
+
+def _branch(gen, head: str, write, optional: bool):
+  """``head`` and the statements ``write()`` writes beneath it; none: ``pass``, or (``optional``:
+  an ``else``) nothing at all."""
+  gen.emit(head)
+  start = len(gen.lines)
+  gen.depth += 1
+  write()
+  if len(gen.lines) == start:
+    if optional:
+      del gen.lines[start - 1:]
+    else:
+      gen.emit("pass")
+  gen.depth -= 1
 
 
 def valid_lanes(shape, dims, index_along) -> ex.Expr | None:

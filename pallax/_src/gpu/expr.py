@@ -82,6 +82,12 @@ class Subscript(Expr):
   index: tuple
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Seq(Expr):
+  """A Python list of expressions, ``[a, b]`` (an argument list of inline assembly)."""
+  items: tuple
+
+
 # --- constructors that keep index arithmetic small ---------------------------------------
 
 def literal(e) -> Any:
@@ -303,6 +309,33 @@ def check_fits(e: Lit):
       raise ValueError(f"the constant {e.value} does not fit {dtype.name}")
 
 
+def parts(e) -> list:
+  """The expressions ``e`` is made of (its operands, callee, object, indices), one level down."""
+  if isinstance(e, Op):
+    return list(e.args)
+  if isinstance(e, Call):
+    return [e.fn, *e.args, *(v for _, v in e.kwargs)]
+  if isinstance(e, Attr):
+    return [e.obj]
+  if isinstance(e, Subscript):
+    return [e.obj, *e.index]
+  if isinstance(e, Seq):
+    return list(e.items)
+  return []
+
+
+def names(e) -> set[str]:
+  """The variables expression ``e`` reads."""
+  out, todo = set(), [e]
+  while todo:
+    x = todo.pop()
+    if isinstance(x, Name):
+      out.add(x.name)
+    elif isinstance(x, Expr):
+      todo += parts(x)
+  return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Renderer:
   """Writes expressions as Python source for one language namespace (``tl`` or ``gl``)."""
@@ -336,6 +369,8 @@ class Renderer:
       return f"{self(e.obj, _ATOM)}.{e.attr}", _ATOM
     if isinstance(e, Subscript):
       return f"{self(e.obj, _ATOM)}[{', '.join(self._index(i) for i in e.index)}]", _ATOM
+    if isinstance(e, Seq):
+      return f"[{', '.join(self(x) for x in e.items)}]", _ATOM
     raise TypeError(f"not an expression: {e!r}")
 
   def _index(self, i) -> str:

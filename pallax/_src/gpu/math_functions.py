@@ -87,8 +87,7 @@ def render(fn: Fn, xs: list, out, libdevice: str, ns: str) -> ex.Expr:
   if fn.in_scale is not None:
     xs = [ex.binary("*", xs[0], _constant(fn.in_scale, dtype))] + list(xs[1:])
   if fn.ptx is not None:
-    args = ex.Token(f"[{ex.Renderer(ns)(xs[0])}]")
-    e = ex.Call(f"{ns}.inline_asm_elementwise", (f"{fn.ptx} $0, $1;", "=r,r", args),
+    e = ex.Call(f"{ns}.inline_asm_elementwise", (f"{fn.ptx} $0, $1;", "=r,r", ex.Seq((xs[0],))),
                 (("dtype", ex.Token(f"{ns}.float32")), ("is_pure", True), ("pack", 1)),
                 dtype=dtype, shape=tuple(out.shape))
   else:

@@ -123,8 +123,12 @@ class Source:
       return dataclasses.replace(e, dtype=dtype, shape=shape, bounds=bounds)
     name = ex.Name(self.fresh(hint), dtype=dtype, shape=shape, bounds=bounds)
     self.max_numel = max(self.max_numel, name.numel)
-    self.emit(f"{name.name} = {self.render(e)}")
+    self.emit_binding(name, e)
     return name
+
+  def emit_binding(self, name: ex.Name, e: ex.Expr):
+    """The statement ``name = e`` (a backend may keep it as data: see the Gluon writer)."""
+    self.emit(f"{name.name} = {self.render(e)}")
 
   def fresh_name(self, hint: str, dtype, shape, bounds=None) -> ex.Name:
     """A new variable; ``bounds`` (lo, hi) only where every value it will hold lies within."""

@@ -125,25 +125,7 @@ def _while(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
 
 @rule(ji.cond_p)
 def _cond(ctx, index, *ops, branches, **_):
-  gen = ctx.gen
-  results = [gen.fresh_name("r", a.dtype, a.shape) for a in ctx.avals_out]
-  idx = index if index.dtype != np.bool_ else tl.to(index, np.int32)
-  order = [1, 0] if len(branches) == 2 else list(range(len(branches)))
-  for pos, k in enumerate(order):
-    if pos == len(order) - 1:
-      head = "else:"
-    elif len(branches) == 2:
-      head = f"if {gen.render(tl.compare('!=', idx, tl.i32(0)))}:"
-    else:
-      head = f"{'if' if pos == 0 else 'elif'} {gen.render(tl.compare('==', idx, tl.i32(k)))}:"
-    gen.emit(head)
-    gen.depth += 1
-    before = len(gen.lines)
-    gen.assign(results, gen.lower_jaxpr(branches[k], list(ops)))
-    if len(gen.lines) == before:
-      gen.emit("pass")
-    gen.depth -= 1
-  return results
+  return gpu_control.cond(ctx.gen, index, branches, ops, ctx.avals_out)
 
 
 def _inline(param):
