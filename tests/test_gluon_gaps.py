@@ -38,3 +38,34 @@ def test_store_of_run_time_rows_into_a_3d_gmem_view():
   f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(batch,),
                    grid_names=("b",), scratch_types=[plgpu.SMEM((rows, cols), x.dtype), plgpu.Barrier()])
   np.testing.assert_array_equal(f(x), x)
+
+
+def _column_sums(scratch_bytes):
+  def body(x_ref, o_ref):
+    x = plgpu.load(x_ref, layout=plgpu.Layout.WGMMA)
+    o_ref[...] = jnp.sum(x, axis=0)
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                      compiler_params=plgpu.CompilerParams(reduction_scratch_bytes=scratch_bytes))
+
+
+def test_a_cross_warp_reduction_needs_its_scratch():
+  """Summing a WGMMA-layout tile along its rows combines the 4 warps' partial results in SMEM:
+  4 warps x 32 lanes x 2 floats = 1024 bytes. With less, JAX's compiler refuses the kernel, and
+  so does pallax, in both executors (the check is made when the kernel is traced)."""
+  x = _random((128, 128))
+  with pytest.raises(ValueError, match=r"Required reduction scratch size \(1024 bytes\) is larger "
+                     r"than the available scratch size \(512 bytes\)"):
+    _column_sums(512)(x)
+  np.testing.assert_allclose(_column_sums(1024)(x), np.sum(np.asarray(x), axis=0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_loop_carry_cast_to_two_layouts_is_refused():
+  def body(o_ref):
+    def step(i, carry):
+      o_ref[...] = carry + i
+      return plgpu.layout_cast(carry, plgpu.Layout.WGMMA.reduce(1))
+    start = plgpu.layout_cast(jnp.zeros((128,), jnp.float32), plgpu.Layout.WG_STRIDED((128,), vec_size=1))
+    lax.fori_loop(0, 2, step, start)
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), jnp.float32))
+  with pytest.raises(ValueError, match="Failed to infer a possible set of layouts"):
+    f()
