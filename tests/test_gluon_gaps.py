@@ -69,3 +69,22 @@ def test_a_loop_carry_cast_to_two_layouts_is_refused():
   f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), jnp.float32))
   with pytest.raises(ValueError, match="Failed to infer a possible set of layouts"):
     f()
+
+
+def test_reshapes_of_register_values():
+  """A scalar made a (1, 1, 1) tile and stored to a 3-D GMEM array; a (1,) value made a scalar;
+  a (4, 32) tile made (128,) and (2, 2, 32)."""
+  def body(x_ref, y_ref, o_ref, t_ref, v_ref):
+    x = x_ref[...]
+    o_ref[...] = (jnp.sum(x) * 2).reshape((1, 1, 1))
+    t_ref[...] = x.reshape((2, 2, 32)) + 1
+    v_ref[...] = x.reshape((128,)) * 3 + y_ref[...].reshape(())
+  x, y = _random((4, 32)), _random((1,), seed=1)
+  f = plgpu.kernel(body, out_type=(jax.ShapeDtypeStruct((1, 1, 1), jnp.float32),
+                                   jax.ShapeDtypeStruct((2, 2, 32), jnp.float32),
+                                   jax.ShapeDtypeStruct((128,), jnp.float32)))
+  o, t, v = f(x, y)
+  xn = np.asarray(x)
+  np.testing.assert_allclose(o, (xn.sum() * 2).reshape(1, 1, 1), rtol=1e-5)
+  np.testing.assert_array_equal(t, xn.reshape(2, 2, 32) + 1)
+  np.testing.assert_allclose(v, xn.reshape(128) * 3 + float(y[0]), rtol=1e-6)

@@ -150,16 +150,33 @@ def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple:
   ptr = gen.bind(ex.binary("+", ex.Name(ref.ptr, dtype=ref.dtype), offset), "ptr")
   if not shape:
     return ptr, shape, None, None, offset
-  if len(shape) > 2:
-    gen.unsupported("register accesses of GMEM views of rank 3 or more")
   layout = gen.declared(L.blocked(shape, ref.dtype))
   for j, (d, n) in enumerate(zip(dims, shape)):
-    lane = layout if len(shape) == 1 else slice_layout(gen, layout, 1 - j)
-    ar = call("gl.arange", i32(0), i32(ex.pow2(n)), layout=ex.Token(gen.layout(lane)), dtype=I32, shape=(n,))
+    if len(shape) > 2:
+      ar = _offsets_along(gen, layout, shape, j)
+    else:
+      lane = layout if len(shape) == 1 else slice_layout(gen, layout, 1 - j)
+      ar = call("gl.arange", i32(0), i32(ex.pow2(n)), layout=ex.Token(gen.layout(lane)), dtype=I32, shape=(n,))
     if len(shape) == 2:
       ar = call("gl.expand_dims", ar, i32(1 - j), dtype=I32, shape=(n, 1) if j == 0 else (1, n))
     ptr = gen.bind(ex.binary("+", ptr, ex.mul(gen.bind(ar, "offs"), strides[d])), "ptrs")
   return ptr, shape, layout, valid_lanes(gen, shape, layout, range(len(shape))), offset
+
+
+def _offsets_along(gen, layout, shape, j: int):
+  """0, 1, ... along dimension ``j`` of a tile of rank > 2 in ``layout``, every other dimension
+  of size 1 (the arange in ``layout`` with the others sliced away, expanded back): added to
+  pointers, it broadcasts along them."""
+  others = [d for d in range(len(shape)) if d != j]
+  lane = layout
+  for d in reversed(others):
+    lane = slice_layout(gen, lane, d)
+  e = call("gl.arange", i32(0), i32(ex.pow2(shape[j])), layout=ex.Token(gen.layout(lane)), dtype=I32,
+           shape=(shape[j],))
+  for d in others:   # the dimensions below d are back already: d is its position
+    e = call("gl.expand_dims", e, i32(d), dtype=I32,
+             shape=tuple(shape[k] if k == j else 1 for k in range(len(shape)) if k == j or k <= d))
+  return e
 
 
 
