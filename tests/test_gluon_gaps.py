@@ -88,3 +88,24 @@ def test_reshapes_of_register_values():
   np.testing.assert_allclose(o, (xn.sum() * 2).reshape(1, 1, 1), rtol=1e-5)
   np.testing.assert_array_equal(t, xn.reshape(2, 2, 32) + 1)
   np.testing.assert_allclose(v, xn.reshape(128) * 3 + float(y[0]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint32, jnp.int64])
+def test_bit_counts(dtype):
+  """lax.clz and lax.population_count on every bit pattern class: zero, ones, the sign bit."""
+  def body(x_ref, c_ref, p_ref):
+    x = x_ref[...]
+    c_ref[...] = lax.clz(x)
+    p_ref[...] = lax.population_count(x)
+  bits = np.dtype(dtype).itemsize * 8
+  rng = np.random.default_rng(3)
+  raw = rng.integers(0, 2 ** 62, 256, dtype=np.int64) >> rng.integers(0, 62, 256)
+  if bits == 32:
+    raw = raw & 0xFFFFFFFF
+  raw[:3] = [0, 1, -1 if bits == 64 else 0xFFFFFFFF]
+  with jax.enable_x64(bits == 64):
+    x = jnp.asarray(raw.astype(np.uint64).astype(np.dtype(dtype)))
+    shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    c, p = plgpu.kernel(body, out_type=(shape, shape))(x)
+    np.testing.assert_array_equal(c, lax.clz(x))
+    np.testing.assert_array_equal(p, lax.population_count(x))
