@@ -109,3 +109,25 @@ def test_bit_counts(dtype):
     c, p = plgpu.kernel(body, out_type=(shape, shape))(x)
     np.testing.assert_array_equal(c, lax.clz(x))
     np.testing.assert_array_equal(p, lax.population_count(x))
+
+
+def test_register_load_of_a_transposed_gmem_view():
+  """``b_ref.T`` read into registers (JAX's test_mma: B given as (N, K)), then plgpu.mma; and a
+  transposed view stored to."""
+  m = k = 128
+  n = 16
+
+  def body(a_ref, b_ref, o_ref, t_ref):
+    acc = plgpu.layout_cast(jnp.zeros((m, n), jnp.float32), plgpu.Layout.MMA_ACC(jnp.float16))
+    a = plgpu.load(a_ref, layout=plgpu.Layout.MMA_LHS(jnp.float16))
+    b = plgpu.load(b_ref.T, layout=plgpu.Layout.MMA_RHS(jnp.float16))
+    o_ref[...] = plgpu.mma(acc, a, b)
+    t_ref.T[...] = b.astype(jnp.float32) * 2
+
+  a, b = _random((m, k), jnp.float16), _random((n, k), jnp.float16, seed=1)
+  f = plgpu.kernel(body, out_type=(jax.ShapeDtypeStruct((m, n), jnp.float32),
+                                   jax.ShapeDtypeStruct((n, k), jnp.float32)))
+  out, t = f(a, b)
+  a32, b32 = np.asarray(a, np.float32), np.asarray(b, np.float32)
+  np.testing.assert_allclose(out, a32 @ b32.T, atol=1e-2, rtol=1e-2)
+  np.testing.assert_array_equal(t, b32 * 2)

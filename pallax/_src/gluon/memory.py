@@ -130,6 +130,9 @@ def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple:
   dims = list(range(rank))          # view dimension -> operand dimension
   sizes = list(ref.shape)
   for t in (*ref.pre, *transforms):
+    if isinstance(t, ji.TransposeRef):   # (``ref.T``) the view's dimensions in another order
+      dims, sizes = [dims[p] for p in t.permutation], [sizes[p] for p in t.permutation]
+      continue
     if not isinstance(t, ji.NDIndexer):
       gen.unsupported(f"the GMEM view {t}")
     new_dims, new_sizes = [], []
@@ -349,6 +352,9 @@ def gmem_view_shape(ref: Gmem, transforms) -> tuple:
   """The shape of a GMEM view: the sizes of the slices of each indexer."""
   shape = ref.shape
   for t in (*ref.pre, *transforms):
+    if isinstance(t, ji.TransposeRef):
+      shape = tuple(shape[p] for p in t.permutation)
+      continue
     shape = tuple(i.size for i in getattr(t, "indices", ()) if isinstance(i, ji.Slice))
   return shape
 
