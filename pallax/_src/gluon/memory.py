@@ -32,8 +32,10 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
                                  lead=(), reshaped=True, whole=False,
                                  steps=ref.steps + (("reshape", L.padded(ref.shape)),))
     text, shape, transforms[0], flat = _flat_index(gen, ref, transforms[0])
-    steps.append(("index", flat))
-  whole = ref.whole and not ref.lead
+    if flat is not None:
+      steps.append(("index", flat))
+  # (leading dimensions of one element, not stored: indexing them leaves the whole buffer)
+  whole = ref.whole and (not ref.lead or _unstored(ref))
   for t in transforms:
     if isinstance(t, ji.TransposeRef):
       text = f"{text}.permute({tuple(t.permutation)})"
@@ -78,11 +80,19 @@ def _flat_index(gen, ref: SmemRef, t):
       isinstance(i, ji.Slice) or getattr(i, "shape", ()) for i in t.indices[:n]):
     gen.unsupported(f"slicing the leading dimensions of an SMEM buffer of shape {ref.shape} "
                     "(index them with integers)")
+  rest = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
+  if _unstored(ref):   # every index is 0 (the interpreter checks the bounds)
+    return ref.text, list(ref.shape[n:]), rest, None
   flat = t.indices[0]
   for idx, size in zip(t.indices[1:n], L.padded(ref.lead[1:])):
     flat = gen.bind(ex.add(ex.mul(flat, i32(size)), idx), "slot")
-  rest = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
   return f"{ref.text}.index({gen.render(flat)})", list(ref.shape[n:]), rest, flat
+
+
+def _unstored(ref) -> bool:
+  """Whether ``ref``'s leading dimensions have one element in all, and are not stored
+  (``allocation.stored_shape``)."""
+  return bool(ref.lead) and int(np.prod(L.padded(ref.lead))) == 1
 
 
 def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int, k_last: bool):
@@ -321,7 +331,7 @@ def smem_view_layouts(ref: Smem, transforms) -> Smem:
     n, t = len(ref.lead), transforms[0]
     if not isinstance(t, ji.NDIndexer) or len(t.indices) < n:
       return dataclasses.replace(ref, lead=(), whole=False)   # the writer refuses it
-    shape, whole = shape[n:], False
+    shape, whole = shape[n:], _unstored(ref)
     transforms[0] = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
   for t in transforms:
     if isinstance(t, ji.TransposeRef):
