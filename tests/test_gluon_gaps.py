@@ -131,3 +131,36 @@ def test_register_load_of_a_transposed_gmem_view():
   a32, b32 = np.asarray(a, np.float32), np.asarray(b, np.float32)
   np.testing.assert_allclose(out, a32 @ b32.T, atol=1e-2, rtol=1e-2)
   np.testing.assert_array_equal(t, b32 * 2)
+
+
+def test_a_single_slot_buffer_seen_whole_and_by_rows():
+  """A pipeline of one step has buffers of one slot, (1, rows, cols): TMA fills the slot (a 2-D
+  view), the body reads and writes it row by row (1-D views, one of them at a run-time row), as
+  JAX's test_fori_loop_indexed_store does."""
+  rows, cols = 4, 128
+
+  def step(_, x_ref, y_ref, o_ref):
+    def row(i, carry):
+      o_ref[i] = x_ref[i] + y_ref[i] * 2
+      return carry
+    lax.fori_loop(0, rows, row, None)
+
+  def body(x_gmem, y_gmem, o_gmem):
+    plgpu.emit_pipeline(step, grid=(), in_specs=[pl.BlockSpec(), pl.BlockSpec()],
+                        out_specs=[pl.BlockSpec()])(x_gmem, y_gmem, o_gmem)
+
+  x, y = _random((rows, cols)), _random((rows, cols), seed=1)
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype))
+  np.testing.assert_allclose(f(x, y), np.asarray(x) + np.asarray(y) * 2, rtol=1e-6)
+
+  def scratch_body(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, smem.at[0], bar)
+    plgpu.barrier_wait(bar)
+    for i in range(rows):
+      smem[0, i] = smem[0, i] * (i + 1)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem.at[0], o_ref)
+    plgpu.wait_smem_to_gmem(0)
+  g = plgpu.kernel(scratch_body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                   scratch_types=[plgpu.SMEM((1, rows, cols), x.dtype), plgpu.Barrier()])
+  np.testing.assert_allclose(g(x), np.asarray(x) * np.arange(1, rows + 1)[:, None], rtol=1e-6)
