@@ -164,3 +164,66 @@ def test_a_single_slot_buffer_seen_whole_and_by_rows():
   g = plgpu.kernel(scratch_body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
                    scratch_types=[plgpu.SMEM((1, rows, cols), x.dtype), plgpu.Barrier()])
   np.testing.assert_allclose(g(x), np.asarray(x) * np.arange(1, rows + 1)[:, None], rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["add", "max", "min", "xor"])
+def test_gmem_atomics(op):
+  """plgpu.atomic_* on a GMEM view: every block of a grid updates the same (8, 128) rows."""
+  blocks = 4
+
+  def body(x_ref, o_ref):
+    b = lax.axis_index("b")
+    getattr(plgpu, f"atomic_{op}")(o_ref.at[pl.ds(0, 8)], x_ref[b])
+
+  x = jnp.asarray(np.random.default_rng(5).integers(-1000, 1000, (blocks, 8, 128)), jnp.int32)
+  init = jnp.asarray(np.random.default_rng(6).integers(-1000, 1000, (16, 128)), jnp.int32)
+  # (the output is the aliased input, which every block updates)
+  f = jax.jit(lambda x, init: pl.pallas_call(
+      lambda x_ref, i_ref, o_ref: body(x_ref, o_ref), out_shape=jax.ShapeDtypeStruct(init.shape, init.dtype),
+      grid=(blocks,), in_specs=[pl.BlockSpec(memory_space=plgpu.GMEM)] * 2,
+      out_specs=pl.BlockSpec(memory_space=plgpu.GMEM), input_output_aliases={1: 0},
+      compiler_params=plgpu.CompilerParams(), _grid_names=("b",))(x, init))
+  got = np.asarray(f(x, init))
+  reduce = {"add": np.add, "max": np.maximum, "min": np.minimum, "xor": np.bitwise_xor}[op]
+  want = np.asarray(init).copy()
+  for b in range(blocks):
+    want[:8] = reduce(want[:8], np.asarray(x)[b])
+  np.testing.assert_array_equal(got, want)
+
+
+def test_semaphores_order_blocks():
+  """Block 0 writes its rows, then signals a pl.get_global semaphore twice; block 1 waits for
+  both signals (taking them off), then reads block 0's rows."""
+  def body(x_ref, o_ref):
+    sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+    b = lax.axis_index("b")
+
+    @pl.when(b == 0)
+    def _():
+      o_ref[0] = x_ref[...] * 2
+      pl.semaphore_signal(sem)
+      plgpu.semaphore_signal(sem, 1, memory_scope="sys")
+
+    @pl.when(b == 1)
+    def _():
+      plgpu.semaphore_wait(sem, 2)
+      o_ref[1] = o_ref[0] + 1
+      plgpu.semaphore_wait(sem, 0, decrement=False)
+
+  x = _random((128,))
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, 128), jnp.float32), grid=(2,),
+                   grid_names=("b",))
+  out = np.asarray(f(x))
+  np.testing.assert_allclose(out[0], np.asarray(x) * 2)
+  np.testing.assert_allclose(out[1], np.asarray(x) * 2 + 1)
+
+
+def test_smem_atomics_say_what_to_do():
+  def body(x_ref, o_ref, smem):
+    smem[...] = jnp.zeros(smem.shape, smem.dtype)
+    plgpu.atomic_add(smem, x_ref[...])
+    o_ref[...] = smem[...]
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), jnp.int32),
+                   scratch_types=[plgpu.SMEM((128,), jnp.int32)])
+  with pytest.raises(NotImplementedError, match="atomic_add on SMEM.*no shared-memory atomics"):
+    plgpu.lower(f, jax.ShapeDtypeStruct((128,), jnp.int32))
