@@ -227,3 +227,34 @@ def test_smem_atomics_say_what_to_do():
                    scratch_types=[plgpu.SMEM((128,), jnp.int32)])
   with pytest.raises(NotImplementedError, match="atomic_add on SMEM.*no shared-memory atomics"):
     plgpu.lower(f, jax.ShapeDtypeStruct((128,), jnp.int32))
+
+
+def test_a_buffer_written_row_by_row_then_copied_whole_and_by_rows():
+  """Rows of a (16, 128) buffer stored one at a time (views of rank 1: the buffer is not
+  swizzled), then copied to GMEM whole by TMA, and row by row from a run-time row in a loop
+  of one warp (JAX's test_single_warp_loop)."""
+  rows, cols = 16, 128
+
+  def body(x_ref, whole_ref, by_rows_ref, smem):
+    for i in range(rows):
+      smem[i, :] = x_ref[i] * (i + 1)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, whole_ref)
+
+    @plgpu.warp_map
+    def _(warp):
+      @pl.when(warp == 0)
+      def _():
+        def row(i, carry):
+          plgpu.copy_smem_to_gmem(smem.at[pl.ds(i, 1)], by_rows_ref.at[pl.ds(i, 1)])
+          return carry
+        lax.fori_loop(0, rows, row, None)
+    plgpu.wait_smem_to_gmem(0)
+
+  x = jnp.asarray(np.random.default_rng(7).integers(-99, 99, (rows, cols)), jnp.int32)
+  shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+  whole, by_rows = plgpu.kernel(body, out_type=(shape, shape),
+                                scratch_types=[plgpu.SMEM((rows, cols), jnp.int32)])(x)
+  want = np.asarray(x) * np.arange(1, rows + 1)[:, None]
+  np.testing.assert_array_equal(whole, want)
+  np.testing.assert_array_equal(by_rows, want)

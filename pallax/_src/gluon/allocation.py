@@ -85,7 +85,7 @@ def allocate(gen, kind, aval, phases: bool = True):
     lead, stored = stored_shape(shape)
     name = gen.fresh("smem")
     layout, buffer = gen.allocate_smem(name, stored, dtype)
-    return SmemRef(name, shape, dtype, layout, L.swizzle(shape[-2:], dtype),
+    return SmemRef(name, shape, dtype, layout, layout.swizzle and L.swizzle(shape[-2:], dtype),
                    lead=lead, buffer=buffer, whole=True)
   if isinstance(kind, mc.TMEMType) and getattr(gen, "target", 90) >= 100:
     return blackwell.allocate_tmem(gen, kind, aval)

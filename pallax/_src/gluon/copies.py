@@ -7,6 +7,7 @@ The views and pointers these share with the register loads and stores are in ``m
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -51,22 +52,30 @@ def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:
   return starts, tuple(box)
 
 
+def _shared(smem: SmemRef, rank: int) -> L.Shared:
+  """The NVMMA layout of view ``smem`` with ``rank`` dimensions (its buffer's swizzle)."""
+  layout = L.shared(smem.shape, smem.dtype, rank)
+  if smem.buffer is not None and smem.buffer.layout.swizzle == 0:
+    layout = dataclasses.replace(layout, swizzle=0)
+  return layout
+
+
 def _box_view(gen, smem: SmemRef, box) -> tuple[str, L.Layout]:
   """(the SMEM expression a TMA copy of ``box`` reads or writes, the descriptor's layout): a box
   with more dimensions than the buffer (unit ones) sees it through a reshape."""
   if tuple(box) == tuple(smem.shape) and smem.reshaped:   # Gluon infers the reshape's layout
-    return smem.text, gen.declared(L.shared(smem.shape, smem.dtype, len(box)))
+    return smem.text, gen.declared(_shared(smem, len(box)))
   if tuple(box) == tuple(smem.shape):   # the buffer's layout may have a lower rank (its views')
     if len(box) <= 2 and not gen.is_whole(smem):
       return smem.text, smem.layout
-    layout = gen.declared(L.shared(smem.shape, smem.dtype, len(box)))
+    layout = gen.declared(_shared(smem, len(box)))
     if gen.is_whole(smem):
       return gen.whole_view(smem), layout
     return (f"{smem.text}._reinterpret({ex.dtype_name(smem.dtype, 'gl')}, {list(L.padded(box))}, "
             f"{gen.layout(layout)})", layout)
   if tuple(d for d in box if d != 1) != tuple(d for d in smem.shape if d != 1):
     gen.unsupported(f"a TMA box {tuple(box)} for an SMEM buffer of shape {smem.shape}")
-  layout = gen.declared(L.shared(smem.shape, smem.dtype, len(box)))
+  layout = gen.declared(_shared(smem, len(box)))
   return f"{smem.text}.reshape({list(L.padded(box))})", layout
 
 
