@@ -258,3 +258,26 @@ def test_a_buffer_written_row_by_row_then_copied_whole_and_by_rows():
   want = np.asarray(x) * np.arange(1, rows + 1)[:, None]
   np.testing.assert_array_equal(whole, want)
   np.testing.assert_array_equal(by_rows, want)
+
+
+def test_static_slices_of_an_accumulator_read():
+  """acc_ref[:, :64] and acc_ref[:, 64:] read halves of a (64, 128) wgmma accumulator."""
+  def body(a_ref, b_ref, o_ref, a_smem, b_smem, bar):
+    plgpu.copy_gmem_to_smem(a_ref, a_smem, bar)
+    plgpu.copy_gmem_to_smem(b_ref, b_smem, bar)
+    plgpu.barrier_wait(bar)
+
+    def scope(acc_ref):
+      plgpu.wgmma(acc_ref, a_smem, b_smem)
+      return acc_ref[:, :64], acc_ref[:, 64:]
+    left, right = pl.run_scoped(scope, plgpu.ACC((64, 128), jnp.float32))
+    o_ref[:, :64] = left * 2
+    o_ref[:, 64:] = right
+
+  a, b = _random((64, 128), jnp.float16), _random((128, 128), jnp.float16, seed=1)
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 128), jnp.float32),
+                   scratch_types=[plgpu.SMEM((64, 128), jnp.float16), plgpu.SMEM((128, 128), jnp.float16),
+                                  plgpu.Barrier(num_arrivals=2)])
+  want = np.asarray(a, np.float32) @ np.asarray(b, np.float32)
+  want[:, :64] *= 2
+  np.testing.assert_allclose(f(a, b), want, rtol=2e-3, atol=2e-3)

@@ -13,6 +13,7 @@ from pallax._src import ref_access
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Closed, Gmem, Smem, Val, layout_rule
 from pallax._src.gluon.events import Access
+from pallax._src.gluon.shapes import halve_all, halvings
 from pallax._src.gluon.values import (I32, dtype_token, i32, masked, shape_token, slice_layout,
                                       to_layout, valid_lanes, wait_all, wgmma_vector_of)
 from pallax._src.gluon.writer import AccRef, BarrierRef, GmemRef, SmemRef, ValueRef, rule
@@ -201,8 +202,15 @@ def _get(ctx, *invals, **_):
     wait_all(gen, [a.ref])
     value = gen.fresh_name("acc_value", ctx.out.dtype, a.ref.shape)
     gen.emit(f"{value.name} = {a.ref.name}")   # a copy: later wgmmas reassign the accumulator
-    gen.layouts[value.name] = gen.assigned(ctx.eqn.outvars[0])
-    return value
+    if not a.transforms:
+      gen.layouts[value.name] = gen.assigned(ctx.eqn.outvars[0])
+      return value
+    gen.layouts[value.name] = a.ref.layout
+    steps = gen.facts(ctx.eqn)
+    if _static_slice(a.transforms, a.ref.shape) is None or steps is None:
+      gen.unsupported("reading a slice of a wgmma accumulator other than static pieces of a "
+                      "power-of-two size at multiples of it (read it whole, then slice)")
+    return halve_all(gen, value, steps)
   if isinstance(a.ref, ValueRef):
     if any(not isinstance(t, ji.NDIndexer) or any(not isinstance(i, ji.Slice) or i.size != n
            for i, n in zip(t.indices, a.ref.value.shape)) for t in a.transforms):
@@ -222,6 +230,21 @@ def _get(ctx, *invals, **_):
   gen.events.append(Access("load", gen.smem_view(view), view.shape))
   smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
   return gen.value(method(smem, "load", ex.Token(gen.layout(layout))), layout)
+
+
+def _static_slice(transforms, shape) -> tuple[list, list] | None:
+  """(starts, limits) of a view that slices a register tile (an accumulator) statically with
+  one indexer, None for any other."""
+  if len(transforms) != 1 or not isinstance(transforms[0], ji.NDIndexer):
+    return None
+  starts, limits = [], []
+  for idx, n in zip(transforms[0].indices, shape):
+    start = idx.start.value if isinstance(getattr(idx, "start", None), Lit) else getattr(idx, "start", None)
+    if not isinstance(idx, ji.Slice) or not isinstance(start, int) or idx.stride != 1:
+      return None
+    starts.append(start)
+    limits.append(start + idx.size)
+  return starts, limits
 
 
 def register_view(gen, ref: SmemRef, transforms) -> SmemRef:
@@ -397,7 +420,14 @@ def _get_layouts(ctx, *invals, **_):
   a = ref_access.split(ctx.eqn, invals)
   ref, out = a.ref, ctx.out
   if isinstance(ref, Acc):
-    return Val(ref.shape, np.dtype(out.dtype), ref.layout)
+    whole = Val(ref.shape, np.dtype(out.dtype), ref.layout)
+    bounds = _static_slice(a.transforms, ref.shape)
+    found = None if bounds is None else halvings(ctx.a, whole, *bounds)
+    if found is None:
+      return whole   # (the writer refuses a slice it cannot take)
+    steps, view = found
+    ctx.facts(steps)
+    return view
   if isinstance(ref, Closed):
     return ref.value
   if isinstance(ref, Gmem):
