@@ -281,3 +281,47 @@ def test_static_slices_of_an_accumulator_read():
   want = np.asarray(a, np.float32) @ np.asarray(b, np.float32)
   want[:, :64] *= 2
   np.testing.assert_allclose(f(a, b), want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("indexers", [
+    (slice(32, 96), slice(0, 32)),                    # [32:64], which Gluon can slice
+    (slice(64, 192), slice(32, 96), slice(0, 32)),    # [96:128]
+])
+def test_tma_into_nested_static_slices_of_smem(indexers):
+  n = 256
+
+  def body(x_ref, o_ref, smem, bar):
+    smem[...] = jnp.zeros(smem.shape, smem.dtype)
+    plgpu.commit_smem()
+    src, dst = x_ref, smem
+    for idx in indexers:
+      src, dst = src.at[idx], dst.at[idx]
+    plgpu.copy_gmem_to_smem(src, dst, bar)
+    plgpu.barrier_wait(bar)
+    o_ref[...] = smem[...] + 1
+
+  x = _random((n,))
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((n,), jnp.float32),
+                   scratch_types=[plgpu.SMEM((n,), jnp.float32), plgpu.Barrier()])
+  want, window = np.ones(n, np.float32), np.arange(n)
+  for idx in indexers:
+    window = window[idx]
+  want[window] += np.asarray(x)[window]
+  np.testing.assert_allclose(f(x), want, rtol=1e-6)
+
+
+def test_tma_into_a_row_at_a_run_time_index():
+  def body(x_ref, o_ref, smem, bar):
+    smem[...] = jnp.zeros(smem.shape, smem.dtype)
+    plgpu.commit_smem()
+    row = lax.axis_index("x") + 4
+    plgpu.copy_gmem_to_smem(x_ref.at[row], smem.at[row], bar)
+    plgpu.barrier_wait(bar)
+    o_ref[...] = smem[...] + 1
+
+  x = _random((64, 64))
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 64), jnp.float32), grid=(1,),
+                   grid_names=("x",), scratch_types=[plgpu.SMEM((64, 64), jnp.float32), plgpu.Barrier()])
+  want = np.ones((64, 64), np.float32)
+  want[4] += np.asarray(x)[4]
+  np.testing.assert_allclose(f(x), want, rtol=1e-6)

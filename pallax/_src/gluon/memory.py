@@ -26,7 +26,7 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
   last dimension is K, which may be sliced inside a swizzle atom, as wgmma itself steps
   through it)."""
   text, shape, permuted, steps = ref.text, list(ref.shape), False, list(ref.steps)
-  transforms = list(transforms)
+  transforms = compose_slices(transforms)
   if ref.lead:   # a buffer of rank > 3, stored with its leading dimensions flattened
     if not transforms:   # used whole: the flattened dimension split again
       return dataclasses.replace(ref, text=f"{ref.text}.reshape({list(L.padded(ref.shape))})",
@@ -70,6 +70,32 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
     shape = new_shape
   return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle, buffer=ref.buffer,
                  steps=tuple(steps), whole=whole)
+
+
+def _static(i) -> int | None:
+  i = i.value if isinstance(i, Lit) else i
+  return i if isinstance(i, (int, np.integer)) else None
+
+
+def compose_slices(transforms) -> list:
+  """``transforms`` with each indexer of static slices and the indexer after it made one
+  (``x.at[32:96].at[0:32]`` is ``x.at[32:64]``, which Gluon can slice where the first cannot)."""
+  out = []
+  for t in transforms:
+    prev = out[-1] if out else None
+    if (isinstance(t, ji.NDIndexer) and isinstance(prev, ji.NDIndexer)
+        and all(isinstance(i, ji.Slice) and i.stride == 1 and _static(i.start) is not None
+                for i in prev.indices)
+        and all(_static(i.start if isinstance(i, ji.Slice) else i) is not None
+                and (not isinstance(i, ji.Slice) or i.stride == 1) and not getattr(i, "shape", ())
+                for i in t.indices)):
+      indices = tuple(
+          ji.Slice(_static(p.start) + _static(i.start), i.size, 1) if isinstance(i, ji.Slice)
+          else _static(p.start) + _static(i) for p, i in zip(prev.indices, t.indices))
+      out[-1] = ji.NDIndexer(indices, prev.shape, ())
+      continue
+    out.append(t)
+  return out
 
 
 def _flat_index(gen, ref: SmemRef, t):
@@ -347,7 +373,7 @@ def _swap(ctx, ref, value, *leaves, **_):
 def smem_view_layouts(ref: Smem, transforms) -> Smem:
   """``smem_view`` as the assignment sees it: the view's shape, whether it is still the whole
   buffer; its rank noted on the buffer."""
-  shape, transforms, whole = list(ref.shape), list(transforms), True
+  shape, transforms, whole = list(ref.shape), compose_slices(transforms), True
   if ref.lead:
     if not transforms:
       return dataclasses.replace(ref, lead=(), whole=False, reshaped=True)
