@@ -325,3 +325,22 @@ def test_tma_into_a_row_at_a_run_time_index():
   want = np.ones((64, 64), np.float32)
   want[4] += np.asarray(x)[4]
   np.testing.assert_allclose(f(x), want, rtol=1e-6)
+
+
+def _reshaped_read(tiling):
+  def body(o_ref, smem):
+    smem[...] = jnp.ones(smem.shape, smem.dtype)
+    o_ref[...] = smem.reshape(128, 128)[...]
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128, 128), jnp.float16), scratch_types=[
+      plgpu.SMEM((128, 4, 32), jnp.float16,
+                 transforms=(plgpu.TilingTransform(tiling), plgpu.SwizzleTransform(32)))])
+
+
+@pytest.mark.gluon_refuses("ReshapeTransform")   # (reshaped SMEM views: the interpreter only)
+def test_collapsing_tiled_smem_dimensions_is_refused_as_jax_does():
+  """(128, 4, 32) tiled (2, 16) seen as (128, 128): the collapsed dimension of 4 is tiled by 2,
+  which no view of the tiles gives (JAX's compiler refuses it). Tiled (1, 16) it is fine."""
+  with pytest.raises(ValueError, match="any of the dimensions being collapsed other than the "
+                     "minormost one has non-unit tiling"):
+    _reshaped_read((2, 16))()
+  np.testing.assert_array_equal(_reshaped_read((1, 16))(), np.ones((128, 128), np.float16))

@@ -5,7 +5,9 @@ trace time so that both executors (the interpreter and the Gluon backend) raise 
   ``CompilerParams.reduction_scratch_bytes`` of SMEM for the partial results: JAX refuses a
   kernel whose scratch is too small;
 - a loop whose carry enters in one explicit layout (``plgpu.layout_cast``) and comes back from
-  the body in another: JAX's layout inference finds no layout for it.
+  the body in another: JAX's layout inference finds no layout for it;
+- a reshape of a tiled SMEM Ref that collapses dimensions tiled in more than one element other
+  than the minormost of them: no strided view of the tiles gives it.
 
 pallax itself picks layouts in its GPU backend and needs neither rule; they keep a kernel that
 JAX refuses from running in pallax only.
@@ -17,6 +19,8 @@ from jax import lax
 
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
+from pallax._src import primitives as prims
+from pallax._src import ref_access
 from pallax._src import tracing
 from pallax._src.mosaic_gpu import core as mc
 from pallax._src.mosaic_gpu import primitives as mp
@@ -83,14 +87,67 @@ def _check_carry(eqn, layouts: dict, kernel: str):
           "infer a possible set of layouts. Cast both to one layout")
 
 
-def _walk(jaxpr, kernel: str, scratch_bytes: int):
-  layouts = _layouts(jaxpr)
+def _tilings(eqn) -> dict:
+  """The tiling of each SMEM scratch Ref a ``run_scoped`` allocates (its body's variable)."""
+  p = eqn.params
+  refs = p["jaxpr"].invars[p["num_consts"]:]
+  out = {}
+  for v, kind in zip(refs, p.get("scratch_types") or ()):
+    for t in getattr(kind, "transforms", ()) or ():
+      if isinstance(t, mc.TilingTransform):
+        out[v] = t.tiling
+  return out
+
+
+def _collapsed(old, new) -> list[list[int]]:
+  """The groups of ``old``'s dimensions that a reshape to ``new`` merges into one (none where
+  it splits a dimension)."""
+  groups, i = [], 0
+  for n in new:
+    group, size = [], 1
+    while i < len(old) and (not group or size < n):
+      size *= old[i]
+      group.append(i)
+      i += 1
+    if size != n:
+      return []
+    groups.append(group)
+  return [g for g in groups if len(g) > 1]
+
+
+def _check_reshape(eqn, tilings: dict, kernel: str):
+  a = ref_access.split(eqn, eqn.invars)
+  tiling = tilings.get(a.ref) if isinstance(a.ref, ji.Var) else None
+  if tiling is None:
+    return
+  shape = tuple(a.ref.aval.inner_aval.shape)
+  for t in a.transforms:
+    if isinstance(t, ji.NDIndexer):
+      shape = tuple(t.get_indexer_shape())
+      continue
+    if isinstance(t, ji.ReshapeRef):
+      tiles = (1,) * max(0, len(shape) - len(tiling)) + tuple(tiling)[-len(shape):]
+      for group in _collapsed(shape, tuple(t.shape)):
+        if any(tiles[d] != 1 for d in group[:-1]):
+          raise ValueError(
+              f"pallas_call {kernel}{_at(eqn)}: reshaping an SMEM Ref of shape {shape} tiled by "
+              f"{tuple(tiling)} to {tuple(t.shape)}: any of the dimensions being collapsed other "
+              "than the minormost one has non-unit tiling, which no view of the tiles gives; "
+              "tile those dimensions by 1, or reshape the value after loading it")
+    return
+
+
+def _walk(jaxpr, kernel: str, scratch_bytes: int, tilings=None):
+  layouts, tilings = _layouts(jaxpr), tilings or {}
   for eqn in jaxpr.eqns:
     if eqn.primitive in _REDUCTIONS:
       _check_reduction(eqn, layouts, kernel, scratch_bytes)
+    elif eqn.primitive in (ji.get_p, ji.swap_p) and tilings:
+      _check_reshape(eqn, tilings, kernel)
     _check_carry(eqn, layouts, kernel)
+    inner = _tilings(eqn) if eqn.primitive is prims.run_scoped_p else {}
     for sub in jaxpr_util.sub_jaxprs(eqn.params):
-      _walk(getattr(sub, "jaxpr", sub), kernel, scratch_bytes)
+      _walk(getattr(sub, "jaxpr", sub), kernel, scratch_bytes, inner)
 
 
 def check(params) -> None:
