@@ -344,3 +344,24 @@ def test_collapsing_tiled_smem_dimensions_is_refused_as_jax_does():
                      "minormost one has non-unit tiling"):
     _reshaped_read((2, 16))()
   np.testing.assert_array_equal(_reshaped_read((1, 16))(), np.ones((128, 128), np.float16))
+
+
+def test_semaphores_between_warps():
+  """Warp 1 waits for warp 0's signals (JAX's test_global_semaphore_with_multiple_warps): the
+  Gluon backend writes the warps' bodies one after another, the signalling warp's first."""
+  def body(o_ref):
+    sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+
+    @plgpu.warp_map
+    def _(warp):
+      @pl.when(warp == 1)
+      def _():
+        plgpu.semaphore_wait(sem, 2, memory_scope="sys")
+
+      @pl.when(warp == 0)
+      def _():
+        plgpu.semaphore_signal(sem, 2)
+    o_ref[0] = pl.semaphore_read(sem)
+
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((1,), jnp.int32))
+  np.testing.assert_array_equal(f(), [0])

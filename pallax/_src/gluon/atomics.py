@@ -13,7 +13,7 @@ import numpy as np
 
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Gmem, Val, layout_rule
-from pallax._src.gluon.events import Access
+from pallax._src.gluon.events import Access, BarrierOp
 from pallax._src.gluon.memory import gmem_pointers, gmem_view_shape
 from pallax._src.gluon.values import to_layout
 from pallax._src.gluon.writer import GmemRef, rule
@@ -61,6 +61,8 @@ def _signal(ctx, *invals, memory_scope, **_):
   gen = ctx.gen
   (ref, transforms), (inc,) = _ref(ctx, invals)
   ptr = _semaphore(gen, ref, transforms, "semaphore_signal")
+  # (as an arrival, so that per-warp code is written with the signalling warp first: warps.py)
+  gen.events.append(BarrierOp("arrive", f"semaphore {ref.origin}"))
   gen.emit("gl.thread_barrier()")   # every thread's earlier writes come before the release
   gen.emit(f"gl.atomic_add({ptr}, {gen.render(inc)}, sem=\"release\", scope=\"{memory_scope}\")")
   return []
@@ -71,6 +73,7 @@ def _wait(ctx, *invals, decrement, memory_scope, **_):
   gen = ctx.gen
   (ref, transforms), (value,) = _ref(ctx, invals)
   ptr = _semaphore(gen, ref, transforms, "semaphore_wait")
+  gen.events.append(BarrierOp("wait", f"semaphore {ref.origin}"))
   v = gen.render(value)
   read = f"gl.atomic_add({ptr}, 0, sem=\"acquire\", scope=\"{memory_scope}\")"
   if not decrement:
