@@ -365,3 +365,21 @@ def test_semaphores_between_warps():
 
   f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((1,), jnp.int32))
   np.testing.assert_array_equal(f(), [0])
+
+
+def test_pipeline_of_3d_blocks():
+  """emit_pipeline over a 2-D grid of (32, 16, 8) blocks with two slots: buffers (2, 32, 16, 8)
+  whose views index the slot only (3-D views; JAX's test_emit_with_2d_grid)."""
+  steps1, steps2 = 3, 2
+
+  def step(_, x_smem, o_smem):
+    o_smem[...] = x_smem[...] * 2 + 1
+
+  def body(x_gmem, o_gmem):
+    spec = pl.BlockSpec((32, 16, 8), lambda i, j: (0, i, j))
+    plgpu.emit_pipeline(step, in_specs=[spec], out_specs=[spec], grid=(steps1, steps2),
+                        max_concurrent_steps=2)(x_gmem, o_gmem)
+
+  x = _random((32, steps1 * 16, steps2 * 8))
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype))
+  np.testing.assert_allclose(f(x), np.asarray(x) * 2 + 1, rtol=1e-6)

@@ -101,12 +101,14 @@ def compose_slices(transforms) -> list:
 def _flat_index(gen, ref: SmemRef, t):
   """(text, shape, the rest of indexer ``t``, the flat index) after indexing every leading
   dimension of a flattened buffer at once (Gluon's SMEM layouts describe at most one leading
-  dimension)."""
+  dimension), or the first ones only (``_partial_index``)."""
   n = len(ref.lead)
-  if not isinstance(t, ji.NDIndexer) or len(t.indices) < n or any(
-      isinstance(i, ji.Slice) or getattr(i, "shape", ()) for i in t.indices[:n]):
+  k = indexed_lead(ref.shape, ref.lead, t)
+  if k is None:
     gen.unsupported(f"slicing the leading dimensions of an SMEM buffer of shape {ref.shape} "
                     "(index them with integers)")
+  if k < n:
+    return _partial_index(gen, ref, t, k)
   rest = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
   if _unstored(ref):   # every index is 0 (the interpreter checks the bounds)
     return ref.text, list(ref.shape[n:]), rest, None
@@ -114,6 +116,42 @@ def _flat_index(gen, ref: SmemRef, t):
   for idx, size in zip(t.indices[1:n], L.padded(ref.lead[1:])):
     flat = gen.bind(ex.add(ex.mul(flat, i32(size)), idx), "slot")
   return f"{ref.text}.index({gen.render(flat)})", list(ref.shape[n:]), rest, flat
+
+
+def indexed_lead(shape, lead, t) -> int | None:
+  """How many leading dimensions of a flattened buffer indexer ``t`` indexes with integers:
+  all of them, or the first k when the others are taken whole and are powers of two (the view
+  is then a run of whole slabs of the flat dimension); None for any other indexer."""
+  n = len(lead)
+  if not isinstance(t, ji.NDIndexer) or len(t.indices) < n:
+    return None
+  ints = [not isinstance(i, ji.Slice) and not getattr(i, "shape", ()) for i in t.indices[:n]]
+  k = ints.index(False) if False in ints else n
+  if k == n:
+    return n
+  rest = t.indices[k:n]
+  if k == 0 or any(ints[k:]) or tuple(L.padded(lead[k:])) != tuple(lead[k:]) or any(
+      not isinstance(i, ji.Slice) or (getattr(i.start, "value", i.start), i.size, i.stride) != (0, m, 1)
+      for i, m in zip(rest, lead[k:])):
+    return None
+  return k
+
+
+def _partial_index(gen, ref: SmemRef, t, k: int):
+  """The first ``k`` leading dimensions indexed, the others whole: the flattened buffer seen as
+  (those k flattened, the others, the matrix), whose bytes are the same (an NVMMA layout keeps
+  each matrix whole and its leading dimensions outermost), then indexed."""
+  n = len(ref.lead)
+  flat = t.indices[0]
+  for idx, size in zip(t.indices[1:k], L.padded(ref.lead[1:k])):
+    flat = gen.bind(ex.add(ex.mul(flat, i32(size)), idx), "slot")
+  outer = int(np.prod(L.padded(ref.lead[:k])))
+  shape = [outer, *ref.lead[k:], *L.padded(ref.shape[n:])]
+  layout = dataclasses.replace(ref.buffer.seen_with(len(shape) - 1), bits=ref.dtype.itemsize * 8)
+  text = (f"{ref.text}._reinterpret({ex.dtype_name(ref.dtype, 'gl')}, {shape}, "
+          f"{gen.layout(layout)}).index({gen.render(flat)})")
+  rest = ji.NDIndexer(tuple(t.indices[k:]), tuple(ref.shape[k:]), t.int_indexer_shape)
+  return text, list(ref.shape[k:]), rest, flat
 
 
 def _unstored(ref) -> bool:
@@ -377,10 +415,11 @@ def smem_view_layouts(ref: Smem, transforms) -> Smem:
   if ref.lead:
     if not transforms:
       return dataclasses.replace(ref, lead=(), whole=False, reshaped=True)
-    n, t = len(ref.lead), transforms[0]
-    if not isinstance(t, ji.NDIndexer) or len(t.indices) < n:
+    t = transforms[0]
+    n = indexed_lead(ref.shape, ref.lead, t)
+    if n is None:
       return dataclasses.replace(ref, lead=(), whole=False)   # the writer refuses it
-    shape, whole = shape[n:], _unstored(ref)
+    shape, whole = shape[n:], _unstored(ref) and n == len(ref.lead)
     transforms[0] = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
   for t in transforms:
     if isinstance(t, ji.TransposeRef):
