@@ -36,7 +36,7 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
     if flat is not None:
       steps.append(("index", flat))
   # (leading dimensions of one element, not stored: indexing them leaves the whole buffer)
-  whole = ref.whole and (not ref.lead or _unstored(ref))
+  whole = ref.whole and (not ref.lead or (_unstored(ref) and flat is None))
   for t in transforms:
     if isinstance(t, ji.TransposeRef):
       text = f"{text}.permute({tuple(t.permutation)})"
@@ -266,12 +266,13 @@ def _get(ctx, *invals, **_):
     wait_all(gen, [a.ref])
     value = gen.fresh_name("acc_value", ctx.out.dtype, a.ref.shape)
     gen.emit(f"{value.name} = {a.ref.name}")   # a copy: later wgmmas reassign the accumulator
-    if not a.transforms:
+    bounds = _static_slice(a.transforms, a.ref.shape)
+    if not a.transforms or bounds == ([0] * len(a.ref.shape), list(a.ref.shape)):
       gen.layouts[value.name] = gen.assigned(ctx.eqn.outvars[0])
       return value
     gen.layouts[value.name] = a.ref.layout
     steps = gen.facts(ctx.eqn)
-    if _static_slice(a.transforms, a.ref.shape) is None or steps is None:
+    if bounds is None or steps is None:
       gen.unsupported("reading a slice of a wgmma accumulator other than static pieces of a "
                       "power-of-two size at multiples of it (read it whole, then slice)")
     return halve_all(gen, value, steps)
@@ -487,6 +488,8 @@ def _get_layouts(ctx, *invals, **_):
   if isinstance(ref, Acc):
     whole = Val(ref.shape, np.dtype(out.dtype), ref.layout)
     bounds = _static_slice(a.transforms, ref.shape)
+    if bounds == ([0] * len(ref.shape), list(ref.shape)):
+      return whole
     found = None if bounds is None else halvings(ctx.a, whole, *bounds)
     if found is None:
       return whole   # (the writer refuses a slice it cannot take)
