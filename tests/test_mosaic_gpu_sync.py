@@ -34,11 +34,12 @@ from pallax import KernelCheckError
 
 S = jax.ShapeDtypeStruct
 EXACT = dict(rtol=0, atol=0)
-REFUSES_ATOMICS = pytest.mark.gluon_refuses("'plgpu_atomic'")
-# Gluon refuses semaphore scratch and the semaphore primitives (pl.get_global buffers of plgpu
-# kernels are GMEM operands, which it takes).
+# Gluon 3.6 has no atomics on SMEM (GMEM atomics lower: test_gluon_gaps.py).
+REFUSES_ATOMICS = pytest.mark.gluon_refuses("'plgpu_atomic'", "no shared-memory atomics")
+# Gluon refuses semaphore scratch (pl.get_global semaphores of plgpu kernels are GMEM operands,
+# whose semaphore primitives it lowers).
 REFUSES_SEMAPHORES = pytest.mark.gluon_refuses("'plgpu_semaphore_", "scratch of type SemaphoreType",
-                                               "MemorySpace.SEMAPHORE")
+                                               "MemorySpace.SEMAPHORE", "semaphore outside GMEM")
 REFUSES_BARRIER_TEST = pytest.mark.gluon_refuses("'plgpu_barrier_test'")
 
 

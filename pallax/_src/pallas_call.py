@@ -196,6 +196,8 @@ def _trace(call: _Call, in_tree, in_avals) -> Params:
   params = Params(jaxpr, gm, name, call.interpret, call.debug, call.aliases, call.compiler_params,
                   call.cost_estimate, call.backend, globals_avals, kargs.names(call.kernel),
                   call.threads)
+  for check in tracing.KERNEL_CHECKS:
+    check(params)
   if call.debug:
     print(f"The kernel jaxpr of pallas_call {name}:\n{jaxpr}\n{gm}")
   return params

@@ -72,6 +72,11 @@ def _check_signature(kernel, name, kernel_args: KernelArgs, ref_names):
         "output and scratch buffer")
 
 
+# Checks of a traced kernel that hold for every executor, ``check(params)`` each (a programming
+# model registers its own: mosaic_gpu/layout_checks.py); they raise the error the user sees.
+KERNEL_CHECKS: list = []
+
+
 def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid_names=(),
                  kernel_args: KernelArgs | None = None, closure: str = "pallas_call",
                  extra_axes=(), ref_spaces=()):

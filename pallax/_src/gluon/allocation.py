@@ -46,6 +46,19 @@ def hoist_nested(jaxpr, allocate, hoisted: dict, nested: bool = False) -> None:
       hoist_nested(sub, allocate, hoisted, inner)
 
 
+def stored_shape(shape) -> tuple[tuple, tuple]:
+  """(the leading dimensions stored flattened into one, the shape allocated) of an SMEM buffer.
+  Rank > 3: the leading dimensions flattened into one, each padded to a power of two so that
+  the whole buffer can also be seen unflattened (a reshape). Leading dimensions of one element
+  in all (a pipeline's buffers of one slot) are not stored at all: indexing them selects the
+  whole buffer, so a view of the slot and views of its rows can share a layout (Gluon's layouts
+  describe one leading dimension at most)."""
+  if len(shape) > 3 or (len(shape) == 3 and shape[0] == 1):
+    n = int(np.prod(L.padded(shape[:-2])))
+    return shape[:-2], ((n,) if n > 1 else ()) + shape[-2:]
+  return (), shape
+
+
 def allocate(gen, kind, aval, phases: bool = True):
   shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
   if isinstance(kind, mc.WGMMAAccumulatorRef):
@@ -65,13 +78,11 @@ def allocate(gen, kind, aval, phases: bool = True):
     gen.cluster_barriers += isinstance(kind, mc.ClusterBarrier)
     return BarrierRef(name, phase, n, id=gen.barriers - 1)
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
-    # Rank > 3: the leading dimensions flattened into one, each padded to a power of two so
-    # that the whole buffer can also be seen unflattened (a reshape).
-    stored = shape if len(shape) <= 3 else (int(np.prod(L.padded(shape[:-2]))),) + shape[-2:]
+    lead, stored = stored_shape(shape)
     name = gen.fresh("smem")
     layout, buffer = gen.allocate_smem(name, stored, dtype)
-    return SmemRef(name, shape, dtype, layout, L.swizzle(shape[-2:], dtype),
-                   lead=shape[:-2] if len(shape) > 3 else (), buffer=buffer, whole=True)
+    return SmemRef(name, shape, dtype, layout, layout.swizzle and L.swizzle(shape[-2:], dtype),
+                   lead=lead, buffer=buffer, whole=True)
   if isinstance(kind, mc.TMEMType) and getattr(gen, "target", 90) >= 100:
     return blackwell.allocate_tmem(gen, kind, aval)
   gen.unsupported(f"scratch of type {kind}")
@@ -125,10 +136,9 @@ def allocate_layouts(a, kind, aval):
     a.accs.append(Acc(shape, L.wgmma(shape[1], a.gen.mma_bits)))
     return a.accs[-1]
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
-    stored = shape if len(shape) <= 3 else (int(np.prod(L.padded(shape[:-2]))),) + shape[-2:]
+    lead, stored = stored_shape(shape)
     a.buffers.append(Buffer(stored, dtype))
-    return Smem(a.buffers[-1], shape, dtype, L.swizzle(shape[-2:], dtype),
-                lead=shape[:-2] if len(shape) > 3 else ())
+    return Smem(a.buffers[-1], shape, dtype, L.swizzle(shape[-2:], dtype), lead=lead)
   return Opaque()   # a barrier (or what the writer refuses)
 
 

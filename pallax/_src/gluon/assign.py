@@ -90,7 +90,14 @@ class Buffer:
 
   @property
   def layout(self) -> L.Shared:
-    return L.shared(self.shape, self.dtype, self.rank)
+    return self.seen_with(self.rank)
+
+  def seen_with(self, rank: int) -> L.Shared:
+    """The layout of the buffer's bytes seen with ``rank`` dimensions. A buffer whose layout has
+    rank 1 (its rows read or written one at a time) is not swizzled: Gluon's NVMMA layouts of
+    rank 1 swizzle nothing, and its other views must see the same bytes."""
+    layout = L.shared(self.shape, self.dtype, rank)
+    return dataclasses.replace(layout, swizzle=0) if self.rank == 1 else layout
 
   def problem(self) -> str | None:
     """Why no one layout serves every view (None: one does)."""

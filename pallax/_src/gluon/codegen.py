@@ -23,6 +23,7 @@ from pallax._src import jaxpr_util
 from pallax._src.plan import ProgramAxis, plan_for
 from pallax._src.gluon import control, elementwise, mma, shapes  # noqa: F401 (their rules register)
 from pallax._src.gluon import copies, memory, mma_sync, warps  # noqa: F401 (their rules register)
+from pallax._src.gluon import atomics, reshapes  # noqa: F401 (their rules register)
 from pallax._src.gluon import blackwell, clusters
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon import order

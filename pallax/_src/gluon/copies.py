@@ -7,6 +7,7 @@ The views and pointers these share with the register loads and stores are in ``m
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -51,22 +52,30 @@ def _gmem_coords(gen, ref: GmemRef, transforms) -> tuple[list, tuple]:
   return starts, tuple(box)
 
 
+def _shared(smem: SmemRef, rank: int) -> L.Shared:
+  """The NVMMA layout of view ``smem`` with ``rank`` dimensions (its buffer's swizzle)."""
+  layout = L.shared(smem.shape, smem.dtype, rank)
+  if smem.buffer is not None and smem.buffer.layout.swizzle == 0:
+    layout = dataclasses.replace(layout, swizzle=0)
+  return layout
+
+
 def _box_view(gen, smem: SmemRef, box) -> tuple[str, L.Layout]:
   """(the SMEM expression a TMA copy of ``box`` reads or writes, the descriptor's layout): a box
   with more dimensions than the buffer (unit ones) sees it through a reshape."""
   if tuple(box) == tuple(smem.shape) and smem.reshaped:   # Gluon infers the reshape's layout
-    return smem.text, gen.declared(L.shared(smem.shape, smem.dtype, len(box)))
+    return smem.text, gen.declared(_shared(smem, len(box)))
   if tuple(box) == tuple(smem.shape):   # the buffer's layout may have a lower rank (its views')
     if len(box) <= 2 and not gen.is_whole(smem):
       return smem.text, smem.layout
-    layout = gen.declared(L.shared(smem.shape, smem.dtype, len(box)))
+    layout = gen.declared(_shared(smem, len(box)))
     if gen.is_whole(smem):
       return gen.whole_view(smem), layout
     return (f"{smem.text}._reinterpret({ex.dtype_name(smem.dtype, 'gl')}, {list(L.padded(box))}, "
             f"{gen.layout(layout)})", layout)
   if tuple(d for d in box if d != 1) != tuple(d for d in smem.shape if d != 1):
     gen.unsupported(f"a TMA box {tuple(box)} for an SMEM buffer of shape {smem.shape}")
-  layout = gen.declared(L.shared(smem.shape, smem.dtype, len(box)))
+  layout = gen.declared(_shared(smem, len(box)))
   return f"{smem.text}.reshape({list(L.padded(box))})", layout
 
 
@@ -189,23 +198,30 @@ def _dynamic_rows(smem, transforms) -> tuple[ex.Expr, int] | None:
 def _store_rows_through_registers(gen, smem: SmemRef, start, size, dst: GmemRef, transforms):
   """A TMA store of SMEM rows [start, start + size) (a start known only at run time, which TMA
   boxes and Gluon's SMEM slices cannot take) as a masked register store: the whole buffer is
-  read, and each row written to where the copy would put it. Rows TMA would clip past the
-  array's end are masked off too."""
-  (t,) = transforms
-  if len(t.indices) != 2 or not all(isinstance(i, ji.Slice) for i in t.indices):
-    gen.unsupported("copies of dynamic SMEM slices to GMEM views other than 2-D slices")
-  grows, gcols = t.indices
+  read, and each row written to where the copy would put it. The GMEM view is 2-D: two slices
+  (rows, columns) of its last indexer, its other dimensions indexed by integers. Rows and columns
+  TMA would clip past the end of the indexed array are masked off too."""
+  *outer, t = transforms
+  kept = [d for d, i in enumerate(t.indices) if isinstance(i, ji.Slice)]
+  if len(kept) != 2 or any(getattr(t.indices[d], "shape", ()) for d in range(len(t.indices))
+                           if d not in kept):
+    gen.unsupported("copies of dynamic SMEM slices to GMEM views other than 2-D slices "
+                    "(integer indices and two slices)")
+  dr, dc = kept
+  grows, gcols = t.indices[dr], t.indices[dc]
   g0 = grows.start if isinstance(grows.start, ex.Expr) else i32(grows.start)
   c0 = gcols.start if isinstance(gcols.start, ex.Expr) else i32(gcols.start)
   first = gen.bind(binary("-", g0, start), "row0")   # the GMEM row of the buffer's row 0
-  shifted = ji.NDIndexer((ji.Slice(first, smem.shape[0], 1), gcols), t.shape, t.int_indexer_shape)
-  ptrs, shape, layout, valid, offset = gmem_pointers(gen, dst, [shifted])
+  indices = list(t.indices)
+  indices[dr] = ji.Slice(first, smem.shape[0], 1)
+  shifted = ji.NDIndexer(tuple(indices), t.shape, t.int_indexer_shape)
+  ptrs, shape, layout, valid, offset = gmem_pointers(gen, dst, [*outer, shifted])
   r = iota_in(gen, I32, shape, 0, layout)
   c = iota_in(gen, I32, shape, 1, layout)
   b = np.dtype(np.bool_)
   conds = [binary(">=", r, start, dtype=b), binary("<", r, ex.add(start, i32(size)), dtype=b),
-           binary("<", ex.add(first, r), i32(dst.shape[0]), dtype=b),
-           binary("<", ex.add(c0, c), i32(dst.shape[1]), dtype=b)]
+           binary("<", ex.add(first, r), i32(t.shape[dr]), dtype=b),
+           binary("<", ex.add(c0, c), i32(t.shape[dc]), dtype=b)]
   mask = conds[0] if valid is None else binary("&", valid, conds[0], dtype=b)
   for cond in conds[1:]:
     mask = binary("&", mask, cond, dtype=b)

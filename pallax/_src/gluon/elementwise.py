@@ -127,6 +127,17 @@ for _p, _fn in _UNARY.items():
   rule(_p)(_unary_rule(_fn))
 
 
+@rule(lax.population_count_p, lax.clz_p)
+def _bit_count(ctx, x):
+  """libdevice's popc/clz (legalized to int32 or int64 operands), which count into an int32."""
+  gen = ctx.gen
+  fn = "popc" if ctx.eqn.primitive is lax.population_count_p else "clz"   # (int64: __nv_*ll)
+  e = call(f"{_LIBDEVICE}.{fn}", x, dtype=np.dtype(np.int32), shape=x.shape)
+  if np.dtype(x.dtype) != np.int32:
+    e = method(e, "to", ex.Token(ex.dtype_name(x.dtype, "gl")), dtype=x.dtype, shape=x.shape)
+  return gen.value(e, gen.layout_of(x))
+
+
 # Float math: the Triton backend's choices (gpu/math_functions.py), XLA's functions unless the
 # kernel's plgpu.CompilerParams(approx_math=True) asks for the GPU's fast approximations.
 _LIBDEVICE = "gl.extra.libdevice"

@@ -13,6 +13,7 @@ from pallax._src import ref_access
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Closed, Gmem, Smem, Val, layout_rule
 from pallax._src.gluon.events import Access
+from pallax._src.gluon.shapes import halve_all, halvings
 from pallax._src.gluon.values import (I32, dtype_token, i32, masked, shape_token, slice_layout,
                                       to_layout, valid_lanes, wait_all, wgmma_vector_of)
 from pallax._src.gluon.writer import AccRef, BarrierRef, GmemRef, SmemRef, ValueRef, rule
@@ -25,15 +26,17 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
   last dimension is K, which may be sliced inside a swizzle atom, as wgmma itself steps
   through it)."""
   text, shape, permuted, steps = ref.text, list(ref.shape), False, list(ref.steps)
-  transforms = list(transforms)
+  transforms = compose_slices(transforms)
   if ref.lead:   # a buffer of rank > 3, stored with its leading dimensions flattened
     if not transforms:   # used whole: the flattened dimension split again
       return dataclasses.replace(ref, text=f"{ref.text}.reshape({list(L.padded(ref.shape))})",
                                  lead=(), reshaped=True, whole=False,
                                  steps=ref.steps + (("reshape", L.padded(ref.shape)),))
     text, shape, transforms[0], flat = _flat_index(gen, ref, transforms[0])
-    steps.append(("index", flat))
-  whole = ref.whole and not ref.lead
+    if flat is not None:
+      steps.append(("index", flat))
+  # (leading dimensions of one element, not stored: indexing them leaves the whole buffer)
+  whole = ref.whole and (not ref.lead or (_unstored(ref) and flat is None))
   for t in transforms:
     if isinstance(t, ji.TransposeRef):
       text = f"{text}.permute({tuple(t.permutation)})"
@@ -69,20 +72,92 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
                  steps=tuple(steps), whole=whole)
 
 
+def _static(i) -> int | None:
+  i = i.value if isinstance(i, Lit) else i
+  return i if isinstance(i, (int, np.integer)) else None
+
+
+def compose_slices(transforms) -> list:
+  """``transforms`` with each indexer of static slices and the indexer after it made one
+  (``x.at[32:96].at[0:32]`` is ``x.at[32:64]``, which Gluon can slice where the first cannot)."""
+  out = []
+  for t in transforms:
+    prev = out[-1] if out else None
+    if (isinstance(t, ji.NDIndexer) and isinstance(prev, ji.NDIndexer)
+        and all(isinstance(i, ji.Slice) and i.stride == 1 and _static(i.start) is not None
+                for i in prev.indices)
+        and all(_static(i.start if isinstance(i, ji.Slice) else i) is not None
+                and (not isinstance(i, ji.Slice) or i.stride == 1) and not getattr(i, "shape", ())
+                for i in t.indices)):
+      indices = tuple(
+          ji.Slice(_static(p.start) + _static(i.start), i.size, 1) if isinstance(i, ji.Slice)
+          else _static(p.start) + _static(i) for p, i in zip(prev.indices, t.indices))
+      out[-1] = ji.NDIndexer(indices, prev.shape, ())
+      continue
+    out.append(t)
+  return out
+
+
 def _flat_index(gen, ref: SmemRef, t):
   """(text, shape, the rest of indexer ``t``, the flat index) after indexing every leading
   dimension of a flattened buffer at once (Gluon's SMEM layouts describe at most one leading
-  dimension)."""
+  dimension), or the first ones only (``_partial_index``)."""
   n = len(ref.lead)
-  if not isinstance(t, ji.NDIndexer) or len(t.indices) < n or any(
-      isinstance(i, ji.Slice) or getattr(i, "shape", ()) for i in t.indices[:n]):
+  k = indexed_lead(ref.shape, ref.lead, t)
+  if k is None:
     gen.unsupported(f"slicing the leading dimensions of an SMEM buffer of shape {ref.shape} "
                     "(index them with integers)")
+  if k < n:
+    return _partial_index(gen, ref, t, k)
+  rest = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
+  if _unstored(ref):   # every index is 0 (the interpreter checks the bounds)
+    return ref.text, list(ref.shape[n:]), rest, None
   flat = t.indices[0]
   for idx, size in zip(t.indices[1:n], L.padded(ref.lead[1:])):
     flat = gen.bind(ex.add(ex.mul(flat, i32(size)), idx), "slot")
-  rest = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
   return f"{ref.text}.index({gen.render(flat)})", list(ref.shape[n:]), rest, flat
+
+
+def indexed_lead(shape, lead, t) -> int | None:
+  """How many leading dimensions of a flattened buffer indexer ``t`` indexes with integers:
+  all of them, or the first k when the others are taken whole and are powers of two (the view
+  is then a run of whole slabs of the flat dimension); None for any other indexer."""
+  n = len(lead)
+  if not isinstance(t, ji.NDIndexer) or len(t.indices) < n:
+    return None
+  ints = [not isinstance(i, ji.Slice) and not getattr(i, "shape", ()) for i in t.indices[:n]]
+  k = ints.index(False) if False in ints else n
+  if k == n:
+    return n
+  rest = t.indices[k:n]
+  if k == 0 or any(ints[k:]) or tuple(L.padded(lead[k:])) != tuple(lead[k:]) or any(
+      not isinstance(i, ji.Slice) or (getattr(i.start, "value", i.start), i.size, i.stride) != (0, m, 1)
+      for i, m in zip(rest, lead[k:])):
+    return None
+  return k
+
+
+def _partial_index(gen, ref: SmemRef, t, k: int):
+  """The first ``k`` leading dimensions indexed, the others whole: the flattened buffer seen as
+  (those k flattened, the others, the matrix), whose bytes are the same (an NVMMA layout keeps
+  each matrix whole and its leading dimensions outermost), then indexed."""
+  n = len(ref.lead)
+  flat = t.indices[0]
+  for idx, size in zip(t.indices[1:k], L.padded(ref.lead[1:k])):
+    flat = gen.bind(ex.add(ex.mul(flat, i32(size)), idx), "slot")
+  outer = int(np.prod(L.padded(ref.lead[:k])))
+  shape = [outer, *ref.lead[k:], *L.padded(ref.shape[n:])]
+  layout = dataclasses.replace(ref.buffer.seen_with(len(shape) - 1), bits=ref.dtype.itemsize * 8)
+  text = (f"{ref.text}._reinterpret({ex.dtype_name(ref.dtype, 'gl')}, {shape}, "
+          f"{gen.layout(layout)}).index({gen.render(flat)})")
+  rest = ji.NDIndexer(tuple(t.indices[k:]), tuple(ref.shape[k:]), t.int_indexer_shape)
+  return text, list(ref.shape[k:]), rest, flat
+
+
+def _unstored(ref) -> bool:
+  """Whether ``ref``'s leading dimensions have one element in all, and are not stored
+  (``allocation.stored_shape``)."""
+  return bool(ref.lead) and int(np.prod(L.padded(ref.lead))) == 1
 
 
 def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int, k_last: bool):
@@ -130,6 +205,9 @@ def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple:
   dims = list(range(rank))          # view dimension -> operand dimension
   sizes = list(ref.shape)
   for t in (*ref.pre, *transforms):
+    if isinstance(t, ji.TransposeRef):   # (``ref.T``) the view's dimensions in another order
+      dims, sizes = [dims[p] for p in t.permutation], [sizes[p] for p in t.permutation]
+      continue
     if not isinstance(t, ji.NDIndexer):
       gen.unsupported(f"the GMEM view {t}")
     new_dims, new_sizes = [], []
@@ -150,16 +228,33 @@ def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple:
   ptr = gen.bind(ex.binary("+", ex.Name(ref.ptr, dtype=ref.dtype), offset), "ptr")
   if not shape:
     return ptr, shape, None, None, offset
-  if len(shape) > 2:
-    gen.unsupported("register accesses of GMEM views of rank 3 or more")
   layout = gen.declared(L.blocked(shape, ref.dtype))
   for j, (d, n) in enumerate(zip(dims, shape)):
-    lane = layout if len(shape) == 1 else slice_layout(gen, layout, 1 - j)
-    ar = call("gl.arange", i32(0), i32(ex.pow2(n)), layout=ex.Token(gen.layout(lane)), dtype=I32, shape=(n,))
+    if len(shape) > 2:
+      ar = _offsets_along(gen, layout, shape, j)
+    else:
+      lane = layout if len(shape) == 1 else slice_layout(gen, layout, 1 - j)
+      ar = call("gl.arange", i32(0), i32(ex.pow2(n)), layout=ex.Token(gen.layout(lane)), dtype=I32, shape=(n,))
     if len(shape) == 2:
       ar = call("gl.expand_dims", ar, i32(1 - j), dtype=I32, shape=(n, 1) if j == 0 else (1, n))
     ptr = gen.bind(ex.binary("+", ptr, ex.mul(gen.bind(ar, "offs"), strides[d])), "ptrs")
   return ptr, shape, layout, valid_lanes(gen, shape, layout, range(len(shape))), offset
+
+
+def _offsets_along(gen, layout, shape, j: int):
+  """0, 1, ... along dimension ``j`` of a tile of rank > 2 in ``layout``, every other dimension
+  of size 1 (the arange in ``layout`` with the others sliced away, expanded back): added to
+  pointers, it broadcasts along them."""
+  others = [d for d in range(len(shape)) if d != j]
+  lane = layout
+  for d in reversed(others):
+    lane = slice_layout(gen, lane, d)
+  e = call("gl.arange", i32(0), i32(ex.pow2(shape[j])), layout=ex.Token(gen.layout(lane)), dtype=I32,
+           shape=(shape[j],))
+  for d in others:   # the dimensions below d are back already: d is its position
+    e = call("gl.expand_dims", e, i32(d), dtype=I32,
+             shape=tuple(shape[k] if k == j else 1 for k in range(len(shape)) if k == j or k <= d))
+  return e
 
 
 
@@ -173,8 +268,16 @@ def _get(ctx, *invals, **_):
       return None
     value = gen.fresh_name("acc_value", ctx.out.dtype, a.ref.shape)
     gen.emit(f"{value.name} = {gen.acc(a.ref)}")   # a copy: later wgmmas reassign the accumulator
-    gen.layouts[value.name] = gen.assigned(ctx.eqn.outvars[0])
-    return value
+    bounds = _static_slice(a.transforms, a.ref.shape)
+    if not a.transforms or bounds == ([0] * len(a.ref.shape), list(a.ref.shape)):
+      gen.layouts[value.name] = gen.assigned(ctx.eqn.outvars[0])
+      return value
+    gen.layouts[value.name] = a.ref.layout
+    steps = gen.facts(ctx.eqn)
+    if bounds is None or steps is None:
+      gen.unsupported("reading a slice of a wgmma accumulator other than static pieces of a "
+                      "power-of-two size at multiples of it (read it whole, then slice)")
+    return halve_all(gen, value, steps)
   if isinstance(a.ref, ValueRef):
     if any(not isinstance(t, ji.NDIndexer) or any(not isinstance(i, ji.Slice) or i.size != n
            for i, n in zip(t.indices, a.ref.value.shape)) for t in a.transforms):
@@ -194,6 +297,21 @@ def _get(ctx, *invals, **_):
   gen.events.append(Access("load", gen.smem_view(view), view.shape))
   smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
   return gen.value(method(smem, "load", ex.Token(gen.layout(layout))), layout)
+
+
+def _static_slice(transforms, shape) -> tuple[list, list] | None:
+  """(starts, limits) of a view that slices a register tile (an accumulator) statically with
+  one indexer, None for any other."""
+  if len(transforms) != 1 or not isinstance(transforms[0], ji.NDIndexer):
+    return None
+  starts, limits = [], []
+  for idx, n in zip(transforms[0].indices, shape):
+    start = idx.start.value if isinstance(getattr(idx, "start", None), Lit) else getattr(idx, "start", None)
+    if not isinstance(idx, ji.Slice) or not isinstance(start, int) or idx.stride != 1:
+      return None
+    starts.append(start)
+    limits.append(start + idx.size)
+  return starts, limits
 
 
 def register_view(gen, ref: SmemRef, transforms) -> SmemRef:
@@ -296,14 +414,15 @@ def _swap(ctx, ref, value, *leaves, **_):
 def smem_view_layouts(ref: Smem, transforms) -> Smem:
   """``smem_view`` as the assignment sees it: the view's shape, whether it is still the whole
   buffer; its rank noted on the buffer."""
-  shape, transforms, whole = list(ref.shape), list(transforms), True
+  shape, transforms, whole = list(ref.shape), compose_slices(transforms), True
   if ref.lead:
     if not transforms:
       return dataclasses.replace(ref, lead=(), whole=False, reshaped=True)
-    n, t = len(ref.lead), transforms[0]
-    if not isinstance(t, ji.NDIndexer) or len(t.indices) < n:
+    t = transforms[0]
+    n = indexed_lead(ref.shape, ref.lead, t)
+    if n is None:
       return dataclasses.replace(ref, lead=(), whole=False)   # the writer refuses it
-    shape, whole = shape[n:], False
+    shape, whole = shape[n:], _unstored(ref) and n == len(ref.lead)
     transforms[0] = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
   for t in transforms:
     if isinstance(t, ji.TransposeRef):
@@ -334,6 +453,9 @@ def gmem_view_shape(ref: Gmem, transforms) -> tuple:
   """The shape of a GMEM view: the sizes of the slices of each indexer."""
   shape = ref.shape
   for t in (*ref.pre, *transforms):
+    if isinstance(t, ji.TransposeRef):
+      shape = tuple(shape[p] for p in t.permutation)
+      continue
     shape = tuple(i.size for i in getattr(t, "indices", ()) if isinstance(i, ji.Slice))
   return shape
 
@@ -366,7 +488,16 @@ def _get_layouts(ctx, *invals, **_):
   a = ref_access.split(ctx.eqn, invals)
   ref, out = a.ref, ctx.out
   if isinstance(ref, Acc):
-    return Val(ref.shape, np.dtype(out.dtype), ref.layout)
+    whole = Val(ref.shape, np.dtype(out.dtype), ref.layout)
+    bounds = _static_slice(a.transforms, ref.shape)
+    if bounds == ([0] * len(ref.shape), list(ref.shape)):
+      return whole
+    found = None if bounds is None else halvings(ctx.a, whole, *bounds)
+    if found is None:
+      return whole   # (the writer refuses a slice it cannot take)
+    steps, view = found
+    ctx.facts(steps)
+    return view
   if isinstance(ref, Closed):
     return ref.value
   if isinstance(ref, Gmem):

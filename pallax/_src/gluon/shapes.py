@@ -105,8 +105,12 @@ def _slice(ctx, x, *, start_indices, limit_indices, strides):
     if hi - lo != n and not (L.is_pow2(n) and L.is_pow2(hi - lo) and lo % (hi - lo) == 0):
       gen.unsupported(f"a slice [{lo}:{hi}] of a register tile's dimension of {n} (pieces of "
                       "a power-of-two size at multiples of it only)")
-  v = x
-  for step in gen.facts(ctx.eqn):
+  return halve_all(gen, x, gen.facts(ctx.eqn))
+
+
+def halve_all(gen, v, steps):
+  """``v`` sliced by the halvings ``halvings`` found."""
+  for step in steps:
     v = _halve(gen, v, step)
   return v
 
@@ -204,22 +208,33 @@ def _slice_layouts(ctx, x, *, start_indices, limit_indices, strides):
   """The halvings of ``_slice``: per halving (dim, upper half, layout before, layout of the half)."""
   if not isinstance(x, Val) or x.layout is None or len(x.shape) != 2:
     return None
+  found = halvings(ctx.a, x, start_indices, limit_indices)
+  if found is None:
+    return None   # the writer refuses it
+  steps, v = found
+  ctx.facts(steps)
+  return v
+
+
+def halvings(a, x: Val, start_indices, limit_indices):
+  """(the halvings that take a static slice of 2-D tile ``x``: per halving (dim, upper half,
+  layout before, layout of the half); the slice) or None where they cannot (pieces of a
+  power-of-two size at multiples of it only); conversions on the way noted in ``a``."""
   steps, v = [], x
   for d, (lo, hi, n) in enumerate(zip(start_indices, limit_indices, x.shape)):
     size = hi - lo
     if size == n:
       continue
     if not (L.is_pow2(n) and L.is_pow2(size) and lo % size == 0):
-      return None   # the writer refuses it
+      return None
     while v.shape[d] > size:
       half = v.shape[d] // 2
       before, after = halving(v.layout, v.shape, v.dtype, d)
       if before is not None:
-        v = ctx.a.convert(v, before)
+        v = a.convert(v, before)
       steps.append((d, (lo // half) % 2 == 1, before, after))
       v = Val(tuple(half if k == d else s for k, s in enumerate(v.shape)), v.dtype, after)
-  ctx.facts(steps)
-  return v
+  return steps, v
 
 
 @layout_rule(mp.layout_cast_p)

@@ -353,7 +353,7 @@ class Writer(src.Source):
     if k == buffer.rank:
       return ref.text
     return (f"{ref.text}._reinterpret({ex.dtype_name(buffer.dtype, 'gl')}, {list(buffer.stored)}, "
-            f"{self.layout(L.shared(buffer.shape, buffer.dtype, k))})")
+            f"{self.layout(buffer.seen_with(k))})")
 
   def smem_name(self, ref: SmemRef) -> str:
     """``smem[k]``: the k-th SMEM buffer allocated."""

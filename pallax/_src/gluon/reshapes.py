@@ -1,0 +1,54 @@
+"""Gluon rules of ``lax.reshape`` on register values: a scalar made a tile of ones (a splat), a
+tile of one element made a scalar, and reshapes between shapes whose dimensions are all powers
+of two (Gluon's reshape; pallax pads other shapes, and padding does not reshape)."""
+from __future__ import annotations
+
+import numpy as np
+from jax import lax
+
+from pallax._src.gluon import layouts as L
+from pallax._src.gluon.assign import Val, layout_rule
+from pallax._src.gluon.writer import rule
+from pallax._src.gpu import expr as ex
+from pallax._src.gpu.expr import call
+
+
+def _unpadded(shape) -> bool:
+  return tuple(L.padded(shape)) == tuple(shape)
+
+
+@rule(lax.reshape_p)
+def _reshape(ctx, x, *, new_sizes, dimensions, **_):
+  gen, shape = ctx.gen, tuple(new_sizes)
+  if dimensions is not None:
+    gen.unsupported("reshapes that transpose (lax.reshape(..., dimensions=...))")
+  if not x.shape:   # a scalar as a tile of ones: a splat, as broadcast_in_dim writes it
+    return gen.unwritten(ctx.eqn, lambda new: gen.splat(x, shape, new)) or \
+        gen.splat(x, shape, gen.declared(gen.assigned(ctx.eqn.outvars[0])))
+  if not shape:   # the one element of a tile as a scalar
+    if x.dtype == np.bool_:
+      x = gen.value(ex.method(x, "to", ex.Token("gl.int32"), dtype=np.dtype(np.int32), shape=x.shape),
+                    gen.layout_of(x))
+    flat = ex.method(x, "reshape", ex.Token("[1]"), dtype=x.dtype, shape=(1,))
+    one = gen.bind(call("gl.sum", flat, ex.Lit(0, dtype=np.dtype(np.int32)), dtype=x.dtype, shape=()), "one")
+    if ctx.out.dtype == np.bool_:
+      one = gen.bind(ex.binary("!=", one, ex.Lit(0, dtype=np.dtype(np.int32)), dtype=np.dtype(np.bool_)), "one")
+    return one
+  if not (_unpadded(x.shape) and _unpadded(shape)):
+    gen.unsupported(f"reshaping a register value of shape {x.shape} to {shape} (shapes whose "
+                    "dimensions are all powers of two only)")
+  layout = gen.declared(gen.assigned(ctx.eqn.outvars[0]))
+  reshaped = gen.bind(ex.method(x, "reshape", ex.Token(str(list(shape))), dtype=x.dtype, shape=shape),
+                      "reshaped")
+  return gen.value(call("gl.convert_layout", reshaped, ex.Token(gen.layout(layout)), dtype=x.dtype,
+                        shape=shape), layout)
+
+
+@layout_rule(lax.reshape_p)
+def _reshape_layouts(ctx, x, *, new_sizes, dimensions, **_):
+  shape, dtype = tuple(new_sizes), np.dtype(ctx.out.dtype)
+  if not getattr(x, "shape", ()):
+    return Val(shape, dtype, L.blocked(shape, dtype), ("splat",))
+  if not shape:
+    return Val((), dtype, None)
+  return Val(shape, dtype, L.blocked(shape, dtype))
