@@ -62,15 +62,21 @@ class TmemRef:
   shape: tuple
   dtype: np.dtype
   layout: TmemLayout
+  scales: bool = False   # MMA scales (plgpu.TMEMLayout.SCALES_LAYOUT)
 
 
 def allocate_tmem(gen, kind, aval) -> TmemRef:
-  """A TMEM scratch buffer (2-D, 128 rows: the M of one-block MMAs)."""
+  """A TMEM scratch buffer (2-D, 128 or 64 rows: the M of one-block MMAs)."""
   shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
-  if len(shape) != 2 or shape[0] != 128 or not L.is_pow2(shape[1]):
-    gen.unsupported(f"TMEM of shape {list(shape)} for sm_100a (128 rows, a power-of-two number "
-                    "of columns)")
-  layout = TmemLayout((128, min(shape[1], 256)), 1 if kind.packing > 1 else 32 // (dtype.itemsize * 8))
+  if kind.collective:
+    _refuse_collective(gen, "collective TMEM (plgpu.TMEM(..., collective=True))")
+  if kind.layout is not None:
+    gen.unsupported(f"TMEM with layout {kind.layout} (MMA scales or sparsity metadata) for sm_100a")
+  if len(shape) != 2 or shape[0] not in (64, 128) or not L.is_pow2(shape[1]):
+    gen.unsupported(f"TMEM of shape {list(shape)} for sm_100a (128 or 64 rows, a power-of-two "
+                    "number of columns)")
+  layout = TmemLayout((shape[0], min(shape[1], 256)),
+                      1 if kind.packing > 1 else 32 // (dtype.itemsize * 8))
   gen.blackwell = True
   name = gen.fresh("tmem")
   gen.declared(layout)
@@ -79,7 +85,14 @@ def allocate_tmem(gen, kind, aval) -> TmemRef:
   return TmemRef(name, shape, dtype, layout)
 
 
-def _tmem_view(gen, ref, transforms) -> tuple[str, tuple]:
+def _refuse_collective(gen, what: str):
+  """Two-block (``cta_group::2``) MMAs need both blocks of a cluster pair to share barriers and
+  operands; pallax's Gluon backend runs a cluster's blocks as independent ones (``clusters.py``),
+  and Gluon 3.6 has no cluster ranks or cluster barriers to write them with."""
+  gen.unsupported(f"{what}: collective (two-block) MMAs over a cluster for sm_100a")
+
+
+def tmem_view(gen, ref, transforms) -> tuple[str, tuple]:
   """(the source of a TMEM view, its shape): whole rows, static column slices."""
   if not isinstance(ref, TmemRef):
     gen.unsupported(f"a TMEM operation on {type(ref).__name__}")
@@ -112,21 +125,36 @@ def _barrier(gen, bar) -> str:
 def _tcgen05_mma(ctx, *invals, trees, collective_axis, scaled):
   gen = ctx.gen
   (acc, a, b, bar, _, _), (accumulate,) = mp.split_refs(invals, trees)
+  if collective_axis is not None:
+    _refuse_collective(gen, f"tcgen05_mma(collective_axis={collective_axis!r})")
   if scaled:
     gen.unsupported("block-scaled tcgen05_mma (a_scale, b_scale) for sm_100a")
-  if not isinstance(a[0], SmemRef):
-    gen.unsupported("tcgen05_mma with a in TMEM for sm_100a")
-  acc_text, _ = _tmem_view(gen, *acc)
-  a_view = smem_view(gen, *a, k_last=not _transposed(a))
+  acc_text, _ = tmem_view(gen, *acc)
+  a_text = _tmem_operand(gen, a) if isinstance(a[0], TmemRef) else smem_view(
+      gen, *a, k_last=not _transposed(a)).text
   b_view = smem_view(gen, *b, k_last=_transposed(b))
   barriers = "" if bar is None else f", mbarriers=[{_barrier(gen, bar)}]"
-  gen.emit(f"blackwell.tcgen05_mma({a_view.text}, {b_view.text}, {acc_text}, "
+  gen.emit(f"blackwell.tcgen05_mma({a_text}, {b_view.text}, {acc_text}, "
            f"use_acc={gen.render(accumulate)}{barriers})")
   return []
 
 
+def _tmem_operand(gen, a) -> str:
+  """``a`` in TMEM (the ``tcgen05.mma [d], [a], b-desc`` form): packed, as the tensor core reads
+  it (16-bit elements two to a 32-bit column)."""
+  ref = a[0]
+  if ref.dtype.itemsize != 2 or ref.layout.col_stride != 1:
+    gen.unsupported(f"tcgen05_mma with a in TMEM ({ref.dtype.name}, column stride "
+                    f"{ref.layout.col_stride}) for sm_100a, which reads a 16-bit a from TMEM "
+                    "packed (plgpu.TMEM(..., packed=True))")
+  text, _ = tmem_view(gen, *a)
+  return text
+
+
 @rule(tc.tcgen05_commit_arrive_p)
 def _commit_arrive(ctx, *invals, trees, collective_axis):
+  if collective_axis is not None:
+    _refuse_collective(ctx.gen, f"tcgen05_commit_arrive(collective_axis={collective_axis!r})")
   (bar,), _ = mp.split_refs(invals, trees)
   ctx.gen.emit(f"blackwell.tcgen05_commit({_barrier(ctx.gen, bar)})")
   return []
@@ -138,9 +166,9 @@ def _async_load_tmem(ctx, *invals, trees, reduce):
   if reduce is not None:
     gen.unsupported(f"async_load_tmem(reduce={reduce!r}) for sm_100a")
   (src,), _ = mp.split_refs(invals, trees)
-  text, shape = _tmem_view(gen, *src)
+  text, shape = tmem_view(gen, *src)
   dtype = src[0].dtype
-  regs = _registers(gen, src[0], shape)
+  regs = tmem_registers(gen, src[0], shape)
   loaded = gen.value(method(ex.Name(text, dtype=dtype, shape=shape), "load",
                             ex.Token(gen.layout(regs))), regs, "tmem_value")
   layout = gen.declared(gen.assigned(ctx.eqn.outvars[0]))
@@ -148,9 +176,10 @@ def _async_load_tmem(ctx, *invals, trees, reduce):
                         shape=shape), layout)
 
 
-def _registers(gen, ref, shape) -> TmemRegisters:
+def tmem_registers(gen, ref, shape) -> TmemRegisters:
   """The register layout of TMEM accesses of a (rows, columns) view of ``ref``."""
-  tmem_layout = dataclasses.replace(ref.layout, block=(128, min(ref.layout.block[1], shape[1])))
+  tmem_layout = dataclasses.replace(ref.layout, block=(ref.layout.block[0],
+                                                     min(ref.layout.block[1], shape[1])))
   gen.declared(tmem_layout)
   return gen.declared(TmemRegisters(ex.dtype_name(ref.dtype, "gl"), shape, tmem_layout))
 
@@ -159,10 +188,10 @@ def _registers(gen, ref, shape) -> TmemRegisters:
 def _async_store_tmem(ctx, *invals, trees):
   gen = ctx.gen
   (dst,), (value,) = mp.split_refs(invals, trees)
-  text, shape = _tmem_view(gen, *dst)
+  text, shape = tmem_view(gen, *dst)
   dtype = dst[0].dtype
   value = to_layout(gen, value, gen.declared(L.blocked(shape, dtype)), shape, dtype)
-  regs = _registers(gen, dst[0], shape)
+  regs = tmem_registers(gen, dst[0], shape)
   stored = gen.value(call("gl.convert_layout", value, ex.Token(gen.layout(regs)), dtype=dtype,
                           shape=shape), regs, "tmem_value")
   gen.emit(f"{text}.store({gen.render(stored)})")   # Gluon waits for the store (tcgen05.wait::st)
