@@ -30,7 +30,7 @@ from pallax import KernelCheckError
 
 import mgpu_ops
 
-pytestmark = [pytest.mark.interpreter, pytest.mark.gluon_refuses("Blackwell's (sm_100a)")]
+pytestmark = [pytest.mark.interpreter]
 
 S = jax.ShapeDtypeStruct
 CLOSE = dict(rtol=1e-5, atol=1e-5)

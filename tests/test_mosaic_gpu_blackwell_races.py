@@ -26,7 +26,7 @@ import pallax as pl
 import pallax.mosaic_gpu as plgpu
 from pallax import KernelCheckError
 
-pytestmark = [pytest.mark.interpreter, pytest.mark.gluon_refuses("Blackwell's (sm_100a)")]
+pytestmark = [pytest.mark.interpreter]
 
 ACC, LHS, RHS = (128, 128), (128, 128), (128, 128)
 F32, F16 = jnp.float32, jnp.float16

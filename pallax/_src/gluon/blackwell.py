@@ -20,7 +20,7 @@ from pallax._src import jax_internals as ji
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Smem, Val, layout_rule
 from pallax._src.gluon.memory import barrier_view, smem_view, smem_view_layouts
-from pallax._src.gluon.values import to_layout
+from pallax._src.gluon.values import slice_layout, to_layout
 from pallax._src.gluon.writer import SmemRef, rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import call, method
@@ -129,6 +129,7 @@ def _tcgen05_mma(ctx, *invals, trees, collective_axis, scaled):
     _refuse_collective(gen, f"tcgen05_mma(collective_axis={collective_axis!r})")
   if scaled:
     gen.unsupported("block-scaled tcgen05_mma (a_scale, b_scale) for sm_100a")
+  _refuse_operands(gen, acc[0], a, b)
   acc_text, _ = tmem_view(gen, *acc)
   a_text = _tmem_operand(gen, a) if isinstance(a[0], TmemRef) else smem_view(
       gen, *a, k_last=not _transposed(a)).text
@@ -137,6 +138,20 @@ def _tcgen05_mma(ctx, *invals, trees, collective_axis, scaled):
   gen.emit(f"blackwell.tcgen05_mma({a_text}, {b_view.text}, {acc_text}, "
            f"use_acc={gen.render(accumulate)}{barriers})")
   return []
+
+
+def _refuse_operands(gen, acc, a, b):
+  """What Gluon 3.6's ``tcgen05_mma`` does not take: integer products (it accumulates in
+  float16 or float32 only) and float32 (tf32) operands stored M- or N-major (its lowering
+  transposes 16- and 8-bit operands only)."""
+  dtype = np.dtype(a[0].dtype)
+  if np.issubdtype(acc.dtype, np.integer):
+    gen.unsupported(f"tcgen05_mma of {dtype.name} operands into an {acc.dtype.name} accumulator "
+                    "for sm_100a (Gluon 3.6's tcgen05_mma accumulates in float16 or float32 only)")
+  if dtype == np.float32 and (_transposed(a) or not _transposed(b)):
+    gen.unsupported("tcgen05_mma of float32 (tf32) operands for sm_100a with a or b stored "
+                    "M- or N-major (Gluon 3.6 transposes 16- and 8-bit operands only): keep both "
+                    "K-major (a (M, K), b as the transpose of an (N, K) buffer, b_smem.T)")
 
 
 def _tmem_operand(gen, a) -> str:
@@ -163,8 +178,6 @@ def _commit_arrive(ctx, *invals, trees, collective_axis):
 @rule(tc.async_load_tmem_p)
 def _async_load_tmem(ctx, *invals, trees, reduce):
   gen = ctx.gen
-  if reduce is not None:
-    gen.unsupported(f"async_load_tmem(reduce={reduce!r}) for sm_100a")
   (src,), _ = mp.split_refs(invals, trees)
   text, shape = tmem_view(gen, *src)
   dtype = src[0].dtype
@@ -172,8 +185,16 @@ def _async_load_tmem(ctx, *invals, trees, reduce):
   loaded = gen.value(method(ex.Name(text, dtype=dtype, shape=shape), "load",
                             ex.Token(gen.layout(regs))), regs, "tmem_value")
   layout = gen.declared(gen.assigned(ctx.eqn.outvars[0]))
-  return gen.value(call("gl.convert_layout", loaded, ex.Token(gen.layout(layout)), dtype=dtype,
-                        shape=shape), layout)
+  value = gen.value(call("gl.convert_layout", loaded, ex.Token(gen.layout(layout)), dtype=dtype,
+                         shape=shape), layout)
+  if reduce is None:
+    return value
+  # reduce=: the loaded rows reduced too (tcgen05.ld's .red form), in registers here
+  x = gen.value(call("gl.abs", value, dtype=dtype, shape=shape), layout) if "abs" in reduce else value
+  fn = "gl.max" if reduce.endswith("max") else "gl.min"
+  rows = gen.value(call(fn, x, ex.Lit(1, dtype=np.dtype(np.int32)), dtype=dtype, shape=shape[:1]),
+                   slice_layout(gen, layout, 1), reduce)
+  return [value, rows]
 
 
 def tmem_registers(gen, ref, shape) -> TmemRegisters:
@@ -218,9 +239,12 @@ def _tcgen05_mma_layouts(ctx, *invals, trees, **_):
 def _async_load_tmem_layouts(ctx, *invals, trees, reduce):
   """A TMEM load comes in TMEM's register layout and is converted to a blocked one at once,
   so that the rest of the kernel sees the layouts it always does."""
-  out = ctx.out
-  shape = tuple(out.shape)
-  return Val(shape, np.dtype(out.dtype), L.blocked(shape, out.dtype))
+  out = ctx.eqn.outvars[0].aval
+  shape, dtype = tuple(out.shape), np.dtype(out.dtype)
+  layout = L.blocked(shape, dtype)
+  if reduce is None:
+    return Val(shape, dtype, layout)
+  return [Val(shape, dtype, layout), Val(shape[:1], dtype, L.Slice(1, layout))]
 
 
 @layout_rule(tc.async_store_tmem_p)
