@@ -19,6 +19,7 @@ import numpy as np
 from pallax._src import jax_internals as ji
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Smem, Val, layout_rule
+from pallax._src.gluon.multiples import known_multiple
 from pallax._src.gluon.memory import barrier_view, smem_view, smem_view_layouts
 from pallax._src.gluon.values import slice_layout, to_layout
 from pallax._src.gluon.writer import SmemRef, rule
@@ -106,10 +107,33 @@ def tmem_view(gen, ref, transforms) -> tuple[str, tuple]:
     if not (isinstance(rows, ji.Slice) and static(rows.start) and value(rows.start) == 0
             and rows.size == shape[0]):
       gen.unsupported("TMEM views of some of its rows")
-    if not (isinstance(cols, ji.Slice) and static(cols.start) and cols.stride == 1):
-      gen.unsupported("TMEM column slices from a run-time start (acc.at[:, pl.ds(i * n, n)])")
-    text, shape = f"{text}.slice({value(cols.start)}, {cols.size})", (shape[0], cols.size)
+    if not (isinstance(cols, ji.Slice) and cols.stride == 1):
+      gen.unsupported("TMEM views other than column slices")
+    if static(cols.start):
+      text = f"{text}.slice({value(cols.start)}, {cols.size})"
+    else:
+      text = _chunk(gen, ref, text, shape, cols.start, cols.size)
+    shape = (shape[0], cols.size)
   return text, shape
+
+
+def _chunk(gen, ref, text, shape, start, size) -> str:
+  """Columns [start, start + size) from a run-time start, as Gluon writes them (its slices
+  take constant starts): the buffer viewed as equal chunks of ``size`` columns, side by side
+  as a 3-D TMEM buffer's are, and the chunk ``start // size`` of them. Exact where ``start``
+  is a multiple of ``size`` (``pl.ds(slot * n, n)``), which must be proven
+  (``multiples.py``)."""
+  if text != ref.name or shape[1] % size or not L.is_pow2(size) or (
+      known_multiple(start, gen.multiples) % size):
+    gen.unsupported(f"TMEM column slices of size {size} from a run-time start not known to be "
+                    f"a multiple of {size} for sm_100a (slices pl.ds(i * {size}, {size}) of the "
+                    "whole buffer are written)")
+  layout = gen.declared(dataclasses.replace(ref.layout, block=(shape[0], min(ref.layout.block[1], size))))
+  chunks = f"[{shape[1] // size}, {shape[0]}, {size}]"
+  view = gen.fresh(f"{ref.name}_chunk")
+  gen.emit(f"{view} = {ref.name}._reinterpret({ex.dtype_name(ref.dtype, 'gl')}, {chunks}, "
+           f"{gen.layout(layout)}).index({gen.render(start)} // {size})")
+  return view
 
 
 def _transposed(ref) -> bool:

@@ -23,7 +23,7 @@ from pallax._src import jaxpr_util
 from pallax._src.plan import ProgramAxis, plan_for
 from pallax._src.gluon import control, elementwise, mma, shapes  # noqa: F401 (their rules register)
 from pallax._src.gluon import copies, memory, mma_sync, warps  # noqa: F401 (their rules register)
-from pallax._src.gluon import blackwell, clusters, tmem_copies
+from pallax._src.gluon import blackwell, clusters, scheduling, tmem_copies
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon import order
 from pallax._src.gluon import threads as warp_specialize
@@ -69,7 +69,7 @@ def _refuse_blackwell(params, target: int):
   those ``gluon/blackwell.py`` writes."""
   names = {p.name: f"plgpu.{p.name}" for p in tcgen05.BLACKWELL_PRIMITIVES}
   names.update(claim_work="plgpu.dynamic_scheduling_loop")
-  allowed = blackwell.WRITTEN + tmem_copies.WRITTEN if target >= 100 else ()
+  allowed = (blackwell.WRITTEN + tmem_copies.WRITTEN + scheduling.WRITTEN) if target >= 100 else ()
   for eqn in jaxpr_util.equations(params.jaxpr):
     tmem = any(getattr(t, "memory_space", None) is tcgen05.TMEM
                for t in eqn.params.get("scratch_types") or ())

@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 
 from pallax._src.gluon import layouts as L
+from pallax._src.gluon import multiples
 from pallax._src.gluon.assign import Buffer
 from pallax._src.gluon.events import SmemView
 from pallax._src.gpu import expr as ex
@@ -138,6 +139,7 @@ class Writer(src.Source):
                                              # (zeroed from registers) was asked for
     self.phases_read: set = set()            # barrier phase variables the running thread
                                              # waits with
+    self.multiples: dict = {}                # scalar name -> what it is a multiple of
 
   def hoisted_barriers(self) -> list:
     return [r for refs in self.hoisted.values() for r in refs if isinstance(r, BarrierRef)]
@@ -160,6 +162,11 @@ class Writer(src.Source):
     """``layout``, declared (named) now."""
     self.layout(layout)
     return layout
+
+  def bind(self, e: ex.Expr, hint: str = "v", dtype=None, shape=None) -> ex.Expr:
+    name = super().bind(e, hint, dtype, shape)
+    multiples.record(self.multiples, name, e)   # (for TMEM slices from a run-time start)
+    return name
 
   def value(self, e: ex.Expr, layout: L.Layout | None, hint="v") -> ex.Name:
     name = self.bind(e, hint)
