@@ -19,6 +19,8 @@ import numpy as np
 from pallax._src import jax_internals as ji
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Smem, Val, layout_rule
+from pallax._src.gluon.copies import barrier_name
+from pallax._src.gluon.events import BarrierOp
 from pallax._src.gluon.multiples import known_multiple
 from pallax._src.gluon.memory import barrier_view, smem_view, smem_view_layouts
 from pallax._src.gluon.values import slice_layout, to_layout
@@ -140,8 +142,11 @@ def _transposed(ref) -> bool:
   return any(isinstance(t, ji.TransposeRef) for t in ref[1])
 
 
-def _barrier(gen, bar) -> str:
+def _arrival(gen, bar) -> str:
+  """The barrier the tensor core arrives on once its work completes; recorded as an arrival
+  (the order of ``warp_map`` bodies depends on it: warps.py)."""
   b = barrier_view(gen, *bar)
+  gen.events.append(BarrierOp("arrive", barrier_name(b)))
   return f"{b.name}.index({gen.render(b.index)})"
 
 
@@ -158,7 +163,7 @@ def _tcgen05_mma(ctx, *invals, trees, collective_axis, scaled):
   a_text = _tmem_operand(gen, a) if isinstance(a[0], TmemRef) else smem_view(
       gen, *a, k_last=not _transposed(a)).text
   b_view = smem_view(gen, *b, k_last=_transposed(b))
-  barriers = "" if bar is None else f", mbarriers=[{_barrier(gen, bar)}]"
+  barriers = "" if bar is None else f", mbarriers=[{_arrival(gen, bar)}]"
   gen.emit(f"blackwell.tcgen05_mma({a_text}, {b_view.text}, {acc_text}, "
            f"use_acc={gen.render(accumulate)}{barriers})")
   return []
@@ -195,7 +200,7 @@ def _commit_arrive(ctx, *invals, trees, collective_axis):
   if collective_axis is not None:
     _refuse_collective(ctx.gen, f"tcgen05_commit_arrive(collective_axis={collective_axis!r})")
   (bar,), _ = mp.split_refs(invals, trees)
-  ctx.gen.emit(f"blackwell.tcgen05_commit({_barrier(ctx.gen, bar)})")
+  ctx.gen.emit(f"blackwell.tcgen05_commit({_arrival(ctx.gen, bar)})")
   return []
 
 

@@ -140,6 +140,9 @@ class Writer(src.Source):
     self.phases_read: set = set()            # barrier phase variables the running thread
                                              # waits with
     self.multiples: dict = {}                # scalar name -> what it is a multiple of
+    self.only_warp = None                    # the warp of a per-warp partition (threads.py)
+    self.warp_mapped = False                 # whether the thread being written has warp_map
+    self.warp_body = False                   # ... and its warp only_warp has a body there
 
   def hoisted_barriers(self) -> list:
     return [r for refs in self.hoisted.values() for r in refs if isinstance(r, BarrierRef)]
