@@ -15,6 +15,7 @@ fastest, as Mosaic promises).
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from pallax._src import core as pc
@@ -73,9 +74,12 @@ def _refuse_blackwell(params, target: int):
   for eqn in jaxpr_util.equations(params.jaxpr):
     tmem = any(getattr(t, "memory_space", None) is tcgen05.TMEM
                for t in eqn.params.get("scratch_types") or ())
-    if (eqn.primitive.name in names and eqn.primitive not in allowed) or (tmem and target < 100):
+    scaled = eqn.params.get("scaled", False) and eqn.primitive is tcgen05.tcgen05_mma_p
+    if (eqn.primitive.name in names and (eqn.primitive not in allowed or scaled)) or (
+        tmem and target < 100):
       line = ji.user_frame(eqn.source_info)
       what = "plgpu.TMEM scratch" if tmem and target < 100 else names[eqn.primitive.name]
+      what = f"block-scaled {what} (a_scale=, b_scale=)" if scaled else what
       raise src.Unsupported(
           f"pallas_call {params.name}: {what}{f' (at {line})' if line else ''} is Blackwell's "
           f"(sm_100a), and pallax's Gluon backend {_REFUSAL[target >= 100]}: run the kernel in "
@@ -92,10 +96,12 @@ def _refuse_packed_operands(params):
   for bm in params.grid_mapping.block_mappings:
     dtype = np.dtype(bm.array_aval.dtype)
     if dtype.name not in ex.SIGNATURE:
+      info = jnp.iinfo if jnp.issubdtype(dtype, jnp.integer) else jnp.finfo
+      packed = ", packed two or four values per byte in memory," if info(dtype).bits < 8 else ""
       raise NotImplementedError(
-          f"pallas_call {params.name}: {bm.origin} is {dtype.name}, packed two or four values per "
-          "byte in memory, which pallax's Gluon backend does not read or write; pass it as int8 "
-          "(x.astype(jnp.int8)) and convert inside the kernel, or run it in the interpreter")
+          f"pallas_call {params.name}: {bm.origin} is {dtype.name}{packed} which pallax's Gluon "
+          "backend does not read or write; pass it as int8 (x.astype(jnp.int8)) and convert "
+          "inside the kernel, or run it in the interpreter")
 
 
 def generate(params, target: int = 90) -> GluonSource:
