@@ -790,12 +790,37 @@ def test_gluon_for_sm_100a_refuses_what_it_does_not_write_yet():
   int8 = plgpu.kernel(int8_mma, out_shape=S((128, 128), F32), scratch_shapes=[
       plgpu.SMEM((128, 64), jnp.int8), plgpu.SMEM((64, 128), jnp.int8),
       plgpu.TMEM((128, 128), jnp.int32), mma_barrier()])
+  @plgpu.kernel(out_shape=S((128, 128), F32), cluster=(2,), cluster_names=("x",),
+                scratch_shapes=[plgpu.TMEM((128, 128), F32, collective=True)])
+  def collective(o_ref, t):
+    o_ref[...] = plgpu.async_load_tmem(t)
+
   cases = [(unaligned_slice, r"TMEM column slices of size 128 from a run-time start not known to "
                              r"be a multiple of 128"),
-           (int8, r"tcgen05_mma of int8 operands into an int32 accumulator")]
+           (int8, r"tcgen05_mma of int8 operands into an int32 accumulator"),
+           (collective, r"collective TMEM .*collective \(two-block\) MMAs over a cluster")]
   for kernel, pattern in cases:
     with pytest.raises(Unsupported, match=pattern + r".*interpret=True"):
       plgpu.lower(kernel, compute_capability=100)
+
+
+def test_gluon_compiles_tf32_products_of_k_major_operands_for_sm_100a():
+  """float32 operands (tf32) both K-major: a (M, K), b the transpose of an (N, K) buffer."""
+  a, bt = rand(56, (128, 32), F32), rand(57, (64, 32), F32)
+
+  @plgpu.kernel(out_shape=S((128, 64), F32), scratch_shapes=dict(
+      a_smem=plgpu.SMEM((128, 32), F32), b_smem=plgpu.SMEM((64, 32), F32),
+      acc=plgpu.TMEM((128, 64), F32), tma=tma_barrier(), done=mma_barrier()))
+  def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, acc, tma, done):
+    fetch([(a_ref, a_smem), (b_ref, b_smem)], tma)
+    plgpu.tcgen05_mma(acc, a_smem, b_smem.T, done, accumulate=False)
+    plgpu.barrier_wait(done)
+    o_ref[...] = plgpu.async_load_tmem(acc)
+
+  np.testing.assert_allclose(kernel(a, bt), ref_dot(a, bt.T), **CLOSE)
+  counts = _ptx_counts(kernel, a, bt)
+  assert all(counts[w] for w in ("tcgen05.mma", "tcgen05.ld", "tcgen05.commit")), counts
+  assert "kind::tf32" in plgpu.lower(kernel, a, bt, compute_capability=100)[0].ptx
 
 
 def test_gluon_compiles_a_in_tmem_and_smem_to_tmem_copies_for_sm_100a():

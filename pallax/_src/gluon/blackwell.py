@@ -26,6 +26,7 @@ from pallax._src.gluon.memory import barrier_view, smem_view, smem_view_layouts
 from pallax._src.gluon.values import slice_layout, to_layout
 from pallax._src.gluon.writer import SmemRef, rule
 from pallax._src.gpu import expr as ex
+from pallax._src.gpu.source import Unsupported
 from pallax._src.gpu.expr import call, method
 from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu import tcgen05 as tc
@@ -74,9 +75,9 @@ def allocate_tmem(gen, kind, aval) -> TmemRef:
   if kind.collective:
     _refuse_collective(gen, "collective TMEM (plgpu.TMEM(..., collective=True))")
   if kind.layout is not None:
-    gen.unsupported(f"TMEM with layout {kind.layout} (MMA scales or sparsity metadata) for sm_100a")
+    _refuse(gen, f"TMEM with layout {kind.layout} (MMA scales or sparsity metadata) for sm_100a")
   if len(shape) != 2 or shape[0] not in (64, 128) or not L.is_pow2(shape[1]):
-    gen.unsupported(f"TMEM of shape {list(shape)} for sm_100a (128 or 64 rows, a power-of-two "
+    _refuse(gen, f"TMEM of shape {list(shape)} for sm_100a (128 or 64 rows, a power-of-two "
                     "number of columns)")
   layout = TmemLayout((shape[0], min(shape[1], 256)),
                       1 if kind.packing > 1 else 32 // (dtype.itemsize * 8))
@@ -92,7 +93,14 @@ def _refuse_collective(gen, what: str):
   """Two-block (``cta_group::2``) MMAs need both blocks of a cluster pair to share barriers and
   operands; pallax's Gluon backend runs a cluster's blocks as independent ones (``clusters.py``),
   and Gluon 3.6 has no cluster ranks or cluster barriers to write them with."""
-  gen.unsupported(f"{what}: collective (two-block) MMAs over a cluster for sm_100a")
+  _refuse(gen, f"{what}: collective (two-block) MMAs over a cluster for sm_100a")
+
+
+def _refuse(gen, what: str):
+  """``gen.unsupported``, naming the kernel itself: TMEM is allocated outside the rules (which
+  add the kernel's name and the way out to what they refuse)."""
+  raise Unsupported(f"pallas_call {gen.kernel_name}: {what}: not supported by pallax's Gluon "
+                    "backend; run the kernel in the interpreter (interpret=True)")
 
 
 def tmem_view(gen, ref, transforms) -> tuple[str, tuple]:
