@@ -28,7 +28,10 @@ def _claim_work(ctx, step, *, grid, grid_names):
   if missing:
     raise NotImplementedError(f"dynamic_scheduling_loop over {missing}, which are not grid axes "
                               "of the kernel")
-  first = ex.binary("==", step, ex.Lit(0, dtype=np.dtype(np.int32)), dtype=np.dtype(np.bool_))
+  bool_ = np.dtype(np.bool_)
+  if isinstance(step, ex.Lit):   # the loop's first claim
+    return [gen.axes[n] for n in grid_names] + [ex.Lit(step.value == 0, dtype=bool_)]
+  first = ex.binary("==", step, ex.Lit(0, dtype=np.dtype(np.int32)), dtype=bool_)
   return [gen.axes[n] for n in grid_names] + [gen.bind(first, "claimed")]
 
 
