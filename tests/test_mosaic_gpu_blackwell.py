@@ -823,12 +823,13 @@ def test_gluon_compiles_tf32_products_of_k_major_operands_for_sm_100a():
   assert "kind::tf32" in plgpu.lower(kernel, a, bt, compute_capability=100)[0].ptx
 
 
-def test_gluon_compiles_a_in_tmem_and_smem_to_tmem_copies_for_sm_100a():
+@pytest.mark.parametrize("dtype,kind", [(jnp.float16, "f16"), (jnp.float8_e4m3fn, "f8f6f4")])
+def test_gluon_compiles_a_in_tmem_and_smem_to_tmem_copies_for_sm_100a(dtype, kind):
   """An SMEM->TMEM copy (a register round trip: tcgen05.st) feeding an MMA whose a is in TMEM
-  (the ``tcgen05.mma [d], [a], b`` form)."""
-  a, b = rand(50, (128, 128), jnp.float16), rand(51, (128, 64), jnp.float16)
+  (the ``tcgen05.mma [d], [a], b`` form), a packed two or four to a column."""
+  a, b = rand(50, (128, 128), dtype), rand(51, (128, 64), dtype)
 
-  @matmul(128, 64, 128, jnp.float16, a_tmem=plgpu.TMEM((128, 128), jnp.float16, packed=True))
+  @matmul(128, 64, 128, dtype, a_tmem=plgpu.TMEM((128, 128), dtype, packed=True))
   def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, acc, tma, done, a_tmem):
     fetch([(a_ref, a_smem), (b_ref, b_smem)], tma)
     plgpu.async_copy_smem_to_tmem(a_smem, a_tmem)
@@ -839,7 +840,7 @@ def test_gluon_compiles_a_in_tmem_and_smem_to_tmem_copies_for_sm_100a():
   np.testing.assert_allclose(kernel(a, b), ref_dot(a, b), **CLOSE)
   (c,) = plgpu.lower(kernel, a, b, compute_capability=100)
   assert all(w in c.ptx for w in ("tcgen05.st", "tcgen05.ld", "tcgen05.commit")), c.ptx[-2000:]
-  assert re.search(r"tcgen05\.mma\.cta_group::1\.kind::f16 \[ %r\d+ \+ 0 \], \[ %r", c.ptx)
+  assert re.search(rf"tcgen05\.mma\.cta_group::1\.kind::{kind} \[ %r\d+ \+ 0 \], \[ %r", c.ptx)
 
 
 def test_gluon_compiles_m64_reduced_loads_and_dynamic_slices_for_sm_100a():

@@ -193,12 +193,12 @@ def _refuse_operands(gen, acc, a, b):
 
 def _tmem_operand(gen, a) -> str:
   """``a`` in TMEM (the ``tcgen05.mma [d], [a], b-desc`` form): packed, as the tensor core reads
-  it (16-bit elements two to a 32-bit column)."""
+  it (16- and 8-bit elements two or four to a 32-bit column)."""
   ref = a[0]
-  if ref.dtype.itemsize != 2 or ref.layout.col_stride != 1:
+  if ref.dtype.itemsize not in (1, 2) or ref.layout.col_stride != 1:
     gen.unsupported(f"tcgen05_mma with a in TMEM ({ref.dtype.name}, column stride "
-                    f"{ref.layout.col_stride}) for sm_100a, which reads a 16-bit a from TMEM "
-                    "packed (plgpu.TMEM(..., packed=True))")
+                    f"{ref.layout.col_stride}) for sm_100a, which reads a 16- or 8-bit a from "
+                    "TMEM packed (plgpu.TMEM(..., packed=True))")
   text, _ = tmem_view(gen, *a)
   return text
 
