@@ -804,6 +804,21 @@ def test_gluon_for_sm_100a_refuses_what_it_does_not_write_yet():
       plgpu.lower(kernel, compute_capability=100)
 
 
+def test_gluon_knows_what_run_time_starts_are_multiples_of():
+  """The proof a TMEM slot from a run-time start needs (gluon/multiples.py)."""
+  from pallax._src.gluon.multiples import ANY, known_multiple
+  from pallax._src.gpu import expr as ex
+  i32 = np.dtype(np.int32)
+  i, j = ex.Name("i", dtype=i32), ex.Name("j", dtype=i32)
+  lit = lambda v: ex.Lit(v, dtype=i32)   # noqa: E731
+  known = {"j": 64}
+  assert known_multiple(ex.mul(i, lit(128)), known) == 128
+  assert known_multiple(ex.binary("+", ex.mul(i, lit(128)), j), known) == 64
+  assert known_multiple(ex.binary("+", ex.mul(i, lit(128)), lit(32)), known) == 32
+  assert known_multiple(ex.binary("//", j, lit(2)), known) == 1   # (not proven)
+  assert known_multiple(i, known) == 1 and known_multiple(lit(0), known) == ANY
+
+
 def test_gluon_compiles_tf32_products_of_k_major_operands_for_sm_100a():
   """float32 operands (tf32) both K-major: a (M, K), b the transpose of an (N, K) buffer."""
   a, bt = rand(56, (128, 32), F32), rand(57, (64, 32), F32)

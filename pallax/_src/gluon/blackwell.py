@@ -66,7 +66,6 @@ class TmemRef:
   shape: tuple
   dtype: np.dtype
   layout: TmemLayout
-  scales: bool = False   # MMA scales (plgpu.TMEMLayout.SCALES_LAYOUT)
 
 
 def allocate_tmem(gen, kind, aval) -> TmemRef:
@@ -138,7 +137,8 @@ def _chunk(gen, ref, text, shape, start, size) -> str:
     gen.unsupported(f"TMEM column slices of size {size} from a run-time start not known to be "
                     f"a multiple of {size} for sm_100a (slices pl.ds(i * {size}, {size}) of the "
                     "whole buffer are written)")
-  layout = gen.declared(dataclasses.replace(ref.layout, block=(shape[0], min(ref.layout.block[1], size))))
+  block = (shape[0], min(ref.layout.block[1], size))
+  layout = gen.declared(dataclasses.replace(ref.layout, block=block))
   chunks = f"[{shape[1] // size}, {shape[0]}, {size}]"
   view = gen.fresh(f"{ref.name}_chunk")
   gen.emit(f"{view} = {ref.name}._reinterpret({ex.dtype_name(ref.dtype, 'gl')}, {chunks}, "
