@@ -804,6 +804,23 @@ def test_gluon_for_sm_100a_refuses_what_it_does_not_write_yet():
       plgpu.lower(kernel, compute_capability=100)
 
 
+@pytest.mark.parametrize("index", [(1, 0), (0, 1)])
+def test_mma_completion_on_a_barrier_of_a_2d_array(index):
+  """``Barrier(num_barriers=(2, 2))`` indexed in both dimensions (Gluon allocates it flat)."""
+  a, b = rand(58, (128, 64), jnp.float16), rand(59, (64, 128), jnp.float16)
+
+  @matmul(128, 128, 64, jnp.float16, bars=mma_barrier(num_barriers=(2, 2)))
+  def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, acc, tma, done, bars):
+    fetch([(a_ref, a_smem), (b_ref, b_smem)], tma)
+    plgpu.tcgen05_mma(acc, a_smem, b_smem, bars.at[index], accumulate=False)
+    plgpu.barrier_wait(bars.at[index])
+    o_ref[...] = plgpu.async_load_tmem(acc)
+
+  np.testing.assert_allclose(kernel(a, b), ref_dot(a, b), **CLOSE)
+  (c,) = plgpu.lower(kernel, a, b, compute_capability=100)
+  assert f"mbarriers=[bar.index({2 * index[0] + index[1]})]" in c.source, c.source
+
+
 def test_gluon_knows_what_run_time_starts_are_multiples_of():
   """The proof a TMEM slot from a run-time start needs (gluon/multiples.py)."""
   from pallax._src.gluon.multiples import ANY, known_multiple
