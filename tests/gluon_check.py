@@ -1,6 +1,8 @@
 """Every Mosaic GPU kernel that the suite runs in the interpreter is also compiled by the Gluon
 backend for sm_90a (on any machine), so that a kernel the interpreter accepts but Gluon cannot
-lower shows up in CI, not on a user's GPU.
+lower shows up in CI, not on a user's GPU. A Blackwell kernel (tcgen05, TMEM), which sm_90a
+refuses, is compiled for sm_100a instead, and its PTX must hold the tcgen05 instruction of each
+Blackwell operation it uses (``lower_for_blackwell``).
 
 A kernel may be refused only with a clear ``NotImplementedError`` (a construct the Gluon backend
 does not express yet, named with its line); its test lists that refusal with
@@ -38,6 +40,43 @@ def lower(params):
   return why
 
 
+# The sm_90a refusal of a kernel that uses Blackwell's operations (gluon/codegen.py).
+BLACKWELL = "is Blackwell's (sm_100a), and pallax's Gluon backend compiles Mosaic GPU kernels for Hopper"
+# Per Blackwell primitive, the instruction its sm_100a PTX must hold.
+_INSTRUCTIONS = {"tcgen05_mma": "tcgen05.mma", "tcgen05_commit_arrive": "tcgen05.commit",
+                 "async_load_tmem": "tcgen05.ld", "async_store_tmem": "tcgen05.st",
+                 "async_copy_smem_to_tmem": "tcgen05.st"}   # (a register round trip)
+_lowered_100: dict = {}
+
+
+def lower_for_blackwell(params):
+  """As ``lower``, for sm_100a; a kernel that compiles but whose PTX lacks the tcgen05
+  instruction of one of its operations fails too."""
+  from pallax._src import jaxpr_util
+  from pallax._src.gluon import compile as gluon_compile
+  try:
+    return _lowered_100[params]
+  except (KeyError, TypeError):
+    pass
+  try:
+    ptx = gluon_compile.compile_params(params, 100).ptx
+    used = {_INSTRUCTIONS[e.primitive.name] for e in jaxpr_util.equations(params.jaxpr)
+            if e.primitive.name in _INSTRUCTIONS}
+    missing = sorted(w for w in used if w not in ptx)
+    why = None if ".target sm_100a" in ptx and not missing else (
+        False, f"its sm_100a PTX lacks {missing or '.target sm_100a'}")
+  except NotImplementedError as e:
+    why = (True, f"{type(e).__name__}: {e}")
+  except Exception as e:  # noqa: BLE001
+    where = traceback.extract_tb(e.__traceback__)[-1]
+    why = (False, f"{type(e).__name__}: {e} (raised at {where.filename}:{where.lineno})")
+  try:
+    _lowered_100[params] = why
+  except TypeError:
+    pass
+  return why
+
+
 def checking(run_kernel, failures: list, refusals):
   """``eager.run_kernel`` that also lowers each Mosaic GPU kernel it ran (after the interpreter
   accepted it) and records in ``failures`` what did not lower, unless ``refusals`` (substrings)
@@ -48,6 +87,8 @@ def checking(run_kernel, failures: list, refusals):
     if not backends.is_mosaic_gpu(params):
       return out
     why = lower(params)
+    if why is not None and BLACKWELL in why[1]:
+      why = lower_for_blackwell(params)
     if why is not None:
       clean, text = why
       if not (clean and any(r in text for r in refusals)):

@@ -9,8 +9,10 @@ copies, block-scaled products, ``warp_map`` and ``dynamic_scheduling_loop``.
 3. Each rule JAX's docs leave to the user, broken by a kernel, and the error (naming the
    buffer or barrier, the thread, the block and the line); and kernels that keep the rules
    (pipelined MMAs, completions passed on through barriers) running without one.
-4. The Gluon backend refuses these kernels, pointing to the interpreter (it compiles for sm_90a
-   only so far): every kernel here carries ``gluon_refuses``.
+4. Gluon for sm_100a (``plgpu.lower(..., compute_capability=100)``): every kernel here is also
+   compiled to sm_100a PTX holding the tcgen05 instruction of each of its operations
+   (``gluon_check.py``), or refused with an error naming what Gluon 3.6 cannot express
+   (``gluon_refuses``); tests of what the PTX and the source hold.
 
 Tolerances: products of 16-bit inputs accumulated in float32 against jnp's float32 dot,
 rtol=atol=1e-5 (the same products, summed in another order); integer and copied data exactly.
@@ -30,8 +32,12 @@ from pallax import KernelCheckError
 
 import mgpu_ops
 
-pytestmark = [pytest.mark.interpreter, pytest.mark.gluon_refuses("Blackwell's (sm_100a)")]
+pytestmark = [pytest.mark.interpreter]
 
+# What the Gluon backend refuses for sm_100a (each kernel here that it lowers, it compiles to
+# sm_100a PTX holding the tcgen05 instructions of its operations: gluon_check.py).
+SCALED = "block-scaled plgpu.tcgen05_mma (a_scale=, b_scale=)"
+COLLECTIVE = "collective (two-block) MMAs over a cluster for sm_100a"
 S = jax.ShapeDtypeStruct
 CLOSE = dict(rtol=1e-5, atol=1e-5)
 HERE = "test_mosaic_gpu_blackwell.py"
@@ -74,9 +80,11 @@ def matmul(m, n, k, dtype=jnp.bfloat16, acc_dtype=F32, **scratch):
 
 # --- 1. products ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("m,n,k,dtype", [(128, 128, 64, jnp.bfloat16), (128, 256, 128, jnp.float16),
-                                         (64, 64, 64, jnp.bfloat16), (128, 16, 128, jnp.float16),
-                                         (128, 128, 32, jnp.float32)])
+@pytest.mark.parametrize("m,n,k,dtype", [
+    (128, 128, 64, jnp.bfloat16), (128, 256, 128, jnp.float16), (64, 64, 64, jnp.bfloat16),
+    (128, 16, 128, jnp.float16),
+    pytest.param(128, 128, 32, jnp.float32, marks=pytest.mark.gluon_refuses(
+        "tcgen05_mma of float32 (tf32) operands for sm_100a with a or b stored M- or N-major"))])
 def test_one_mma(m, n, k, dtype):
   a, b = rand(1, (m, k), dtype), rand(2, (k, n), dtype)
 
@@ -168,6 +176,7 @@ def test_accumulator_started_by_a_store_and_reduced_loads():
   np.testing.assert_array_equal(amin, np.abs(np.asarray(out)[:, 32:96]).min(1))
 
 
+@pytest.mark.gluon_refuses("tcgen05_mma of int8 operands into an int32 accumulator for sm_100a")
 def test_int8_products_in_int32():
   a, b = rand(10, (128, 128), jnp.int8), rand(11, (128, 32), jnp.int8)
 
@@ -181,6 +190,7 @@ def test_int8_products_in_int32():
   np.testing.assert_array_equal(kernel(a, b), a.astype(np.int32) @ b.astype(np.int32))
 
 
+@pytest.mark.gluon_refuses(SCALED)
 def test_block_scaled_float8():
   """float8 operands with one float8_e8m0 scale per 32 elements of K (scales copied to TMEM)."""
   m, n, k, blk = 128, 128, 128, 32
@@ -239,6 +249,7 @@ def tile_scales(s):
       mn // 128, kk // 4, 32, 16)
 
 
+@pytest.mark.gluon_refuses(SCALED)
 @pytest.mark.parametrize("dtype,block", [(jnp.float4_e2m1fn, 16), (jnp.float8_e5m2, 32)])
 def test_block_scaled_with_tiled_scales_and_transposed_b(dtype, block):
   m, n, k = 128, 256, 256
@@ -278,6 +289,8 @@ def test_two_threads_mma_and_epilogue():
   np.testing.assert_allclose(kernel(*args), want, **CLOSE)
 
 
+@pytest.mark.gluon_refuses("plgpu.warp_map: warp 0 waits on barrier[1][?] and warp 1, which would "
+                            "be written after it")
 def test_warp_map_producer_and_mma_warps():
   """Warp 0 copies K-slices into a two-slot ring, warp 1 multiplies; they wait on each other."""
   m, n, k, tk = 128, 64, 256, 64
@@ -360,6 +373,7 @@ def test_jax_blackwell_matmul(blackwell_matmul, shape, config):
   np.testing.assert_allclose(np.asarray(out, F32), np.asarray(want, F32), rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.gluon_refuses(COLLECTIVE)
 def test_jax_blackwell_matmul_collective(blackwell_matmul):
   """collective=True: pairs of blocks (a cluster of 2), partitioned copies, two-block MMAs."""
   a, b = rand(23, (256, 256), jnp.float16), rand(24, (256, 256), jnp.float16)
@@ -761,26 +775,149 @@ def test_gluon_compiles_tmem_stores_for_sm_100a():
 
 
 def test_gluon_for_sm_100a_refuses_what_it_does_not_write_yet():
+  """What Gluon 3.6 cannot express, or pallax does not write, for sm_100a: an error naming it
+  and pointing to the interpreter."""
   from pallax._src.gpu.source import Unsupported
-  @plgpu.kernel(out_shape=S((128, 128), F32), scratch_shapes=[plgpu.SMEM((128, 128), F32),
-                                                              plgpu.TMEM((128, 128), F32)])
-  def copy(o_ref, s, t):
-    plgpu.async_copy_smem_to_tmem(s, t)
-
-  with pytest.raises(Unsupported, match=r"plgpu.async_copy_smem_to_tmem .*does not write it for "
-                                        r"sm_100a"):
-    plgpu.lower(copy, compute_capability=100)
 
   @plgpu.kernel(out_shape=S((128, 128), F32), scratch_shapes=[plgpu.TMEM((128, 256), F32)],
                 grid=(2,), grid_names=("i",))
-  def dynamic_slice(o_ref, t):
-    o_ref[...] = plgpu.async_load_tmem(t.at[:, pl.ds(lax.axis_index("i") * 128, 128)])
+  def unaligned_slice(o_ref, t):   # a run-time start not known to be a multiple of 128
+    o_ref[...] = plgpu.async_load_tmem(t.at[:, pl.ds(lax.axis_index("i") * 64, 128)])
 
-  with pytest.raises(Unsupported, match=r"TMEM column slices from a run-time start.*"
-                                        r"interpret=True"):
-    plgpu.lower(dynamic_slice, compute_capability=100)
+  def int8_mma(o_ref, a, b, acc, bar):
+    plgpu.tcgen05_mma(acc, a, b, bar, accumulate=False)
+
+  int8 = plgpu.kernel(int8_mma, out_shape=S((128, 128), F32), scratch_shapes=[
+      plgpu.SMEM((128, 64), jnp.int8), plgpu.SMEM((64, 128), jnp.int8),
+      plgpu.TMEM((128, 128), jnp.int32), mma_barrier()])
+  @plgpu.kernel(out_shape=S((128, 128), F32), cluster=(2,), cluster_names=("x",),
+                scratch_shapes=[plgpu.TMEM((128, 128), F32, collective=True)])
+  def collective(o_ref, t):
+    o_ref[...] = plgpu.async_load_tmem(t)
+
+  cases = [(unaligned_slice, r"TMEM column slices of size 128 from a run-time start not known to "
+                             r"be a multiple of 128"),
+           (int8, r"tcgen05_mma of int8 operands into an int32 accumulator"),
+           (collective, r"collective TMEM .*collective \(two-block\) MMAs over a cluster")]
+  for kernel, pattern in cases:
+    with pytest.raises(Unsupported, match=pattern + r".*interpret=True"):
+      plgpu.lower(kernel, compute_capability=100)
 
 
+@pytest.mark.parametrize("index", [(1, 0), (0, 1)])
+def test_mma_completion_on_a_barrier_of_a_2d_array(index):
+  """``Barrier(num_barriers=(2, 2))`` indexed in both dimensions (Gluon allocates it flat)."""
+  a, b = rand(58, (128, 64), jnp.float16), rand(59, (64, 128), jnp.float16)
+
+  @matmul(128, 128, 64, jnp.float16, bars=mma_barrier(num_barriers=(2, 2)))
+  def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, acc, tma, done, bars):
+    fetch([(a_ref, a_smem), (b_ref, b_smem)], tma)
+    plgpu.tcgen05_mma(acc, a_smem, b_smem, bars.at[index], accumulate=False)
+    plgpu.barrier_wait(bars.at[index])
+    o_ref[...] = plgpu.async_load_tmem(acc)
+
+  np.testing.assert_allclose(kernel(a, b), ref_dot(a, b), **CLOSE)
+  (c,) = plgpu.lower(kernel, a, b, compute_capability=100)
+  assert f"mbarriers=[bar.index({2 * index[0] + index[1]})]" in c.source, c.source
+
+
+def test_gluon_knows_what_run_time_starts_are_multiples_of():
+  """The proof a TMEM slot from a run-time start needs (gluon/multiples.py)."""
+  from pallax._src.gluon.multiples import ANY, known_multiple
+  from pallax._src.gpu import expr as ex
+  i32 = np.dtype(np.int32)
+  i, j = ex.Name("i", dtype=i32), ex.Name("j", dtype=i32)
+  lit = lambda v: ex.Lit(v, dtype=i32)   # noqa: E731
+  known = {"j": 64}
+  assert known_multiple(ex.mul(i, lit(128)), known) == 128
+  assert known_multiple(ex.binary("+", ex.mul(i, lit(128)), j), known) == 64
+  assert known_multiple(ex.binary("+", ex.mul(i, lit(128)), lit(32)), known) == 32
+  assert known_multiple(ex.binary("//", j, lit(2)), known) == 1   # (not proven)
+  assert known_multiple(i, known) == 1 and known_multiple(lit(0), known) == ANY
+
+
+def test_gluon_compiles_tf32_products_of_k_major_operands_for_sm_100a():
+  """float32 operands (tf32) both K-major: a (M, K), b the transpose of an (N, K) buffer."""
+  a, bt = rand(56, (128, 32), F32), rand(57, (64, 32), F32)
+
+  @plgpu.kernel(out_shape=S((128, 64), F32), scratch_shapes=dict(
+      a_smem=plgpu.SMEM((128, 32), F32), b_smem=plgpu.SMEM((64, 32), F32),
+      acc=plgpu.TMEM((128, 64), F32), tma=tma_barrier(), done=mma_barrier()))
+  def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, acc, tma, done):
+    fetch([(a_ref, a_smem), (b_ref, b_smem)], tma)
+    plgpu.tcgen05_mma(acc, a_smem, b_smem.T, done, accumulate=False)
+    plgpu.barrier_wait(done)
+    o_ref[...] = plgpu.async_load_tmem(acc)
+
+  np.testing.assert_allclose(kernel(a, bt), ref_dot(a, bt.T), **CLOSE)
+  counts = _ptx_counts(kernel, a, bt)
+  assert all(counts[w] for w in ("tcgen05.mma", "tcgen05.ld", "tcgen05.commit")), counts
+  assert "kind::tf32" in plgpu.lower(kernel, a, bt, compute_capability=100)[0].ptx
+
+
+@pytest.mark.parametrize("dtype,kind", [(jnp.float16, "f16"), (jnp.float8_e4m3fn, "f8f6f4")])
+def test_gluon_compiles_a_in_tmem_and_smem_to_tmem_copies_for_sm_100a(dtype, kind):
+  """An SMEM->TMEM copy (a register round trip: tcgen05.st) feeding an MMA whose a is in TMEM
+  (the ``tcgen05.mma [d], [a], b`` form), a packed two or four to a column."""
+  a, b = rand(50, (128, 128), dtype), rand(51, (128, 64), dtype)
+
+  @matmul(128, 64, 128, dtype, a_tmem=plgpu.TMEM((128, 128), dtype, packed=True))
+  def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, acc, tma, done, a_tmem):
+    fetch([(a_ref, a_smem), (b_ref, b_smem)], tma)
+    plgpu.async_copy_smem_to_tmem(a_smem, a_tmem)
+    plgpu.tcgen05_mma(acc, a_tmem, b_smem, done, accumulate=False)
+    plgpu.barrier_wait(done)
+    o_ref[...] = plgpu.async_load_tmem(acc)
+
+  np.testing.assert_allclose(kernel(a, b), ref_dot(a, b), **CLOSE)
+  (c,) = plgpu.lower(kernel, a, b, compute_capability=100)
+  assert all(w in c.ptx for w in ("tcgen05.st", "tcgen05.ld", "tcgen05.commit")), c.ptx[-2000:]
+  assert re.search(rf"tcgen05\.mma\.cta_group::1\.kind::{kind} \[ %r\d+ \+ 0 \], \[ %r", c.ptx)
+
+
+def test_gluon_compiles_m64_reduced_loads_and_dynamic_slices_for_sm_100a():
+  """M=64 MMAs; a TMEM load reduced along its rows; accumulator slots picked at run time
+  (``acc.at[:, pl.ds(slot * n, n)]``, as JAX's Blackwell matmul picks them)."""
+  a, b = rand(52, (64, 64), jnp.bfloat16), rand(53, (64, 64), jnp.bfloat16)
+
+  @plgpu.kernel(out_shape=(S((2, 64, 64), F32), S((2, 64), F32)), grid=(2,), grid_names=("i",),
+                scratch_shapes=dict(a_smem=plgpu.SMEM((64, 64), jnp.bfloat16),
+                                    b_smem=plgpu.SMEM((64, 64), jnp.bfloat16),
+                                    acc=plgpu.TMEM((64, 128), F32), tma=tma_barrier(),
+                                    done=mma_barrier()))
+  def kernel(a_ref, b_ref, o_ref, mx_ref, a_smem, b_smem, acc, tma, done):
+    i = lax.axis_index("i")
+    fetch([(a_ref, a_smem), (b_ref, b_smem)], tma)
+    slot = acc.at[:, pl.ds(i * 64, 64)]
+    plgpu.tcgen05_mma(slot, a_smem, b_smem, done, accumulate=False)
+    plgpu.barrier_wait(done)
+    o_ref[i], mx_ref[i] = plgpu.async_load_tmem(slot, reduce="absmax")
+
+  out, mx = kernel(a, b)
+  want = ref_dot(a, b)
+  np.testing.assert_allclose(out, np.stack([want, want]), **CLOSE)
+  np.testing.assert_allclose(mx, np.abs(np.asarray(out)).max(-1), **CLOSE)
+  (c,) = plgpu.lower(kernel, a, b, compute_capability=100)
+  assert ".index(" in c.source and "gl.max(" in c.source, c.source
+  assert all(w in c.ptx for w in ("tcgen05.mma", "tcgen05.ld.sync.aligned.16x32bx2", "tcgen05.commit"))
+
+
+def test_gluon_compiles_jax_blackwell_matmul_for_sm_100a(blackwell_matmul):
+  """JAX's kernel for sm_100a: its TMA warp and MMA warp (``warp_map``) as partitions of one
+  warp each beside the epilogue warpgroup, ``dynamic_scheduling_loop`` as a static schedule."""
+  a, b = rand(54, (256, 256), jnp.float16), rand(55, (256, 256), jnp.float16)
+  cfg = blackwell_matmul.TuningConfig(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=3,
+                                      collective=False)
+  (c,) = plgpu.lower(functools.partial(blackwell_matmul.matmul_kernel, config=cfg), a, b,
+                     compute_capability=100)
+  assert re.search(r"gl\.warp_specialize\(.*\], \[1, 4\], ", c.source), c.source[-800:]
+  assert all(w in c.ptx for w in ("tcgen05.mma", "tcgen05.ld", "tcgen05.commit")), c.ptx[-2000:]
+  out = blackwell_matmul.matmul_kernel(a, b, cfg)   # and the interpreter agrees with jnp
+  np.testing.assert_allclose(np.asarray(out, F32), np.asarray(ref_dot(a, b).astype(jnp.float16), F32),
+                             rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gluon_refuses("in plgpu.warp_map (at")
 def test_core_map_over_a_warp_mesh():
   """``pl.core_map(plgpu.WarpMesh(...))`` inside a kernel: the warps as threads (JAX's
   interpreter tests write warp-specialized kernels so)."""

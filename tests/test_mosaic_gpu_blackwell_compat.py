@@ -19,8 +19,11 @@ from pallax import KernelCheckError
 import helpers
 import mgpu_ops
 
+# Gluon for sm_100a (gluon_check.py) refuses integer products, cluster copies and two-block MMAs.
 pytestmark = [pytest.mark.interpreter,
-              pytest.mark.gluon_refuses("Blackwell's (sm_100a)", "leader-tracked cluster copies")]
+              pytest.mark.gluon_refuses("uint8 operands into an int32 accumulator for sm_100a",
+                                        "collective (two-block) MMAs over a cluster for sm_100a",
+                                        "leader-tracked cluster copies")]
 
 S = jax.ShapeDtypeStruct
 

@@ -19,10 +19,14 @@ import numpy as np
 from pallax._src import jax_internals as ji
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Smem, Val, layout_rule
+from pallax._src.gluon.copies import barrier_name
+from pallax._src.gluon.events import BarrierOp
+from pallax._src.gluon.multiples import known_multiple
 from pallax._src.gluon.memory import barrier_view, smem_view, smem_view_layouts
-from pallax._src.gluon.values import to_layout
+from pallax._src.gluon.values import slice_layout, to_layout
 from pallax._src.gluon.writer import SmemRef, rule
 from pallax._src.gpu import expr as ex
+from pallax._src.gpu.source import Unsupported
 from pallax._src.gpu.expr import call, method
 from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu import tcgen05 as tc
@@ -65,12 +69,17 @@ class TmemRef:
 
 
 def allocate_tmem(gen, kind, aval) -> TmemRef:
-  """A TMEM scratch buffer (2-D, 128 rows: the M of one-block MMAs)."""
+  """A TMEM scratch buffer (2-D, 128 or 64 rows: the M of one-block MMAs)."""
   shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
-  if len(shape) != 2 or shape[0] != 128 or not L.is_pow2(shape[1]):
-    gen.unsupported(f"TMEM of shape {list(shape)} for sm_100a (128 rows, a power-of-two number "
-                    "of columns)")
-  layout = TmemLayout((128, min(shape[1], 256)), 1 if kind.packing > 1 else 32 // (dtype.itemsize * 8))
+  if kind.collective:
+    _refuse_collective(gen, "collective TMEM (plgpu.TMEM(..., collective=True))")
+  if kind.layout is not None:
+    _refuse(gen, f"TMEM with layout {kind.layout} (MMA scales or sparsity metadata) for sm_100a")
+  if len(shape) != 2 or shape[0] not in (64, 128) or not L.is_pow2(shape[1]):
+    _refuse(gen, f"TMEM of shape {list(shape)} for sm_100a (128 or 64 rows, a power-of-two "
+                    "number of columns)")
+  layout = TmemLayout((shape[0], min(shape[1], 256)),
+                      1 if kind.packing > 1 else 32 // (dtype.itemsize * 8))
   gen.blackwell = True
   name = gen.fresh("tmem")
   gen.declared(layout)
@@ -79,7 +88,21 @@ def allocate_tmem(gen, kind, aval) -> TmemRef:
   return TmemRef(name, shape, dtype, layout)
 
 
-def _tmem_view(gen, ref, transforms) -> tuple[str, tuple]:
+def _refuse_collective(gen, what: str):
+  """Two-block (``cta_group::2``) MMAs need both blocks of a cluster pair to share barriers and
+  operands; pallax's Gluon backend runs a cluster's blocks as independent ones (``clusters.py``),
+  and Gluon 3.6 has no cluster ranks or cluster barriers to write them with."""
+  _refuse(gen, f"{what}: collective (two-block) MMAs over a cluster for sm_100a")
+
+
+def _refuse(gen, what: str):
+  """``gen.unsupported``, naming the kernel itself: TMEM is allocated outside the rules (which
+  add the kernel's name and the way out to what they refuse)."""
+  raise Unsupported(f"pallas_call {gen.kernel_name}: {what}: not supported by pallax's Gluon "
+                    "backend; run the kernel in the interpreter (interpret=True)")
+
+
+def tmem_view(gen, ref, transforms) -> tuple[str, tuple]:
   """(the source of a TMEM view, its shape): whole rows, static column slices."""
   if not isinstance(ref, TmemRef):
     gen.unsupported(f"a TMEM operation on {type(ref).__name__}")
@@ -93,18 +116,45 @@ def _tmem_view(gen, ref, transforms) -> tuple[str, tuple]:
     if not (isinstance(rows, ji.Slice) and static(rows.start) and value(rows.start) == 0
             and rows.size == shape[0]):
       gen.unsupported("TMEM views of some of its rows")
-    if not (isinstance(cols, ji.Slice) and static(cols.start) and cols.stride == 1):
-      gen.unsupported("TMEM column slices from a run-time start (acc.at[:, pl.ds(i * n, n)])")
-    text, shape = f"{text}.slice({value(cols.start)}, {cols.size})", (shape[0], cols.size)
+    if not (isinstance(cols, ji.Slice) and cols.stride == 1):
+      gen.unsupported("TMEM views other than column slices")
+    if static(cols.start):
+      text = f"{text}.slice({value(cols.start)}, {cols.size})"
+    else:
+      text = _chunk(gen, ref, text, shape, cols.start, cols.size)
+    shape = (shape[0], cols.size)
   return text, shape
+
+
+def _chunk(gen, ref, text, shape, start, size) -> str:
+  """Columns [start, start + size) from a run-time start, as Gluon writes them (its slices
+  take constant starts): the buffer viewed as equal chunks of ``size`` columns, side by side
+  as a 3-D TMEM buffer's are, and the chunk ``start // size`` of them. Exact where ``start``
+  is a multiple of ``size`` (``pl.ds(slot * n, n)``), which must be proven
+  (``multiples.py``)."""
+  if text != ref.name or shape[1] % size or not L.is_pow2(size) or (
+      known_multiple(start, gen.multiples) % size):
+    gen.unsupported(f"TMEM column slices of size {size} from a run-time start not known to be "
+                    f"a multiple of {size} for sm_100a (slices pl.ds(i * {size}, {size}) of the "
+                    "whole buffer are written)")
+  block = (shape[0], min(ref.layout.block[1], size))
+  layout = gen.declared(dataclasses.replace(ref.layout, block=block))
+  chunks = f"[{shape[1] // size}, {shape[0]}, {size}]"
+  view = gen.fresh(f"{ref.name}_chunk")
+  gen.emit(f"{view} = {ref.name}._reinterpret({ex.dtype_name(ref.dtype, 'gl')}, {chunks}, "
+           f"{gen.layout(layout)}).index({gen.render(start)} // {size})")
+  return view
 
 
 def _transposed(ref) -> bool:
   return any(isinstance(t, ji.TransposeRef) for t in ref[1])
 
 
-def _barrier(gen, bar) -> str:
+def _arrival(gen, bar) -> str:
+  """The barrier the tensor core arrives on once its work completes; recorded as an arrival
+  (the order of ``warp_map`` bodies depends on it: warps.py)."""
   b = barrier_view(gen, *bar)
+  gen.events.append(BarrierOp("arrive", barrier_name(b)))
   return f"{b.name}.index({gen.render(b.index)})"
 
 
@@ -112,45 +162,82 @@ def _barrier(gen, bar) -> str:
 def _tcgen05_mma(ctx, *invals, trees, collective_axis, scaled):
   gen = ctx.gen
   (acc, a, b, bar, _, _), (accumulate,) = mp.split_refs(invals, trees)
+  if collective_axis is not None:
+    _refuse_collective(gen, f"tcgen05_mma(collective_axis={collective_axis!r})")
   if scaled:
     gen.unsupported("block-scaled tcgen05_mma (a_scale, b_scale) for sm_100a")
-  if not isinstance(a[0], SmemRef):
-    gen.unsupported("tcgen05_mma with a in TMEM for sm_100a")
-  acc_text, _ = _tmem_view(gen, *acc)
-  a_view = smem_view(gen, *a, k_last=not _transposed(a))
+  _refuse_operands(gen, acc[0], a, b)
+  acc_text, _ = tmem_view(gen, *acc)
+  a_text = _tmem_operand(gen, a) if isinstance(a[0], TmemRef) else smem_view(
+      gen, *a, k_last=not _transposed(a)).text
   b_view = smem_view(gen, *b, k_last=_transposed(b))
-  barriers = "" if bar is None else f", mbarriers=[{_barrier(gen, bar)}]"
-  gen.emit(f"blackwell.tcgen05_mma({a_view.text}, {b_view.text}, {acc_text}, "
+  barriers = "" if bar is None else f", mbarriers=[{_arrival(gen, bar)}]"
+  gen.emit(f"blackwell.tcgen05_mma({a_text}, {b_view.text}, {acc_text}, "
            f"use_acc={gen.render(accumulate)}{barriers})")
   return []
 
 
+def _refuse_operands(gen, acc, a, b):
+  """What Gluon 3.6's ``tcgen05_mma`` does not take: integer products (it accumulates in
+  float16 or float32 only) and float32 (tf32) operands stored M- or N-major (its lowering
+  transposes 16- and 8-bit operands only)."""
+  dtype = np.dtype(a[0].dtype)
+  if np.issubdtype(acc.dtype, np.integer):
+    gen.unsupported(f"tcgen05_mma of {dtype.name} operands into an {acc.dtype.name} accumulator "
+                    "for sm_100a (Gluon 3.6's tcgen05_mma accumulates in float16 or float32 only)")
+  if dtype == np.float32 and (_transposed(a) or not _transposed(b)):
+    gen.unsupported("tcgen05_mma of float32 (tf32) operands for sm_100a with a or b stored "
+                    "M- or N-major (Gluon 3.6 transposes 16- and 8-bit operands only): keep both "
+                    "K-major (a (M, K), b as the transpose of an (N, K) buffer, b_smem.T)")
+
+
+def _tmem_operand(gen, a) -> str:
+  """``a`` in TMEM (the ``tcgen05.mma [d], [a], b-desc`` form): packed, as the tensor core reads
+  it (16- and 8-bit elements two or four to a 32-bit column)."""
+  ref = a[0]
+  if ref.dtype.itemsize not in (1, 2) or ref.layout.col_stride != 1:
+    gen.unsupported(f"tcgen05_mma with a in TMEM ({ref.dtype.name}, column stride "
+                    f"{ref.layout.col_stride}) for sm_100a, which reads a 16- or 8-bit a from "
+                    "TMEM packed (plgpu.TMEM(..., packed=True))")
+  text, _ = tmem_view(gen, *a)
+  return text
+
+
 @rule(tc.tcgen05_commit_arrive_p)
 def _commit_arrive(ctx, *invals, trees, collective_axis):
+  if collective_axis is not None:
+    _refuse_collective(ctx.gen, f"tcgen05_commit_arrive(collective_axis={collective_axis!r})")
   (bar,), _ = mp.split_refs(invals, trees)
-  ctx.gen.emit(f"blackwell.tcgen05_commit({_barrier(ctx.gen, bar)})")
+  ctx.gen.emit(f"blackwell.tcgen05_commit({_arrival(ctx.gen, bar)})")
   return []
 
 
 @rule(tc.async_load_tmem_p)
 def _async_load_tmem(ctx, *invals, trees, reduce):
   gen = ctx.gen
-  if reduce is not None:
-    gen.unsupported(f"async_load_tmem(reduce={reduce!r}) for sm_100a")
   (src,), _ = mp.split_refs(invals, trees)
-  text, shape = _tmem_view(gen, *src)
+  text, shape = tmem_view(gen, *src)
   dtype = src[0].dtype
-  regs = _registers(gen, src[0], shape)
+  regs = tmem_registers(gen, src[0], shape)
   loaded = gen.value(method(ex.Name(text, dtype=dtype, shape=shape), "load",
                             ex.Token(gen.layout(regs))), regs, "tmem_value")
   layout = gen.declared(gen.assigned(ctx.eqn.outvars[0]))
-  return gen.value(call("gl.convert_layout", loaded, ex.Token(gen.layout(layout)), dtype=dtype,
-                        shape=shape), layout)
+  value = gen.value(call("gl.convert_layout", loaded, ex.Token(gen.layout(layout)), dtype=dtype,
+                         shape=shape), layout)
+  if reduce is None:
+    return value
+  # reduce=: the loaded rows reduced too (tcgen05.ld's .red form), in registers here
+  x = gen.value(call("gl.abs", value, dtype=dtype, shape=shape), layout) if "abs" in reduce else value
+  fn = "gl.max" if reduce.endswith("max") else "gl.min"
+  rows = gen.value(call(fn, x, ex.Lit(1, dtype=np.dtype(np.int32)), dtype=dtype, shape=shape[:1]),
+                   slice_layout(gen, layout, 1), reduce)
+  return [value, rows]
 
 
-def _registers(gen, ref, shape) -> TmemRegisters:
+def tmem_registers(gen, ref, shape) -> TmemRegisters:
   """The register layout of TMEM accesses of a (rows, columns) view of ``ref``."""
-  tmem_layout = dataclasses.replace(ref.layout, block=(128, min(ref.layout.block[1], shape[1])))
+  tmem_layout = dataclasses.replace(ref.layout, block=(ref.layout.block[0],
+                                                     min(ref.layout.block[1], shape[1])))
   gen.declared(tmem_layout)
   return gen.declared(TmemRegisters(ex.dtype_name(ref.dtype, "gl"), shape, tmem_layout))
 
@@ -159,10 +246,10 @@ def _registers(gen, ref, shape) -> TmemRegisters:
 def _async_store_tmem(ctx, *invals, trees):
   gen = ctx.gen
   (dst,), (value,) = mp.split_refs(invals, trees)
-  text, shape = _tmem_view(gen, *dst)
+  text, shape = tmem_view(gen, *dst)
   dtype = dst[0].dtype
   value = to_layout(gen, value, gen.declared(L.blocked(shape, dtype)), shape, dtype)
-  regs = _registers(gen, dst[0], shape)
+  regs = tmem_registers(gen, dst[0], shape)
   stored = gen.value(call("gl.convert_layout", value, ex.Token(gen.layout(regs)), dtype=dtype,
                           shape=shape), regs, "tmem_value")
   gen.emit(f"{text}.store({gen.render(stored)})")   # Gluon waits for the store (tcgen05.wait::st)
@@ -189,9 +276,12 @@ def _tcgen05_mma_layouts(ctx, *invals, trees, **_):
 def _async_load_tmem_layouts(ctx, *invals, trees, reduce):
   """A TMEM load comes in TMEM's register layout and is converted to a blocked one at once,
   so that the rest of the kernel sees the layouts it always does."""
-  out = ctx.out
-  shape = tuple(out.shape)
-  return Val(shape, np.dtype(out.dtype), L.blocked(shape, out.dtype))
+  out = ctx.eqn.outvars[0].aval
+  shape, dtype = tuple(out.shape), np.dtype(out.dtype)
+  layout = L.blocked(shape, dtype)
+  if reduce is None:
+    return Val(shape, dtype, layout)
+  return [Val(shape, dtype, layout), Val(shape[:1], dtype, L.Slice(1, layout))]
 
 
 @layout_rule(tc.async_store_tmem_p)

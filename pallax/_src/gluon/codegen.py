@@ -15,6 +15,7 @@ fastest, as Mosaic promises).
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from pallax._src import core as pc
@@ -24,7 +25,7 @@ from pallax._src.plan import ProgramAxis, plan_for
 from pallax._src.gluon import control, elementwise, mma, shapes  # noqa: F401 (their rules register)
 from pallax._src.gluon import copies, memory, mma_sync, warps  # noqa: F401 (their rules register)
 from pallax._src.gluon import atomics, reshapes  # noqa: F401 (their rules register)
-from pallax._src.gluon import blackwell, clusters
+from pallax._src.gluon import blackwell, clusters, scheduling, tmem_copies
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon import order
 from pallax._src.gluon import threads as warp_specialize
@@ -70,13 +71,16 @@ def _refuse_blackwell(params, target: int):
   those ``gluon/blackwell.py`` writes."""
   names = {p.name: f"plgpu.{p.name}" for p in tcgen05.BLACKWELL_PRIMITIVES}
   names.update(claim_work="plgpu.dynamic_scheduling_loop")
-  allowed = blackwell.WRITTEN if target >= 100 else ()
+  allowed = (blackwell.WRITTEN + tmem_copies.WRITTEN + scheduling.WRITTEN) if target >= 100 else ()
   for eqn in jaxpr_util.equations(params.jaxpr):
     tmem = any(getattr(t, "memory_space", None) is tcgen05.TMEM
                for t in eqn.params.get("scratch_types") or ())
-    if (eqn.primitive.name in names and eqn.primitive not in allowed) or (tmem and target < 100):
+    scaled = eqn.params.get("scaled", False) and eqn.primitive is tcgen05.tcgen05_mma_p
+    if (eqn.primitive.name in names and (eqn.primitive not in allowed or scaled)) or (
+        tmem and target < 100):
       line = ji.user_frame(eqn.source_info)
       what = "plgpu.TMEM scratch" if tmem and target < 100 else names[eqn.primitive.name]
+      what = f"block-scaled {what} (a_scale=, b_scale=)" if scaled else what
       raise src.Unsupported(
           f"pallas_call {params.name}: {what}{f' (at {line})' if line else ''} is Blackwell's "
           f"(sm_100a), and pallax's Gluon backend {_REFUSAL[target >= 100]}: run the kernel in "
@@ -93,10 +97,12 @@ def _refuse_packed_operands(params):
   for bm in params.grid_mapping.block_mappings:
     dtype = np.dtype(bm.array_aval.dtype)
     if dtype.name not in ex.SIGNATURE:
+      info = jnp.iinfo if jnp.issubdtype(dtype, jnp.integer) else jnp.finfo
+      packed = ", packed two or four values per byte in memory," if info(dtype).bits < 8 else ""
       raise NotImplementedError(
-          f"pallas_call {params.name}: {bm.origin} is {dtype.name}, packed two or four values per "
-          "byte in memory, which pallax's Gluon backend does not read or write; pass it as int8 "
-          "(x.astype(jnp.int8)) and convert inside the kernel, or run it in the interpreter")
+          f"pallas_call {params.name}: {bm.origin} is {dtype.name}{packed} which pallax's Gluon "
+          "backend does not read or write; pass it as int8 (x.astype(jnp.int8)) and convert "
+          "inside the kernel, or run it in the interpreter")
 
 
 def generate(params, target: int = 90) -> GluonSource:

@@ -81,7 +81,7 @@ def _box_view(gen, smem: SmemRef, box) -> tuple[str, L.Layout]:
 
 # --- copies and barriers ---------------------------------------------------------------------
 
-def _barrier_name(b) -> str:
+def barrier_name(b) -> str:
   """``barrier[k]`` (the k-th barrier allocation), or ``barrier[k][i]`` for a literal index i
   into an array of barriers."""
   if b.count == 1:
@@ -173,10 +173,10 @@ def _copy_gmem_to_smem(ctx, *invals, **params):
   if not isinstance(src[0], GmemRef) or not isinstance(dst[0], SmemRef):
     raise ValueError("copy_gmem_to_smem copies from GMEM to SMEM")
   barrier = barrier_view(gen, *bar)
-  pieces, nbytes = _tma(gen, dst, src, "in", _barrier_name(barrier))
+  pieces, nbytes = _tma(gen, dst, src, "in", barrier_name(barrier))
   b = f"{barrier.name}.index({gen.render(barrier.index)})"
   opened = _predicated(gen, ctx.eqn, rest)
-  gen.events.append(BarrierOp("expect", _barrier_name(barrier), nbytes))
+  gen.events.append(BarrierOp("expect", barrier_name(barrier), nbytes))
   gen.emit(f"mbarrier.expect({b}, {nbytes})")   # one arrival, whatever the number of boxes
   for target, desc, coords, event in pieces:
     gen.events.append(event)
@@ -296,7 +296,7 @@ def _barrier_wait(ctx, *invals, **_):
   (bar,), _ = _refs(ctx, invals)
   b = barrier_view(gen, *bar)
   i = gen.render(b.index)
-  gen.events.append(BarrierOp("wait", _barrier_name(b)))
+  gen.events.append(BarrierOp("wait", barrier_name(b)))
   gen.phases_read.add(b.phase)
   gen.emit(f"mbarrier.wait({b.name}.index({i}), ({b.phase} >> {i}) & 1)")
   gen.emit(f"{b.phase} = {b.phase} ^ (1 << {i})")
@@ -309,7 +309,7 @@ def _barrier_arrive(ctx, *invals, **_):
   (bar,), rest = _refs(ctx, invals)
   b = barrier_view(gen, *bar)
   opened = _predicated(gen, ctx.eqn, rest)
-  gen.events.append(BarrierOp("arrive", _barrier_name(b)))
+  gen.events.append(BarrierOp("arrive", barrier_name(b)))
   gen.emit(f"mbarrier.arrive({b.name}.index({gen.render(b.index)}))")
   _end(gen, opened)
   return []

@@ -189,7 +189,19 @@ def barrier_view(gen, ref: BarrierRef, transforms) -> BarrierRef:
   if not transforms:
     return dataclasses.replace(ref, index=i32(0))
   (t,) = transforms
-  (idx,) = t.indices
+  if any(isinstance(i, ji.Slice) for i in t.indices):
+    gen.unsupported("a barrier operation on several barriers at once")
+  # Barriers of several dimensions (Barrier(num_barriers=(2, 3))) are allocated flat.
+  idx, stride = None, 1
+  for i, n in reversed(list(zip(t.indices, t.shape))):
+    term = ex.mul(i32(i) if isinstance(i, (int, np.integer)) else i, stride)
+    if idx is None:
+      idx = term
+    elif isinstance(term, Lit) and isinstance(idx, Lit):
+      idx = i32(term.value + idx.value)
+    else:
+      idx = ex.binary("+", term, idx)
+    stride *= n
   return dataclasses.replace(ref, index=idx)
 
 

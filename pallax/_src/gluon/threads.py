@@ -14,11 +14,14 @@ split, and handed to every partition; each partition tracks its own barrier phas
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
 from pallax._src.mosaic_gpu import primitives as mp
+from pallax._src.mosaic_gpu import warps as mw
 from pallax._src.gluon.events import Partition
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
@@ -45,27 +48,72 @@ def hoist(jaxpr, thread_name, allocate, hoisted: dict) -> None:
 
 
 def partitions(gen, jaxpr, args, info) -> list[Partition]:
-  """Each thread's partition: its statements, register budget, warps and operations."""
+  """Each thread's partition: its statements, register budget, warps and operations. A thread
+  whose per-warp code (``plgpu.warp_map``) is all it does besides scalar code becomes one
+  partition of one warp per warp that has a body (``_per_warp``)."""
   out = []
   for t in range(info.num_threads):
-    gen.lines, gen.registers, gen.events = [], None, []
-    gen.used_layouts, gen.pending_layouts = set(), set()
-    gen.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
-    gen.pending_accs = []
-    gen.register_tensors = False
-    gen.phases_read = set()
-    gen.lower_jaxpr(jaxpr, args)
-    # Each thread tracks the phases of the collective barriers it waits on (only those).
-    body, gen.lines = gen.lines, []
-    for ref in gen.hoisted_barriers():
-      if ref.phase in gen.phases_read:
-        gen.emit(f"{ref.phase} = 0")
-    gen.lines += body
-    gen.claim()
-    out.append(Partition(gen.lines, gen.registers,
-                         WORKER_WARPS if gen.register_tensors else SCALAR_WORKER_WARPS, gen.events,
-                         gen.used_layouts))
+    start = gen.assignment.top.taken
+    part = _lower_thread(gen, jaxpr, args, info, t, warp=0)
+    if not gen.warp_mapped:
+      out.append(part)
+      continue
+    if gen.register_tensors:   # the warps' bodies one after another, in the thread's warps
+      _rewind(gen.assignment.top, start)
+      out.append(_lower_thread(gen, jaxpr, args, info, t, warp=None))
+      continue
+    out += _per_warp(gen, jaxpr, args, info, t, start, part)
   return out
+
+
+def _per_warp(gen, jaxpr, args, info, t, start, first) -> list[Partition]:
+  """Thread ``t`` as a partition per warp with a ``warp_map`` body (each of one warp, running
+  the thread's scalar code and its own body): the warps run concurrently, as on the GPU, and
+  each tracks its own barrier phases, as each warp does. Gluon cannot nest warp
+  specialization, so the warps become partitions of the kernel's split."""
+  parts = [first] if gen.warp_body else []
+  for w in range(1, mw.NUM_WARPS):
+    _rewind(gen.assignment.top, start)
+    part = _lower_thread(gen, jaxpr, args, info, t, warp=w)
+    if gen.warp_body:
+      parts.append(part)
+  return [dataclasses.replace(p, warps=SCALAR_WORKER_WARPS) for p in parts] or [first]
+
+
+def _rewind(top, start: int) -> None:
+  """The layout assignment's scopes after ``top.subs[start]``, as if not lowered yet (a thread
+  lowered again, for another warp)."""
+  def reset(scope):
+    scope.taken = 0
+    for sub in scope.subs:
+      reset(sub)
+  for sub in top.subs[start:top.taken]:
+    reset(sub)
+  top.taken = start
+
+
+def _lower_thread(gen, jaxpr, args, info, t, warp) -> Partition:
+  """Thread ``t``'s partition; ``warp``: the warp whose ``warp_map`` body it runs (None: every
+  warp's, one after another)."""
+  gen.lines, gen.registers, gen.events = [], None, []
+  gen.used_layouts, gen.pending_layouts = set(), set()
+  gen.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
+  gen.pending_accs = []
+  gen.register_tensors = False
+  gen.phases_read = set()
+  gen.only_warp, gen.warp_mapped, gen.warp_body = warp, False, False
+  gen.lower_jaxpr(jaxpr, args)
+  gen.only_warp = None
+  # Each thread tracks the phases of the collective barriers it waits on (only those).
+  body, gen.lines = gen.lines, []
+  for ref in gen.hoisted_barriers():
+    if ref.phase in gen.phases_read:
+      gen.emit(f"{ref.phase} = 0")
+  gen.lines += body
+  gen.claim()
+  return Partition(gen.lines, gen.registers,
+                   WORKER_WARPS if gen.register_tensors else SCALAR_WORKER_WARPS, gen.events,
+                   gen.used_layouts)
 
 
 def split(name: str, params: list[str], parts: list[Partition]) -> list[str]:

@@ -18,6 +18,7 @@ not both. What falls outside is refused by name; the interpreter runs it.
 from __future__ import annotations
 
 import dataclasses
+import re
 import weakref
 
 import numpy as np
@@ -32,6 +33,10 @@ from pallax._src.mosaic_gpu import warps as mw
 _WAITER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+# A comment or a scalar assignment: what a warp whose branches all folded away still writes.
+_ASSIGNMENT = re.compile(r"\s*(#|\w+ = )")
+
+
 def _warp_id(w: int) -> ex.Lit:
   return ex.Lit(w, dtype=np.dtype(np.int32))
 
@@ -41,6 +46,14 @@ def _warp_map(ctx, *consts, jaxpr, num_consts, axis_name):
   gen = ctx.gen
   mw.refuse_arrays(jaxpr, num_consts)
   bodies = [_lower_warp(gen, jaxpr, consts, w) for w in range(mw.NUM_WARPS)]
+  if gen.only_warp is not None:   # a partition of one warp (threads.py): its body alone
+    gen.warp_mapped = True
+    body = bodies[gen.only_warp]
+    gen.warp_body = gen.warp_body or bool(body.events) or any(
+        not _ASSIGNMENT.match(line) for line in body.lines)
+    gen.lines += body.lines
+    gen.events += body.events
+    return []
   # Warps that never wait run first (they cannot block), then those that wait, in order.
   order = sorted(bodies, key=lambda b: (bool(b.waits), b.warp))
   for i, b in enumerate(order):

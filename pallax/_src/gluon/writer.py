@@ -12,6 +12,7 @@ import dataclasses
 import numpy as np
 
 from pallax._src.gluon import layouts as L
+from pallax._src.gluon import multiples
 from pallax._src.gluon import statements
 from pallax._src.gluon.assign import Buffer
 from pallax._src.gluon.events import SmemView
@@ -152,6 +153,10 @@ class Writer(src.Source):
                                              # (zeroed from registers) was asked for
     self.phases_read: set = set()            # barrier phase variables the running thread
                                              # waits with
+    self.multiples: dict = {}                # scalar name -> what it is a multiple of
+    self.only_warp = None                    # the warp of a per-warp partition (threads.py)
+    self.warp_mapped = False                 # whether the thread being written has warp_map
+    self.warp_body = False                   # ... and its warp only_warp has a body there
 
   def emit(self, line: str):
     super().emit(line)
@@ -232,6 +237,11 @@ class Writer(src.Source):
         layout.text(lambda named: todo.append(named) or self._named(named))
     return [f"{n}: gl.constexpr = {layout.text(self._named)}"
             for layout, n in self.constexprs.items() if layout in needed]
+
+  def bind(self, e: ex.Expr, hint: str = "v", dtype=None, shape=None) -> ex.Expr:
+    name = super().bind(e, hint, dtype, shape)
+    multiples.record(self.multiples, name, e)   # (for TMEM slices from a run-time start)
+    return name
 
   def value(self, e: ex.Expr, layout: L.Layout | None, hint="v") -> ex.Name:
     name = self.bind(e, hint)

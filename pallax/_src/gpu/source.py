@@ -16,6 +16,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from pallax._src import jax_internals as ji
@@ -273,11 +274,22 @@ class Source:
     """A scalar equation of literals, computed here by lax: written out as Python numbers, the
     GPU compiler would fold it by Python's rules (-7 // 2 = -4, 2**31 - 1 + 1 does not wrap)."""
     if eqn.primitive not in self.table.rules or eqn.primitive.multiple_results or \
-        len(eqn.outvars) != 1 or eqn.effects or eqn.outvars[0].aval.shape != () or not invals or \
-        not all(isinstance(v, ex.Lit) for v in invals):
+        len(eqn.outvars) != 1 or eqn.effects or eqn.outvars[0].aval.shape != () or not invals:
       return None
+    if not all(isinstance(v, ex.Lit) for v in invals):
+      return _absorbed(eqn, invals)
     args = [np.asarray(v.value, v.dtype) for v in invals]
     with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
       value = eqn.primitive.bind(*args, **eqn.params)
     return self.literal(np.asarray(value), eqn.outvars[0].aval.dtype)
 
+
+def _absorbed(eqn, invals) -> ex.Lit | None:
+  """``False & x`` and ``True | x`` of scalar booleans: their literal, whatever ``x`` is (so
+  that ``pl.when(jnp.logical_and(warp == 1, ...))`` folds away in the bodies of other warps)."""
+  absorbing = {lax.and_p: False, lax.or_p: True}.get(eqn.primitive)
+  if absorbing is None or eqn.outvars[0].aval.dtype != np.bool_:
+    return None
+  if any(isinstance(v, ex.Lit) and bool(v.value) == absorbing for v in invals):
+    return ex.Lit(absorbing, dtype=np.dtype(np.bool_))
+  return None
