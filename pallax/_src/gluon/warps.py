@@ -18,11 +18,11 @@ not both. What falls outside is refused by name; the interpreter runs it.
 from __future__ import annotations
 
 import dataclasses
-import re
 import weakref
 
 import numpy as np
 
+from pallax._src.gluon import statements
 from pallax._src.gluon.assign import layout_rule
 from pallax._src.gluon.events import BarrierOp, Copy
 from pallax._src.gluon.writer import rule
@@ -33,8 +33,11 @@ from pallax._src.mosaic_gpu import warps as mw
 _WAITER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-# A comment or a scalar assignment: what a warp whose branches all folded away still writes.
-_ASSIGNMENT = re.compile(r"\s*(#|\w+ = )")
+
+def _is_body(line) -> bool:
+  """Whether a statement does something: what a warp whose branches all folded away still
+  writes is comments and pure scalar bindings (``statements.Binding``)."""
+  return not (isinstance(line, statements.Binding) or line.lstrip().startswith("#"))
 
 
 def _warp_id(w: int) -> ex.Lit:
@@ -49,8 +52,7 @@ def _warp_map(ctx, *consts, jaxpr, num_consts, axis_name):
   if gen.only_warp is not None:   # a partition of one warp (threads.py): its body alone
     gen.warp_mapped = True
     body = bodies[gen.only_warp]
-    gen.warp_body = gen.warp_body or bool(body.events) or any(
-        not _ASSIGNMENT.match(line) for line in body.lines)
+    gen.warp_body = gen.warp_body or bool(body.events) or any(map(_is_body, body.lines))
     gen.lines += body.lines
     gen.events += body.events
     return []
