@@ -336,7 +336,8 @@ def _reshaped_read(tiling):
                  transforms=(plgpu.TilingTransform(tiling), plgpu.SwizzleTransform(32)))])
 
 
-@pytest.mark.gluon_refuses("ReshapeTransform")   # (reshaped SMEM views: the interpreter only)
+@pytest.mark.interpreter   # reshaped SMEM views run in the interpreter only (on a GPU machine too)
+@pytest.mark.gluon_refuses("ReshapeTransform")
 def test_collapsing_tiled_smem_dimensions_is_refused_as_jax_does():
   """(128, 4, 32) tiled (2, 16) seen as (128, 128): the collapsed dimension of 4 is tiled by 2,
   which no view of the tiles gives (JAX's compiler refuses it). Tiled (1, 16) it is fine."""
