@@ -29,9 +29,17 @@ def target_compute_capability(params) -> int:
   """The GPU's own compute capability, or a lower one asked for (to test or to ship code for
   older GPUs): ``pallax.triton.CompilerParams(compute_capability=75)`` or the environment
   variable ``PALLAX_TRITON_COMPUTE_CAPABILITY``. PTX runs on newer GPUs than its target."""
-  device = device_compute_capability()
   asked = getattr(params.compiler_params, "compute_capability", None) or \
       os.environ.get("PALLAX_TRITON_COMPUTE_CAPABILITY")
+  try:
+    device = device_compute_capability()
+  except RuntimeError:   # no GPU here: lowering ahead of time (jax.export, lowering_platforms)
+    if not asked:
+      raise RuntimeError(
+          f"pallas_call {params.name}: lowering for CUDA on a machine without a GPU needs the "
+          "target GPU's compute capability: pass pallax.triton.CompilerParams("
+          "compute_capability=90) (for an H100) or set PALLAX_TRITON_COMPUTE_CAPABILITY") from None
+    return int(asked)
   if not asked:
     return device
   asked = int(asked)
