@@ -3,7 +3,8 @@
 The checked interpreter reports failed checks through host callbacks, which an exported module
 cannot hold (JAX serializes none) and a lowering for a platform without a local device cannot
 emit: pallax says so and how to lower without them. Shape polymorphism: pallax's grids and
-blocks are static; a symbolic grid or block shape is refused with words JAX users know.
+blocks are static; a symbolic grid or block shape is refused with words JAX users know. (The Triton
+backend lowered for CUDA on a machine without a GPU: tests/test_ahead_of_time.py.)
 """
 import jax
 import jax.numpy as jnp

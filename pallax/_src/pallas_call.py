@@ -30,7 +30,21 @@ def _check_operand(x, i: int, name: str):
                     f"{type(x).__name__} of Python values; convert it with jnp.asarray")
 
 
+def _refuse_hi_type(aval, where: str, name: str):
+  """JAX's "hi" types (user types registered with JAX, e.g. a pytree-like array pair): JAX
+  Pallas lowers them to their component arrays; pallax does not yet."""
+  if getattr(aval, "is_high", False):
+    raise NotImplementedError(
+        f"pallas_call {name}: {where} is of type {aval}, a JAX 'hi' type; pallax's pallas_call "
+        "takes arrays only: pass the value's component arrays as separate operands (and "
+        "outputs) and rebuild it outside the kernel")
+
+
 def _operand_aval(x, where: str, name: str):
+  try:
+    _refuse_hi_type(jax.typeof(x), where, name)
+  except TypeError:
+    pass
   if isinstance(x, (jax.Array, np.ndarray, np.generic, jax.core.Tracer, int, float, bool, complex)):
     return jax.typeof(jnp.asarray(x) if isinstance(x, (int, float, bool, complex)) else x)
   if isinstance(x, jax.ShapeDtypeStruct):
@@ -41,6 +55,7 @@ def _operand_aval(x, where: str, name: str):
 
 
 def out_aval(s, i, name):
+  _refuse_hi_type(s, f"out_shape[{i}]", name)
   if isinstance(s, (jax.ShapeDtypeStruct, jax.Array, np.ndarray)) or (
       hasattr(s, "shape") and hasattr(s, "dtype") and not callable(getattr(s, "shape"))):
     return ji.ShapedArray(tuple(s.shape), jnp.dtype(s.dtype))
