@@ -70,3 +70,27 @@ def test_every_function_defines_only_what_it_uses(name):
   assert kernels
   for k in kernels:
     assert unused_definitions(k.source) == [], k.name
+
+
+def test_bindings_nothing_reads_are_left_out_with_their_layouts():
+  """``statements.live`` over hand-made statements: a chain of bindings read by nothing goes
+  (the layout only it takes is not declared), a block left empty gets ``pass``, an impure
+  statement and what it reads stay."""
+  from pallax._src.gluon import layouts as L
+  from pallax._src.gluon import statements as st
+  from pallax._src.gpu import expr as ex
+  i32 = jnp.dtype(jnp.int32)
+  blocked = L.blocked((64,), i32)
+  name = lambda n: ex.Name(n, dtype=i32)
+  full = ex.call("gl.full", ex.Token("[64]"), ex.Lit(0, dtype=i32),
+                 layout=ex.Token(st.LayoutName("L0", blocked)), dtype=i32, shape=(64,))
+  a = st.Binding("    a = gl.full(...)", "a", full, 1)
+  b = st.Binding("    b = a + 1", "b", ex.binary("+", name("a"), ex.Lit(1, dtype=i32)), 1)
+  c = st.Binding("        c = i // 2", "c", ex.binary("//", name("i"), ex.Lit(2, dtype=i32)), 2)
+  d = st.Binding("    d = i * 2", "d", ex.binary("*", name("i"), ex.Lit(2, dtype=i32)), 1)
+  lines = ["    for i in range(4):", c, a, b, d, "    gl.store(p, d)"]
+  ((kept, layouts),) = st.live([(lines, set())], reads={"d", "p"})
+  assert kept == ["    for i in range(4):", "        pass", d, "    gl.store(p, d)"]
+  assert layouts == set()
+  ((kept, layouts),) = st.live([(lines, set())], reads={"b", "d"})
+  assert [k for k in kept if isinstance(k, st.Binding)] == [a, b, d] and layouts == {blocked}

@@ -99,7 +99,8 @@ class GluonSource:
   # its place (its box and swizzle come from the compiled kernel's metadata).
   host_descriptors: tuple = ()
   # What the kernel does, as data (``events.py``): per thread its operations; the SMEM buffers
-  # (assign.Buffer), the layouts declared, the conversions made, the program ids (expressions).
+  # (assign.Buffer), the layouts named (each function declares those
+  # its statements take), the conversions made, the program ids (expressions).
   partitions: tuple = ()
   buffers: tuple = ()
   layouts: tuple = ()
