@@ -1,6 +1,7 @@
 """Do the Triton benchmark kernels (``benchmarks/triton_vs_pallas.py``) compile to the same source
 and PTX with an earlier pallax? Needs no GPU. Identical PTX needs no timing; a difference is what
-``pallax_vs_previous.py`` must time on the GPU.
+``pallax_vs_previous.py`` must time on the GPU. The PTX hash leaves out debug information and
+``.loc`` lines: a generated source that only moved lines compiles to the same instructions.
 
 ``python benchmarks/probes/triton_sources_old_vs_new.py DIR`` prints, per kernel, hashes of its
 source and PTX for ``DIR/pallax``; run it for the old and the new tree and compare."""
@@ -25,4 +26,7 @@ cases = {
 for name, (f, args) in cases.items():
   for k in T.lower(f, *args):
     src = getattr(k, "source", "")
-    print(name, hashlib.sha256(src.encode()).hexdigest()[:16], hashlib.sha256(k.ptx.encode()).hexdigest()[:16] if hasattr(k, "ptx") else "")
+    code = [l for l in k.ptx.split(".section")[0].splitlines()
+            if not l.strip().startswith((".loc", "//", "$L__")) and ".file" not in l]
+    print(name, hashlib.sha256(src.encode()).hexdigest()[:16],
+          hashlib.sha256("\n".join(code).encode()).hexdigest()[:16])
