@@ -15,6 +15,7 @@ split, and handed to every partition; each partition tracks its own barrier phas
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 
@@ -58,12 +59,23 @@ def partitions(gen, jaxpr, args, info) -> list[Partition]:
     if not gen.warp_mapped:
       out.append(part)
       continue
-    if gen.register_tensors:   # the warps' bodies one after another, in the thread's warps
+    if gen.register_tensors or _effects_outside_warps(gen, part):
+      # the warps' bodies one after another, in the thread's warps
       _rewind(gen.assignment.top, start)
       out.append(_lower_thread(gen, jaxpr, args, info, t, warp=None))
       continue
     out += _per_warp(gen, jaxpr, args, info, t, start, part)
   return out
+
+
+# What a warp partition may run outside the warp's own body: the thread's scalar code (every
+# warp computes it alike), not operations (each partition would make them once more).
+_SCALAR = re.compile(r"\s*(#|\w+(, \w+)* = |(while|if|elif|for) .*:$|else:$|pass$)")
+
+
+def _effects_outside_warps(gen, part) -> bool:
+  return any(id(e) not in gen.warp_written for e in part.events) or any(
+      id(line) not in gen.warp_written and not _SCALAR.match(line) for line in part.lines)
 
 
 def _per_warp(gen, jaxpr, args, info, t, start, first) -> list[Partition]:
@@ -101,6 +113,7 @@ def _lower_thread(gen, jaxpr, args, info, t, warp) -> Partition:
   gen.register_tensors = False
   gen.phases_read = set()
   gen.only_warp, gen.warp_mapped, gen.warp_body = warp, False, False
+  gen.warp_written = set()
   gen.lower_jaxpr(jaxpr, args)
   gen.only_warp = None
   # Each thread tracks the phases of the collective barriers it waits on (only those).

@@ -53,6 +53,7 @@ def _warp_map(ctx, *consts, jaxpr, num_consts, axis_name):
         not _ASSIGNMENT.match(line) for line in body.lines)
     gen.lines += body.lines
     gen.events += body.events
+    gen.warp_written.update(map(id, body.lines + body.events))
     return []
   # Warps that never wait run first (they cannot block), then those that wait, in order.
   order = sorted(bodies, key=lambda b: (bool(b.waits), b.warp))
