@@ -863,6 +863,33 @@ def test_gluon_splits_a_thread_into_warps_only_if_it_does_nothing_else(outside):
   assert all(w in c.ptx for w in ("tcgen05.mma", "tcgen05.ld", "tcgen05.commit"))
 
 
+@pytest.mark.gluon_refuses("warp 0 waits on barrier[0] and warp 1")   # (for sm_90a, in CI)
+def test_gluon_splits_a_kernel_of_warps_waiting_on_each_other_for_sm_100a():
+  """A kernel of one thread that is all per-warp code: warps 0 and 1 each arrive on a barrier
+  of two arrivals and wait for it, so neither may run before the other (written one after the
+  other they would deadlock): for sm_100a a partition of one warp each."""
+  @plgpu.kernel(out_shape=S((4,), jnp.int32), scratch_shapes=[plgpu.Barrier(num_arrivals=2)])
+  def kernel(o_ref, bar):
+    @plgpu.warp_map
+    def _(warp):
+      @pl.when(warp < 2)
+      def _():
+        plgpu.barrier_arrive(bar)
+        plgpu.barrier_wait(bar)
+        o_ref[warp] = warp + 10
+
+      @pl.when(warp >= 2)
+      def _():
+        o_ref[warp] = -warp
+
+  np.testing.assert_array_equal(kernel(), [10, 11, -2, -3])
+  with pytest.raises(NotImplementedError, match=r"warp 0 waits on barrier\[0\] and warp 1"):
+    plgpu.lower(kernel)   # sm_90a writes the warps one after another
+  (c,) = plgpu.lower(kernel, compute_capability=100)
+  assert re.search(r"gl\.warp_specialize\(.*\], \[1, 1, 1\], \[", c.source), c.source[-600:]
+  assert c.ptx.count("mbarrier.try_wait") >= 2
+
+
 def test_gluon_knows_what_run_time_starts_are_multiples_of():
   """The proof a TMEM slot from a run-time start needs (gluon/multiples.py)."""
   from pallax._src.gluon.multiples import ANY, known_multiple

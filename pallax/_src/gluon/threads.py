@@ -32,20 +32,20 @@ SCALAR_WORKER_WARPS = 1
 DEFAULT_WORKER_REGISTERS = 232
 
 
-def hoist(jaxpr, thread_name, allocate, hoisted: dict) -> None:
+def hoist(jaxpr, thread_name, allocate, hoisted: dict, every: bool = False) -> None:
   """Allocates the collective scratch of straight-line code (not inside loops or branches) now,
   with ``allocate(kind, aval)``, recording it by equation in ``hoisted``; a thread's own scopes
-  may hold some (a pipeline inside the scope of an accumulator)."""
+  may hold some (a pipeline inside the scope of an accumulator). ``every``: all its scratch."""
   for eqn in jaxpr.eqns:
     p = eqn.params
     if eqn.primitive is prims.run_scoped_p:
       body = p["jaxpr"]
-      if thread_name in p.get("collective_axes", ()):
+      if every or thread_name in p.get("collective_axes", ()):
         hoisted[eqn] = [allocate(t, v.aval.inner_aval)
                         for t, v in zip(p["scratch_types"], body.invars[p["num_consts"]:])]
-      hoist(body, thread_name, allocate, hoisted)
+      hoist(body, thread_name, allocate, hoisted, every)
     elif eqn.primitive in ji.CALL_PRIMITIVES:
-      hoist(p.get("jaxpr", p.get("call_jaxpr")), thread_name, allocate, hoisted)
+      hoist(p.get("jaxpr", p.get("call_jaxpr")), thread_name, allocate, hoisted, every)
 
 
 def partitions(gen, jaxpr, args, info) -> list[Partition]:
@@ -78,6 +78,19 @@ def _effects_outside_warps(gen, part) -> bool:
       id(line) not in gen.warp_written and not _SCALAR.match(line) for line in part.lines)
 
 
+def warp_partitions(gen, jaxpr, args) -> list[Partition]:
+  """A kernel of one thread as ``partitions`` makes a thread: a partition per warp with a
+  ``warp_map`` body where it does nothing else, else one partition."""
+  start = gen.assignment.top.taken
+  part = _lower_thread(gen, jaxpr, args, None, 0, warp=0)
+  if not gen.warp_mapped:
+    return [part]
+  if gen.register_tensors or _effects_outside_warps(gen, part):
+    _rewind(gen.assignment.top, start)
+    return [_lower_thread(gen, jaxpr, args, None, 0, warp=None)]
+  return _per_warp(gen, jaxpr, args, None, 0, start, part)
+
+
 def _per_warp(gen, jaxpr, args, info, t, start, first) -> list[Partition]:
   """Thread ``t`` as a partition per warp with a ``warp_map`` body (each of one warp, running
   the thread's scalar code and its own body): the warps run concurrently, as on the GPU, and
@@ -108,7 +121,8 @@ def _lower_thread(gen, jaxpr, args, info, t, warp) -> Partition:
   """Thread ``t``'s partition; ``warp``: the warp whose ``warp_map`` body it runs (None: every
   warp's, one after another)."""
   gen.lines, gen.registers, gen.events = [], None, []
-  gen.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
+  if info is not None:
+    gen.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
   gen.pending_accs = []
   gen.register_tensors = False
   gen.phases_read = set()
