@@ -49,13 +49,14 @@ def hoist(jaxpr, thread_name, allocate, hoisted: dict, every: bool = False) -> N
 
 
 def partitions(gen, jaxpr, args, info) -> list[Partition]:
-  """Each thread's partition: its statements, register budget, warps and operations. A thread
-  whose per-warp code (``plgpu.warp_map``) is all it does besides scalar code becomes one
-  partition of one warp per warp that has a body (``_per_warp``)."""
+  """Each thread's partition: its statements, register budget, warps and operations. For
+  sm_100a, a thread whose per-warp code (``plgpu.warp_map``) is all it does besides scalar code
+  becomes one partition of one warp per warp that has a body (``_per_warp``)."""
   out = []
   for t in range(info.num_threads):
     start = gen.assignment.top.taken
-    part = _lower_thread(gen, jaxpr, args, info, t, warp=0)
+    # (sm_90a keeps the warps' bodies one after another: what runs on Hopper here so far)
+    part = _lower_thread(gen, jaxpr, args, info, t, warp=0 if gen.target >= 100 else None)
     if not gen.warp_mapped:
       out.append(part)
       continue
