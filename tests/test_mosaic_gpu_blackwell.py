@@ -890,6 +890,30 @@ def test_gluon_splits_a_kernel_of_warps_waiting_on_each_other_for_sm_100a():
   assert c.ptx.count("mbarrier.try_wait") >= 2
 
 
+def test_gluon_writes_one_mma_warp_inside_warpgroup_code_for_sm_100a():
+  """One warp issues the MMA, the warpgroup around it copies, waits and reads the result: the
+  warps' bodies stay in the warpgroup's code (no split: the code around them would run once
+  per warp)."""
+  a, b = rand(62, (128, 128), jnp.float16), rand(63, (128, 128), jnp.float16)
+
+  @matmul(128, 128, 128, jnp.float16)
+  def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, acc, tma, done):
+    fetch([(a_ref, a_smem), (b_ref, b_smem)], tma)
+
+    @plgpu.warp_map
+    def _(warp):
+      @pl.when(warp == 0)
+      def _():
+        plgpu.tcgen05_mma(acc, a_smem, b_smem, done, accumulate=False)
+    plgpu.barrier_wait(done)
+    o_ref[...] = plgpu.async_load_tmem(acc)
+
+  np.testing.assert_allclose(kernel(a, b), ref_dot(a, b), **CLOSE)
+  (c,) = plgpu.lower(kernel, a, b, compute_capability=100)
+  assert "warp_specialize" not in c.source and "# warp 0 of plgpu.warp_map" in c.source
+  assert all(w in c.ptx for w in ("tcgen05.mma", "tcgen05.ld", "tcgen05.commit"))
+
+
 def test_gluon_knows_what_run_time_starts_are_multiples_of():
   """The proof a TMEM slot from a run-time start needs (gluon/multiples.py)."""
   from pallax._src.gluon.multiples import ANY, known_multiple

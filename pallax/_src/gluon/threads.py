@@ -54,19 +54,22 @@ def partitions(gen, jaxpr, args, info) -> list[Partition]:
   becomes one partition of one warp per warp that has a body (``_per_warp``)."""
   out = []
   for t in range(info.num_threads):
-    start = gen.assignment.top.taken
     # (sm_90a keeps the warps' bodies one after another: what runs on Hopper here so far)
-    part = _lower_thread(gen, jaxpr, args, info, t, warp=0 if gen.target >= 100 else None)
-    if not gen.warp_mapped:
-      out.append(part)
-      continue
-    if gen.register_tensors or _effects_outside_warps(gen, part):
-      # the warps' bodies one after another, in the thread's warps
-      _rewind(gen.assignment.top, start)
-      out.append(_lower_thread(gen, jaxpr, args, info, t, warp=None))
-      continue
-    out += _per_warp(gen, jaxpr, args, info, t, start, part)
+    out += _thread_or_warps(gen, jaxpr, args, info, t, split=gen.target >= 100)
   return out
+
+
+def _thread_or_warps(gen, jaxpr, args, info, t, split: bool) -> list[Partition]:
+  """Thread ``t`` as one partition, or (``split``) as a partition per warp where it may be."""
+  start = _state(gen)
+  part = _lower_thread(gen, jaxpr, args, info, t, warp=0 if split else None)
+  if not gen.warp_mapped:
+    return [part]
+  if gen.register_tensors or _state(gen)[1:] != start[1:] or _effects_outside_warps(gen, part):
+    # the warps' bodies one after another, in the thread's warps
+    _rewind(gen, start)
+    return [_lower_thread(gen, jaxpr, args, info, t, warp=None)]
+  return _per_warp(gen, jaxpr, args, info, t, start, part)
 
 
 # What a warp partition may run outside the warp's own body: the thread's scalar code (every
@@ -82,14 +85,7 @@ def _effects_outside_warps(gen, part) -> bool:
 def warp_partitions(gen, jaxpr, args) -> list[Partition]:
   """A kernel of one thread as ``partitions`` makes a thread: a partition per warp with a
   ``warp_map`` body where it does nothing else, else one partition."""
-  start = gen.assignment.top.taken
-  part = _lower_thread(gen, jaxpr, args, None, 0, warp=0)
-  if not gen.warp_mapped:
-    return [part]
-  if gen.register_tensors or _effects_outside_warps(gen, part):
-    _rewind(gen.assignment.top, start)
-    return [_lower_thread(gen, jaxpr, args, None, 0, warp=None)]
-  return _per_warp(gen, jaxpr, args, None, 0, start, part)
+  return _thread_or_warps(gen, jaxpr, args, None, 0, split=True)
 
 
 def _per_warp(gen, jaxpr, args, info, t, start, first) -> list[Partition]:
@@ -99,16 +95,25 @@ def _per_warp(gen, jaxpr, args, info, t, start, first) -> list[Partition]:
   specialization, so the warps become partitions of the kernel's split."""
   parts = [first] if gen.warp_body else []
   for w in range(1, mw.NUM_WARPS):
-    _rewind(gen.assignment.top, start)
+    _rewind(gen, start)
     part = _lower_thread(gen, jaxpr, args, info, t, warp=w)
     if gen.warp_body:
       parts.append(part)
   return [dataclasses.replace(p, warps=SCALAR_WORKER_WARPS) for p in parts] or [first]
 
 
-def _rewind(top, start: int) -> None:
-  """The layout assignment's scopes after ``top.subs[start]``, as if not lowered yet (a thread
-  lowered again, for another warp)."""
+def _state(gen) -> tuple:
+  """What lowering a thread moves on: the assignment's scopes taken, the conversions made,
+  the SMEM buffers and barriers allocated."""
+  return (gen.assignment.top.taken, len(gen.conversions), gen.allocated, gen.barriers,
+          gen.cluster_barriers)
+
+
+def _rewind(gen, state: tuple) -> None:
+  """Back to ``state``: the layout assignment's scopes as if not lowered yet, the conversions
+  and allocations of the lowering undone (a thread lowered again, for another warp or whole)."""
+  top, start = gen.assignment.top, state[0]
+
   def reset(scope):
     scope.taken = 0
     for sub in scope.subs:
@@ -116,6 +121,8 @@ def _rewind(top, start: int) -> None:
   for sub in top.subs[start:top.taken]:
     reset(sub)
   top.taken = start
+  del gen.conversions[state[1]:]
+  gen.allocated, gen.barriers, gen.cluster_barriers = state[2:]
 
 
 def _lower_thread(gen, jaxpr, args, info, t, warp) -> Partition:
