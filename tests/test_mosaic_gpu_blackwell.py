@@ -821,6 +821,99 @@ def test_mma_completion_on_a_barrier_of_a_2d_array(index):
   assert f"mbarriers=[bar.index({2 * index[0] + index[1]})]" in c.source, c.source
 
 
+@pytest.mark.parametrize("outside", [False, True])
+def test_gluon_splits_a_thread_into_warps_only_if_it_does_nothing_else(outside):
+  """Thread 0's warp_map: a TMA warp and an MMA warp, each a partition of one warp for sm_100a;
+  unless thread 0 also does something outside warp_map (each warp's partition would do it once
+  more), where its warps' bodies are written one after another in its warpgroup."""
+  a, b = rand(60, (128, 64), jnp.float16), rand(61, (64, 128), jnp.float16)
+
+  @plgpu.kernel(out_shape=S((128, 128), F32), num_threads=2, thread_name="wg", scratch_shapes=dict(
+      a_smem=plgpu.SMEM((128, 64), jnp.float16), b_smem=plgpu.SMEM((64, 128), jnp.float16),
+      acc=plgpu.TMEM((128, 128), F32), tma=tma_barrier(), done=mma_barrier(),
+      told=plgpu.Barrier()))
+  def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, acc, tma, done, told):
+    @pl.when(lax.axis_index("wg") == 0)
+    def _():
+      @plgpu.warp_map
+      def _(warp):
+        @pl.when(warp == 0)
+        def _():
+          plgpu.copy_gmem_to_smem(a_ref, a_smem, tma)
+          plgpu.copy_gmem_to_smem(b_ref, b_smem, tma)
+
+        @pl.when(warp == 1)
+        def _():
+          plgpu.barrier_wait(tma)
+          plgpu.tcgen05_mma(acc, a_smem, b_smem, done, accumulate=False)
+      if outside:
+        plgpu.barrier_arrive(told)
+
+    @pl.when(lax.axis_index("wg") == 1)
+    def _():
+      plgpu.barrier_wait(done)
+      if outside:
+        plgpu.barrier_wait(told)
+      o_ref[...] = plgpu.async_load_tmem(acc)
+
+  np.testing.assert_allclose(kernel(a, b), ref_dot(a, b), **CLOSE)
+  (c,) = plgpu.lower(kernel, a, b, compute_capability=100)
+  workers = re.search(r"gl\.warp_specialize\(.*\], (\[[\d, ]*\]), \[", c.source).group(1)
+  assert workers == ("[4]" if outside else "[1, 4]"), c.source[-600:]
+  assert all(w in c.ptx for w in ("tcgen05.mma", "tcgen05.ld", "tcgen05.commit"))
+
+
+@pytest.mark.gluon_refuses("warp 0 waits on barrier[0] and warp 1")   # (for sm_90a, in CI)
+def test_gluon_splits_a_kernel_of_warps_waiting_on_each_other_for_sm_100a():
+  """A kernel of one thread that is all per-warp code: warps 0 and 1 each arrive on a barrier
+  of two arrivals and wait for it, so neither may run before the other (written one after the
+  other they would deadlock): for sm_100a a partition of one warp each."""
+  @plgpu.kernel(out_shape=S((4,), jnp.int32), scratch_shapes=[plgpu.Barrier(num_arrivals=2)])
+  def kernel(o_ref, bar):
+    @plgpu.warp_map
+    def _(warp):
+      @pl.when(warp < 2)
+      def _():
+        plgpu.barrier_arrive(bar)
+        plgpu.barrier_wait(bar)
+        o_ref[warp] = warp + 10
+
+      @pl.when(warp >= 2)
+      def _():
+        o_ref[warp] = -warp
+
+  np.testing.assert_array_equal(kernel(), [10, 11, -2, -3])
+  with pytest.raises(NotImplementedError, match=r"warp 0 waits on barrier\[0\] and warp 1"):
+    plgpu.lower(kernel)   # sm_90a writes the warps one after another
+  (c,) = plgpu.lower(kernel, compute_capability=100)
+  assert re.search(r"gl\.warp_specialize\(.*\], \[1, 1, 1\], \[", c.source), c.source[-600:]
+  assert c.ptx.count("mbarrier.try_wait") >= 2
+
+
+def test_gluon_writes_one_mma_warp_inside_warpgroup_code_for_sm_100a():
+  """One warp issues the MMA, the warpgroup around it copies, waits and reads the result: the
+  warps' bodies stay in the warpgroup's code (no split: the code around them would run once
+  per warp)."""
+  a, b = rand(62, (128, 128), jnp.float16), rand(63, (128, 128), jnp.float16)
+
+  @matmul(128, 128, 128, jnp.float16)
+  def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, acc, tma, done):
+    fetch([(a_ref, a_smem), (b_ref, b_smem)], tma)
+
+    @plgpu.warp_map
+    def _(warp):
+      @pl.when(warp == 0)
+      def _():
+        plgpu.tcgen05_mma(acc, a_smem, b_smem, done, accumulate=False)
+    plgpu.barrier_wait(done)
+    o_ref[...] = plgpu.async_load_tmem(acc)
+
+  np.testing.assert_allclose(kernel(a, b), ref_dot(a, b), **CLOSE)
+  (c,) = plgpu.lower(kernel, a, b, compute_capability=100)
+  assert "warp_specialize" not in c.source and "# warp 0 of plgpu.warp_map" in c.source
+  assert all(w in c.ptx for w in ("tcgen05.mma", "tcgen05.ld", "tcgen05.commit"))
+
+
 def test_gluon_knows_what_run_time_starts_are_multiples_of():
   """The proof a TMEM slot from a run-time start needs (gluon/multiples.py)."""
   from pallax._src.gluon.multiples import ANY, known_multiple

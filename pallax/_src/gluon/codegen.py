@@ -38,6 +38,7 @@ from pallax._src.gpu import source as src
 from pallax._src.gpu.legalize import legalize
 from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu import tcgen05
+from pallax._src.mosaic_gpu.warps import warp_map_p
 
 
 def _launch_ids(gen: Writer, plan, gm, info) -> tuple[list[ex.Expr], tuple, int]:
@@ -109,7 +110,6 @@ def generate(params, target: int = 90) -> GluonSource:
   """The Gluon source of ``params``' kernel (threads: see ``threads.py``) for sm_90a, or
   (``target=100``) for sm_100a."""
   info = params.threads
-  threads = info is not None and info.num_threads > 1
   gm = params.grid_mapping
   _refuse_unplaced_buffers(params)
   _refuse_blackwell(params, target)
@@ -135,23 +135,11 @@ def generate(params, target: int = 90) -> GluonSource:
     ptr = src.identifier(f"{'in' if bm.origin.startswith('args') else 'out'}{k}_ptr")
     refs.append(GmemRef(ptr, tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), bm.origin,
                         _block_indexer(gen, bm, ids)))
-  allocate_now = lambda kind, aval: allocate(gen, kind, aval)
-  if threads:
-    gen.thread_name = info.thread_name
-    warp_specialize.hoist(jaxpr, info.thread_name,
-                          lambda kind, aval: allocate(gen, kind, aval, phases=False), gen.hoisted)
-    gen.claim()
-    main = Partition(gen.lines, None, L.WARPS, [], gen.used_layouts)
-    parts = warp_specialize.partitions(gen, jaxpr, [*ids, *refs], info)
-  else:
-    hoist_nested(jaxpr, allocate_now, gen.hoisted)
-    gen.lower_jaxpr(jaxpr, [*ids, *refs])
-    gen.claim()
-    parts = [Partition(gen.lines, None, L.WARPS, gen.events, gen.used_layouts)]
+  main, parts, split = _lower_kernel(gen, jaxpr, [*ids, *refs], info, target)
   _check(gen, params.name)
   clusters.refuse(params, gen, parts)
   signature, host = _signature(gen, refs)
-  if threads:
+  if split:
     source = _threaded_module(gen, name, list(signature), main, parts, launch_ids)
   else:
     source = _module(gen, name, list(signature), parts[0])
@@ -161,6 +149,46 @@ def generate(params, target: int = 90) -> GluonSource:
                      partitions=tuple(parts), buffers=tuple(gen.assignment.buffers),
                      layouts=tuple(gen.constexprs), conversions=tuple(gen.assignment.conversions),
                      program_ids=tuple(ids))
+
+
+def _lower_kernel(gen, jaxpr, args, info, target) -> tuple[Partition, list[Partition], bool]:
+  """(the kernel's own statements, its partitions, whether they are split among warps by
+  ``gl.warp_specialize``): one per thread; for sm_100a, a kernel of one thread whose per-warp
+  code makes partitions of one warp (``threads.warp_partitions``) is split too."""
+  if info is not None and info.num_threads > 1:
+    gen.thread_name = info.thread_name
+    warp_specialize.hoist(jaxpr, info.thread_name,
+                          lambda kind, aval: allocate(gen, kind, aval, phases=False), gen.hoisted)
+    main = _kernel_statements(gen)
+    return main, warp_specialize.partitions(gen, jaxpr, args, info), True
+  if _warp_split(jaxpr, target):
+    allocate_now = lambda kind, aval: allocate(gen, kind, aval, phases=False)   # noqa: E731
+    hoist_nested(jaxpr, allocate_now, gen.hoisted)
+    warp_specialize.hoist(jaxpr, None, allocate_now, gen.hoisted, every=True)
+    main = _kernel_statements(gen)
+    parts = warp_specialize.warp_partitions(gen, jaxpr, args)
+    if len(parts) > 1:
+      return main, parts, True
+    whole = Partition(main.lines + parts[0].lines, None, L.WARPS, parts[0].events,
+                      main.layouts | parts[0].layouts)
+    gen.lines = whole.lines
+    return whole, [whole], False
+  hoist_nested(jaxpr, lambda kind, aval: allocate(gen, kind, aval), gen.hoisted)
+  gen.lower_jaxpr(jaxpr, args)
+  whole = _kernel_statements(gen, gen.events)
+  return whole, [whole], False
+
+
+def _kernel_statements(gen, events=()) -> Partition:
+  """The statements written so far, with the layouts they name."""
+  gen.claim()
+  return Partition(gen.lines, None, L.WARPS, list(events), gen.used_layouts)
+
+
+def _warp_split(jaxpr, target) -> bool:
+  """Whether a kernel of one thread may have its ``warp_map`` warps as partitions (sm_100a:
+  Blackwell's kernels issue copies and MMAs from warps; its scratch is then allocated first)."""
+  return target >= 100 and jaxpr_util.uses(jaxpr, (warp_map_p,))
 
 
 def _fixed_axes(info) -> dict:
@@ -199,6 +227,8 @@ def _assign(gen: Writer, jaxpr, gm, info) -> Assignment:
       a.lower(jaxpr, [*ids, *refs])
   else:
     hoist_nested(jaxpr, allocate_now, a.hoisted)
+    if _warp_split(jaxpr, gen.target):   # (allocated first, as generate does)
+      warp_specialize.hoist(jaxpr, None, allocate_now, a.hoisted, every=True)
     a.lower(jaxpr, [*ids, *refs])
   return a.result()
 

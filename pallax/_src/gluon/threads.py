@@ -15,6 +15,7 @@ split, and handed to every partition; each partition tracks its own barrier phas
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 
@@ -31,39 +32,60 @@ SCALAR_WORKER_WARPS = 1
 DEFAULT_WORKER_REGISTERS = 232
 
 
-def hoist(jaxpr, thread_name, allocate, hoisted: dict) -> None:
+def hoist(jaxpr, thread_name, allocate, hoisted: dict, every: bool = False) -> None:
   """Allocates the collective scratch of straight-line code (not inside loops or branches) now,
   with ``allocate(kind, aval)``, recording it by equation in ``hoisted``; a thread's own scopes
-  may hold some (a pipeline inside the scope of an accumulator)."""
+  may hold some (a pipeline inside the scope of an accumulator). ``every``: all its scratch."""
   for eqn in jaxpr.eqns:
     p = eqn.params
     if eqn.primitive is prims.run_scoped_p:
       body = p["jaxpr"]
-      if thread_name in p.get("collective_axes", ()):
+      if every or thread_name in p.get("collective_axes", ()):
         hoisted[eqn] = [allocate(t, v.aval.inner_aval)
                         for t, v in zip(p["scratch_types"], body.invars[p["num_consts"]:])]
-      hoist(body, thread_name, allocate, hoisted)
+      hoist(body, thread_name, allocate, hoisted, every)
     elif eqn.primitive in ji.CALL_PRIMITIVES:
-      hoist(p.get("jaxpr", p.get("call_jaxpr")), thread_name, allocate, hoisted)
+      hoist(p.get("jaxpr", p.get("call_jaxpr")), thread_name, allocate, hoisted, every)
 
 
 def partitions(gen, jaxpr, args, info) -> list[Partition]:
-  """Each thread's partition: its statements, register budget, warps and operations. A thread
-  whose per-warp code (``plgpu.warp_map``) is all it does besides scalar code becomes one
-  partition of one warp per warp that has a body (``_per_warp``)."""
+  """Each thread's partition: its statements, register budget, warps and operations. For
+  sm_100a, a thread whose per-warp code (``plgpu.warp_map``) is all it does besides scalar code
+  becomes one partition of one warp per warp that has a body (``_per_warp``)."""
   out = []
   for t in range(info.num_threads):
-    start = gen.assignment.top.taken
-    part = _lower_thread(gen, jaxpr, args, info, t, warp=0)
-    if not gen.warp_mapped:
-      out.append(part)
-      continue
-    if gen.register_tensors:   # the warps' bodies one after another, in the thread's warps
-      _rewind(gen.assignment.top, start)
-      out.append(_lower_thread(gen, jaxpr, args, info, t, warp=None))
-      continue
-    out += _per_warp(gen, jaxpr, args, info, t, start, part)
+    # (sm_90a keeps the warps' bodies one after another: what runs on Hopper here so far)
+    out += _thread_or_warps(gen, jaxpr, args, info, t, split=gen.target >= 100)
   return out
+
+
+def _thread_or_warps(gen, jaxpr, args, info, t, split: bool) -> list[Partition]:
+  """Thread ``t`` as one partition, or (``split``) as a partition per warp where it may be."""
+  start = _state(gen)
+  part = _lower_thread(gen, jaxpr, args, info, t, warp=0 if split else None)
+  if not gen.warp_mapped:
+    return [part]
+  if gen.register_tensors or _state(gen)[1:] != start[1:] or _effects_outside_warps(gen, part):
+    # the warps' bodies one after another, in the thread's warps
+    _rewind(gen, start)
+    return [_lower_thread(gen, jaxpr, args, info, t, warp=None)]
+  return _per_warp(gen, jaxpr, args, info, t, start, part)
+
+
+# What a warp partition may run outside the warp's own body: the thread's scalar code (every
+# warp computes it alike), not operations (each partition would make them once more).
+_SCALAR = re.compile(r"\s*(#|\w+(, \w+)* = |(while|if|elif|for) .*:$|else:$|pass$)")
+
+
+def _effects_outside_warps(gen, part) -> bool:
+  return any(id(e) not in gen.warp_written for e in part.events) or any(
+      id(line) not in gen.warp_written and not _SCALAR.match(line) for line in part.lines)
+
+
+def warp_partitions(gen, jaxpr, args) -> list[Partition]:
+  """A kernel of one thread as ``partitions`` makes a thread: a partition per warp with a
+  ``warp_map`` body where it does nothing else, else one partition."""
+  return _thread_or_warps(gen, jaxpr, args, None, 0, split=True)
 
 
 def _per_warp(gen, jaxpr, args, info, t, start, first) -> list[Partition]:
@@ -73,16 +95,25 @@ def _per_warp(gen, jaxpr, args, info, t, start, first) -> list[Partition]:
   specialization, so the warps become partitions of the kernel's split."""
   parts = [first] if gen.warp_body else []
   for w in range(1, mw.NUM_WARPS):
-    _rewind(gen.assignment.top, start)
+    _rewind(gen, start)
     part = _lower_thread(gen, jaxpr, args, info, t, warp=w)
     if gen.warp_body:
       parts.append(part)
   return [dataclasses.replace(p, warps=SCALAR_WORKER_WARPS) for p in parts] or [first]
 
 
-def _rewind(top, start: int) -> None:
-  """The layout assignment's scopes after ``top.subs[start]``, as if not lowered yet (a thread
-  lowered again, for another warp)."""
+def _state(gen) -> tuple:
+  """What lowering a thread moves on: the assignment's scopes taken, the conversions made,
+  the SMEM buffers and barriers allocated."""
+  return (gen.assignment.top.taken, len(gen.conversions), gen.allocated, gen.barriers,
+          gen.cluster_barriers)
+
+
+def _rewind(gen, state: tuple) -> None:
+  """Back to ``state``: the layout assignment's scopes as if not lowered yet, the conversions
+  and allocations of the lowering undone (a thread lowered again, for another warp or whole)."""
+  top, start = gen.assignment.top, state[0]
+
   def reset(scope):
     scope.taken = 0
     for sub in scope.subs:
@@ -90,6 +121,8 @@ def _rewind(top, start: int) -> None:
   for sub in top.subs[start:top.taken]:
     reset(sub)
   top.taken = start
+  del gen.conversions[state[1]:]
+  gen.allocated, gen.barriers, gen.cluster_barriers = state[2:]
 
 
 def _lower_thread(gen, jaxpr, args, info, t, warp) -> Partition:
@@ -97,11 +130,13 @@ def _lower_thread(gen, jaxpr, args, info, t, warp) -> Partition:
   warp's, one after another)."""
   gen.lines, gen.registers, gen.events = [], None, []
   gen.used_layouts, gen.pending_layouts = set(), set()
-  gen.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
+  if info is not None:
+    gen.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
   gen.pending_accs = []
   gen.register_tensors = False
   gen.phases_read = set()
   gen.only_warp, gen.warp_mapped, gen.warp_body = warp, False, False
+  gen.warp_written = set()
   gen.lower_jaxpr(jaxpr, args)
   gen.only_warp = None
   # Each thread tracks the phases of the collective barriers it waits on (only those).

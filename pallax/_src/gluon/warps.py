@@ -55,6 +55,7 @@ def _warp_map(ctx, *consts, jaxpr, num_consts, axis_name):
     gen.warp_body = gen.warp_body or bool(body.events) or any(map(_is_body, body.lines))
     gen.lines += body.lines
     gen.events += body.events
+    gen.warp_written.update(map(id, body.lines + body.events))
     return []
   # Warps that never wait run first (they cannot block), then those that wait, in order.
   order = sorted(bodies, key=lambda b: (bool(b.waits), b.warp))

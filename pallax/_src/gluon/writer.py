@@ -158,6 +158,7 @@ class Writer(src.Source):
     self.only_warp = None                    # the warp of a per-warp partition (threads.py)
     self.warp_mapped = False                 # whether the thread being written has warp_map
     self.warp_body = False                   # ... and its warp only_warp has a body there
+    self.warp_written: set = set()           # ids of the lines and events warp bodies wrote
 
   def emit(self, line: str):
     super().emit(line)
