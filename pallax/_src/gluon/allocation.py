@@ -68,11 +68,11 @@ def allocate(gen, kind, aval, phases: bool = True):
   if isinstance(kind, mc.Barrier):
     name, phase = gen.fresh("bar"), gen.fresh("phase")
     n = int(np.prod(shape)) if shape else 1
-    gen.emit(f"{name} = gl.allocate_shared_memory(gl.int64, [{n}, 1], {L.BARRIER})")
+    gen.emit_scalar(f"{name} = gl.allocate_shared_memory(gl.int64, [{n}, 1], {L.BARRIER})")
     gen.emit(f"for _b in gl.static_range({n}):")
     gen.emit(f"    mbarrier.init({name}.index(_b), count={kind.num_arrivals})")
     if phases:   # (collective barriers of threads: each thread starts its own, threads.py)
-      gen.emit(f"{phase} = 0")
+      gen.emit_scalar(f"{phase} = 0")
     gen.barriers += 1
     # A cluster barrier counts this block's own arrivals (clusters run as independent blocks).
     gen.cluster_barriers += isinstance(kind, mc.ClusterBarrier)
@@ -106,7 +106,7 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
       gen.unsupported("pl.run_state over values other than (ACC.init of) 2-D float32 arrays")
     layout = gen.declared(L.wgmma(shape[1], gen.mma_bits))
     name = gen.fresh("acc")
-    gen.emit(f"{name} = {gen.render(to_layout(gen, x, layout, shape, x.dtype))}")
+    gen.emit_scalar(f"{name} = {gen.render(to_layout(gen, x, layout, shape, x.dtype))}")
     refs.append(AccRef(name, shape, layout))
   gen.lower_jaxpr(jaxpr, refs)
   outs = []
@@ -119,7 +119,7 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
         outs.append(None)
         continue
       value = gen.fresh_name("acc_value", v.aval.dtype, r.shape)
-      gen.emit(f"{value.name} = {gen.acc(r)}")
+      gen.emit_scalar(f"{value.name} = {gen.acc(r)}")
       gen.layouts[value.name] = r.layout
       outs.append(value)
     else:

@@ -78,14 +78,14 @@ def _wait(ctx, *invals, decrement, memory_scope, **_):
   read = f"gl.atomic_add({ptr}, 0, sem=\"acquire\", scope=\"{memory_scope}\")"
   if not decrement:
     seen = gen.fresh("sem_value")
-    gen.emit(f"{seen} = {read}")
+    gen.emit_scalar(f"{seen} = {read}")
     gen.emit(f"while {seen} < {v}:")
     gen.emit(f"    {seen} = {read}")
     return []
   # Take ``value`` off only from a count of at least ``value``: a compare-and-swap from the count
   # read (unchanged while it is smaller); done once a swap that takes it off succeeds.
   done, seen, old = gen.fresh("sem_done"), gen.fresh("sem_value"), gen.fresh("sem_old")
-  gen.emit(f"{done} = 0")
+  gen.emit_scalar(f"{done} = 0")
   gen.emit(f"while {done} == 0:")
   gen.emit(f"    {seen} = {read}")
   gen.emit(f"    {old} = gl.atomic_cas({ptr}, {seen}, {seen} - ({seen} >= {v}).to(gl.int32) * {v}, "
@@ -100,7 +100,7 @@ def _read(ctx, *invals, **_):
   (ref, transforms), _ = _ref(ctx, invals)
   ptr = _semaphore(gen, ref, transforms, "semaphore_read")
   value = gen.fresh_name("sem_value", np.int32, ())
-  gen.emit(f"{value.name} = gl.atomic_add({ptr}, 0, sem=\"acquire\", scope=\"gpu\")")
+  gen.emit_scalar(f"{value.name} = gl.atomic_add({ptr}, 0, sem=\"acquire\", scope=\"gpu\")")
   return value
 
 

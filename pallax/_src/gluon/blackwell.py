@@ -83,7 +83,7 @@ def allocate_tmem(gen, kind, aval) -> TmemRef:
   gen.blackwell = True
   name = gen.fresh("tmem")
   gen.declared(layout)
-  gen.emit(f"{name} = blackwell.allocate_tensor_memory({ex.dtype_name(dtype, 'gl')}, "
+  gen.emit_scalar(f"{name} = blackwell.allocate_tensor_memory({ex.dtype_name(dtype, 'gl')}, "
            f"{list(shape)}, {gen.layout(layout)})")
   return TmemRef(name, shape, dtype, layout)
 
@@ -141,7 +141,7 @@ def _chunk(gen, ref, text, shape, start, size) -> str:
   layout = gen.declared(dataclasses.replace(ref.layout, block=block))
   chunks = f"[{shape[1] // size}, {shape[0]}, {size}]"
   view = gen.fresh(f"{ref.name}_chunk")
-  gen.emit(f"{view} = {ref.name}._reinterpret({ex.dtype_name(ref.dtype, 'gl')}, {chunks}, "
+  gen.emit_scalar(f"{view} = {ref.name}._reinterpret({ex.dtype_name(ref.dtype, 'gl')}, {chunks}, "
            f"{gen.layout(layout)}).index({gen.render(start)} // {size})")
   return view
 

@@ -299,7 +299,7 @@ def _barrier_wait(ctx, *invals, **_):
   gen.events.append(BarrierOp("wait", barrier_name(b)))
   gen.phases_read.add(b.phase)
   gen.emit(f"mbarrier.wait({b.name}.index({i}), ({b.phase} >> {i}) & 1)")
-  gen.emit(f"{b.phase} = {b.phase} ^ (1 << {i})")
+  gen.emit_scalar(f"{b.phase} = {b.phase} ^ (1 << {i})")
   return []
 
 

@@ -279,7 +279,7 @@ def _get(ctx, *invals, **_):
     if not ctx.is_used():
       return None
     value = gen.fresh_name("acc_value", ctx.out.dtype, a.ref.shape)
-    gen.emit(f"{value.name} = {gen.acc(a.ref)}")   # a copy: later wgmmas reassign the accumulator
+    gen.emit_scalar(f"{value.name} = {gen.acc(a.ref)}")   # a copy: later wgmmas reassign the accumulator
     bounds = _static_slice(a.transforms, a.ref.shape)
     if not a.transforms or bounds == ([0] * len(a.ref.shape), list(a.ref.shape)):
       gen.layouts[value.name] = gen.assigned(ctx.eqn.outvars[0])
@@ -380,7 +380,7 @@ def _load_rows_in_pieces(gen, ref: SmemRef, t, start: int, size: int, piece: int
     rank, padded = len(a.shape), L.padded(a.shape)
     shape = (2 * a.shape[0], *a.shape[1:])
     joined = gen.fresh("rows")
-    gen.emit(f"{joined} = gl.join({gen.render(a)}, {gen.render(b)}).permute({(rank, *range(rank))})"
+    gen.emit_scalar(f"{joined} = gl.join({gen.render(a)}, {gen.render(b)}).permute({(rank, *range(rank))})"
              f".reshape({[2 * padded[0], *padded[1:]]})")
     layout = gen.declared(L.blocked(shape, a.dtype))
     merged = gen.value(call("gl.convert_layout", ex.Name(joined), ex.Token(gen.layout(layout)), dtype=a.dtype,
@@ -396,7 +396,7 @@ def _swap(ctx, ref, value, *leaves, **_):
   if isinstance(a.ref, AccRef):
     target = gen.facts(ctx.eqn)   # the layout of what the accumulator's variable holds
     v = value if target is None else gen.convert(value, target)
-    gen.emit(f"{gen.acc(a.ref)} = {gen.render(v)}")
+    gen.emit_scalar(f"{gen.acc(a.ref)} = {gen.render(v)}")
     return None
   if ctx.is_used(0):
     gen.unsupported("using the old value of a store")

@@ -42,12 +42,12 @@ def _wgmma(ctx, *invals, trees):
   if layout != acc_ref.layout:
     gen.conversions.append((acc_ref.layout, layout, tuple(acc_ref.shape), gen.last_frame))
     acc = gen.acc(acc_ref)
-    gen.emit(f"{acc} = gl.convert_layout({acc}, {gen.layout(layout)})")
+    gen.emit_scalar(f"{acc} = gl.convert_layout({acc}, {gen.layout(layout)})")
     acc_ref.layout = layout
   gen.events.append(Wgmma(tuple(acc_ref.shape), "registers" if a is None else gen.smem_view(a_view),
                           gen.smem_view(b_view)))
   acc = gen.acc(acc_ref)
-  gen.emit(f"{acc} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc}, is_async=True)")
+  gen.emit_scalar(f"{acc} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc}, is_async=True)")
   # plgpu.wgmma returns with at most this wgmma in flight.
   # The operands stay alive (and unwritten) while the wgmma may read them.
   gen.emit(f"{acc}, _, _ = hopper.warpgroup_mma_wait(1, deps=[{acc}, {a_view.text}, "

@@ -70,7 +70,7 @@ def _half(gen, x, dim: int, upper: bool):
   order = [d for d in range(len(shape) + 1) if d != dim] + [dim]
   pair = gen.fresh("halves")
   gen.events.append(Halve(tuple(x.shape), dim))
-  gen.emit(f"{pair} = {gen.render(x)}.reshape({split}).permute({tuple(order)}).split()")
+  gen.emit_scalar(f"{pair} = {gen.render(x)}.reshape({split}).permute({tuple(order)}).split()")
   shape[dim] //= 2
   return ex.Subscript(ex.Name(pair), (i32(int(upper)),), dtype=x.dtype, shape=tuple(shape))
 

@@ -15,7 +15,6 @@ split, and handed to every partition; each partition tracks its own barrier phas
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 
@@ -23,9 +22,11 @@ from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
 from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu import warps as mw
+from pallax._src.gluon import statements
 from pallax._src.gluon.events import Partition
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
+from pallax._src.gpu import source as src
 
 WORKER_WARPS = 4
 SCALAR_WORKER_WARPS = 1
@@ -72,14 +73,12 @@ def _thread_or_warps(gen, jaxpr, args, info, t, split: bool) -> list[Partition]:
   return _per_warp(gen, jaxpr, args, info, t, start, part)
 
 
-# What a warp partition may run outside the warp's own body: the thread's scalar code (every
-# warp computes it alike), not operations (each partition would make them once more).
-_SCALAR = re.compile(r"\s*(#|\w+(, \w+)* = |(while|if|elif|for) .*:$|else:$|pass$)")
-
-
 def _effects_outside_warps(gen, part) -> bool:
+  """Whether the thread does more outside its warps' bodies than scalar code (which every warp
+  partition computes alike): an operation there would be made once per partition."""
   return any(id(e) not in gen.warp_written for e in part.events) or any(
-      id(line) not in gen.warp_written and not _SCALAR.match(line) for line in part.lines)
+      id(line) not in gen.warp_written and not isinstance(line, (src.Scalar, statements.Binding))
+      for line in part.lines)
 
 
 def warp_partitions(gen, jaxpr, args) -> list[Partition]:
@@ -143,7 +142,7 @@ def _lower_thread(gen, jaxpr, args, info, t, warp) -> Partition:
   body, gen.lines = gen.lines, []
   for ref in gen.hoisted_barriers():
     if ref.phase in gen.phases_read:
-      gen.emit(f"{ref.phase} = 0")
+      gen.emit_scalar(f"{ref.phase} = 0")
   gen.lines += body
   gen.claim()
   return Partition(gen.lines, gen.registers,

@@ -70,7 +70,7 @@ def expand(gen, x, shape, dim: int, layout: L.Layout):
               layout=ex.Token(gen.layout(layout)),
               dtype=x.dtype, shape=tuple(shape))
   pair = gen.fresh("pair")
-  gen.emit(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
+  gen.emit_scalar(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
   v = gen.value(ex.Subscript(ex.Name(pair), (i32(0),), dtype=x.dtype, shape=tuple(shape)), layout)
   def again(new):   # broadcast again from the vector in the new layout's slice
     if new.kind == "other":
@@ -116,7 +116,7 @@ def iota_nd(gen, dtype, shape, dimension: int, layout: L.Layout):
   full = call("gl.full", shape_token(shape), i32(0), dtype_token(dtype), layout=ex.Token(gen.layout(layout)),
               dtype=dtype, shape=tuple(shape))
   pair = gen.fresh("pair")
-  gen.emit(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
+  gen.emit_scalar(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
   return gen.value(ex.Subscript(ex.Name(pair), (i32(0),), dtype=dtype, shape=tuple(shape)), layout)
 
 
@@ -163,6 +163,6 @@ def wait_all(gen, accs):
   pending = gen.pending_accs
   for acc in accs:
     name = gen.acc(acc)
-    gen.emit(f"{name} = hopper.warpgroup_mma_wait(0, deps=[{name}])")
+    gen.emit_scalar(f"{name} = hopper.warpgroup_mma_wait(0, deps=[{name}])")
     if acc in pending:
       pending.remove(acc)

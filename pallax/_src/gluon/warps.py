@@ -27,6 +27,7 @@ from pallax._src.gluon.assign import layout_rule
 from pallax._src.gluon.events import BarrierOp, Copy
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
+from pallax._src.gpu import source as src
 from pallax._src.mosaic_gpu import warps as mw
 
 # Per kernel being written: (thread, barrier) -> the warp that waits on it in warp_map bodies.
@@ -36,8 +37,8 @@ _WAITER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _is_body(line) -> bool:
   """Whether a statement does something: what a warp whose branches all folded away still
-  writes is comments and pure scalar bindings (``statements.Binding``)."""
-  return not (isinstance(line, statements.Binding) or line.lstrip().startswith("#"))
+  writes is scalar code (``source.Scalar``: assignments, comments; pure ``statements.Binding``)."""
+  return not isinstance(line, (statements.Binding, src.Scalar))
 
 
 def _warp_id(w: int) -> ex.Lit:
@@ -90,7 +91,7 @@ def _lower_warp(gen, jaxpr, consts, w: int) -> _Body:
     lines = []
   else:
     indent = lines[0][:len(lines[0]) - len(lines[0].lstrip())]
-    lines.insert(0, f"{indent}# warp {w} of plgpu.warp_map")
+    lines.insert(0, src.Scalar(f"{indent}# warp {w} of plgpu.warp_map"))
   waits = [e.barrier for e in events if isinstance(e, BarrierOp) and e.kind == "wait"]
   signals = any((isinstance(e, BarrierOp) and e.kind == "arrive") or
                 (isinstance(e, Copy) and e.barrier is not None) for e in events)

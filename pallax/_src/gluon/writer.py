@@ -279,7 +279,7 @@ class Writer(src.Source):
     name = self.fresh_name(hint, v.dtype, v.shape)
     text = self.render(v) if v.shape or not isinstance(v, ex.Lit) else self.render(
         ex.call("gl.full", ex.Token("[]"), v, ex.Token(ex.dtype_name(v.dtype, "gl")), dtype=v.dtype))
-    self.emit(f"{name.name} = {text}")
+    self.emit_scalar(f"{name.name} = {text}")
     if self.layout_of(v):
       self.layouts[name.name] = self.layout_of(v)
     return name
@@ -340,7 +340,7 @@ class Writer(src.Source):
     layout = buffer.layout
     self.register_tensors = True   # its padding may be zeroed from registers
     stored, rank, gl_dtype = buffer.stored, buffer.rank, ex.dtype_name(dtype, "gl")
-    self.emit(f"{name} = gl.allocate_shared_memory({gl_dtype}, {list(stored)}, {self.layout(layout)})")
+    self.emit_scalar(f"{name} = gl.allocate_shared_memory({gl_dtype}, {list(stored)}, {self.layout(layout)})")
     if stored != tuple(shape):
       zeros = (f"gl.zeros({list(stored[-rank:])}, {gl_dtype}, "
                f"layout={self.layout(L.blocked(stored[-rank:], dtype))})")

@@ -24,7 +24,7 @@ def fori_loop(gen, body, consts, index: ex.Name, start: ex.Expr, length: int, ca
   the index past the end, then the carries. ``assign(carry, new)`` (default ``gen.assign``)
   writes the carries' reassignment: a backend whose carries may be Refs passes its own."""
   stop = ex.add(start, ex.Lit(int(length), dtype=I32))
-  gen.emit(f"for {index.name} in range({gen.render(start)}, {gen.render(stop)}):")
+  gen.emit_scalar(f"for {index.name} in range({gen.render(start)}, {gen.render(stop)}):")
   gen.depth += 1
   # The body's first result, the next index, is the loop's own business.
   new = gen.lower_jaxpr(body, [*consts, index, *carry], unused_outputs=(0,))
@@ -35,7 +35,7 @@ def fori_loop(gen, body, consts, index: ex.Name, start: ex.Expr, length: int, ca
 
 def repeat(gen, body, consts, length: int, carry: list, assign=None) -> list:
   """``for _ in range(length): carry = body(*consts, *carry)`` (a scan over no arrays)."""
-  gen.emit(f"for _ in range({length}):")
+  gen.emit_scalar(f"for _ in range({length}):")
   gen.depth += 1
   (assign or gen.assign)(carry, gen.lower_jaxpr(body, [*consts, *carry]))
   gen.depth -= 1
@@ -47,7 +47,7 @@ def while_loop(gen, cond, body, cond_consts, body_consts, carry: list, assign=No
   like the others."""
   (go,) = gen.lower_jaxpr(cond, [*cond_consts, *carry])
   flag = gen.materialize(go, "go")
-  gen.emit(f"while {flag.name}:")
+  gen.emit_scalar(f"while {flag.name}:")
   gen.depth += 1
   (assign or gen.assign)(carry, gen.lower_jaxpr(body, [*body_consts, *carry]))
   (go,) = gen.lower_jaxpr(cond, [*cond_consts, *carry])
@@ -102,7 +102,7 @@ def cond(gen, index: ex.Expr, branches, ops, avals_out) -> list:
 def _branch(gen, head: str, write, optional: bool):
   """``head`` and the statements ``write()`` writes beneath it; none: ``pass``, or (``optional``:
   an ``else``) nothing at all."""
-  gen.emit(head)
+  gen.emit_scalar(head)
   start = len(gen.lines)
   gen.depth += 1
   write()
@@ -110,7 +110,7 @@ def _branch(gen, head: str, write, optional: bool):
     if optional:
       del gen.lines[start - 1:]
     else:
-      gen.emit("pass")
+      gen.emit_scalar("pass")
   gen.depth -= 1
 
 

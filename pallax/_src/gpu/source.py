@@ -83,6 +83,12 @@ class RuleTable:
     return add
 
 
+
+class Scalar(str):
+  """A generated statement that makes no operation of its own: an assignment, a loop or branch
+  head, ``pass``, a comment. It renders as itself; its type is the fact (no backend reads its
+  text back to learn it)."""
+
 class Source:
   """The statements of one kernel function, and the walk that writes them."""
 
@@ -102,6 +108,12 @@ class Source:
   # --- statements and names -----------------------------------------------------------------
   def emit(self, line: str):
     self.lines.append("    " * self.depth + line)
+
+  def emit_scalar(self, line: str):
+    """``line``, a statement with no operation of its own (an assignment, a loop or branch
+    head, ``pass``, a comment), kept as a ``Scalar``: a backend that must know reads its type."""
+    self.emit(line)
+    self.lines[-1] = Scalar(self.lines[-1])
 
   def emit_expr(self, e: ex.Expr):
     self.emit(self.render(e))
@@ -129,7 +141,7 @@ class Source:
 
   def emit_binding(self, name: ex.Name, e: ex.Expr):
     """The statement ``name = e`` (a backend may keep it as data: see the Gluon writer)."""
-    self.emit(f"{name.name} = {self.render(e)}")
+    self.emit_scalar(f"{name.name} = {self.render(e)}")
 
   def fresh_name(self, hint: str, dtype, shape, bounds=None) -> ex.Name:
     """A new variable; ``bounds`` (lo, hi) only where every value it will hold lies within."""
@@ -160,8 +172,8 @@ class Source:
   def assign(self, targets: list[ex.Name], values: list[ex.Expr]):
     pairs = [(t, v) for t, v in zip(targets, values) if not (isinstance(v, ex.Name) and v.name == t.name)]
     if pairs:   # all at once: a value may read a target assigned before it (a, b = b, a)
-      self.emit(", ".join(t.name for t, _ in pairs) + " = "
-                + ", ".join(self.render(v) for _, v in pairs))
+      self.emit_scalar(", ".join(t.name for t, _ in pairs) + " = "
+                       + ", ".join(self.render(v) for _, v in pairs))
 
   def comment_source(self, eqn):
     where = ji.user_location(eqn.source_info)
@@ -170,7 +182,7 @@ class Source:
       return
     self.last_frame = frame
     text = linecache.getline(where[0], where[1]).strip()
-    self.emit(f"# {frame}: {text}" if text else f"# {frame}")
+    self.emit_scalar(f"# {frame}: {text}" if text else f"# {frame}")
 
   def where(self, eqn) -> str:
     return ji.user_frame(eqn.source_info) or self.enclosing_frame or "unknown location"
