@@ -383,3 +383,35 @@ def test_pipeline_of_3d_blocks():
   x = _random((32, steps1 * 16, steps2 * 8))
   f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype))
   np.testing.assert_allclose(f(x), np.asarray(x) * 2 + 1, rtol=1e-6)
+
+
+def test_smem_pieces_from_a_run_time_start():
+  """TMA copies into and out of SMEM pieces that start at a run-time multiple of their size
+  (JAX's test_copy_gmem_to_smem_predicate), 1-D and rows of a swizzled matrix, and a register
+  load of such a piece."""
+  def body(x_ref, y_ref, o_ref, p_ref, vec, mat, bar):
+    b = lax.axis_index("b")
+    vec[...] = jnp.zeros(vec.shape, vec.dtype)
+    plgpu.commit_smem()
+    part = pl.ds(b * 128, 128)
+    plgpu.copy_gmem_to_smem(x_ref.at[part], vec.at[part], bar, predicate=b == 0)
+    plgpu.barrier_wait(bar)
+    rows = pl.ds(b * 16, 16)
+    plgpu.copy_gmem_to_smem(y_ref.at[rows], mat.at[rows], bar)
+    plgpu.barrier_wait(bar)
+    p_ref[b] = mat[rows, :] * 2
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(vec.at[part], o_ref.at[part])
+    plgpu.wait_smem_to_gmem(0)
+
+  x, y = _random((256,)), _random((32, 64), seed=1)
+  f = plgpu.kernel(body, out_type=(jax.ShapeDtypeStruct((256,), jnp.float32),
+                                   jax.ShapeDtypeStruct((2, 16, 64), jnp.float32)),
+                   grid=(2,), grid_names=("b",),
+                   scratch_types=[plgpu.SMEM((256,), jnp.float32), plgpu.SMEM((32, 64), jnp.float32),
+                                  plgpu.Barrier()])
+  o, p = f(x, y)
+  want = np.zeros(256, np.float32)
+  want[:128] = np.asarray(x)[:128]
+  np.testing.assert_array_equal(o, want)
+  np.testing.assert_allclose(p, np.asarray(y).reshape(2, 16, 64) * 2, rtol=1e-6)

@@ -49,6 +49,14 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
     new_shape, dim, rank = [], 0, sum(isinstance(i, ji.Slice) for i in t.indices)
     for idx, size in zip(t.indices, shape):
       if isinstance(idx, ji.Slice):
+        if not (isinstance(idx.start, Lit) or isinstance(idx.start, int)) and idx.stride == 1 \
+            and dim == 0 and not permuted:
+          text = _dynamic_piece(gen, ref, text, shape, idx)
+          steps.append(("piece", idx.start, idx.size))
+          new_shape.append(idx.size)
+          whole = False
+          dim += 1
+          continue
         if not (isinstance(idx.start, Lit) or isinstance(idx.start, int)) or idx.stride != 1:
           gen.unsupported("dynamic or strided slices of SMEM")
         start = idx.start.value if isinstance(idx.start, Lit) else idx.start
@@ -70,6 +78,27 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
     shape = new_shape
   return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle, buffer=ref.buffer,
                  steps=tuple(steps), whole=whole)
+
+
+def _dynamic_piece(gen, ref: SmemRef, text: str, shape, idx) -> str:
+  """A slice of the leading dimension from a start known only at run time, ``idx.size`` long:
+  the view's leading dimension split into pieces of that size (the same bytes reinterpreted) (a power of two dividing it; for
+  rows of a swizzled matrix, whole swizzle patterns of 8 rows), and the piece the start is at.
+  A start that is not a multiple of the size stops the kernel (``trap``): the piece would be
+  the wrong one."""
+  n, size = shape[0], idx.size
+  swizzled_rows = len(shape) == 2 and ref.swizzle
+  if not (L.is_pow2(size) and L.is_pow2(n) and n % size == 0) or (swizzled_rows and size % 8) \
+      or tuple(L.padded(shape[1:])) != tuple(shape[1:]):
+    gen.unsupported(f"a slice of {size} from a run-time start of an SMEM dimension of {n} (pieces "
+                    "of a power-of-two size dividing a power-of-two dimension only)")
+  start = gen.render(gen.bind(idx.start, "start"))
+  gen.emit(f"if {start} % {size} != 0:   # not at a piece: stop rather than use the wrong one")
+  gen.emit('    gl.inline_asm_elementwise("trap;\\n mov.u32 $0, 0;", "=r", [], dtype=gl.int32, '
+           "is_pure=False, pack=1)")
+  layout = gen.layout(ref.buffer.seen_with(len(shape)))   # the same bytes, the pieces apart
+  return (f"{text}._reinterpret({ex.dtype_name(ref.dtype, 'gl')}, {[n // size, size, *shape[1:]]}, "
+          f"{layout}).index({start} // {size})")
 
 
 def _static(i) -> int | None:
