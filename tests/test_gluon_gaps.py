@@ -415,3 +415,23 @@ def test_smem_pieces_from_a_run_time_start():
   want[:128] = np.asarray(x)[:128]
   np.testing.assert_array_equal(o, want)
   np.testing.assert_allclose(p, np.asarray(y).reshape(2, 16, 64) * 2, rtol=1e-6)
+
+
+def test_wgmma_of_a_slot_of_3d_blocks_indexed_again():
+  """A pipeline step's (2, 64, 128) and (2, 128, 192) blocks, of which wgmma takes a_ref.at[0]
+  and b_ref.at[0] (JAX's test_wgmma_sliced_ref): the slot and the block index make one index
+  of the flattened buffer."""
+  def step(_, a_ref, b_ref, o_ref):
+    def scope(acc_ref):
+      plgpu.wgmma(acc_ref, a_ref.at[0], b_ref.at[0])
+      return acc_ref[...]
+    o_ref[...] = pl.run_scoped(scope, plgpu.ACC((64, 192), jnp.float32))
+
+  def body(a_gmem, b_gmem, o_gmem):
+    plgpu.emit_pipeline(step, grid=(), in_specs=[pl.BlockSpec(), pl.BlockSpec()],
+                        out_specs=[pl.BlockSpec()])(a_gmem, b_gmem, o_gmem)
+
+  a, b = _random((2, 64, 128), jnp.float16), _random((2, 128, 192), jnp.float16, seed=1)
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 192), jnp.float32))
+  want = np.asarray(a[0], np.float32) @ np.asarray(b[0], np.float32)
+  np.testing.assert_allclose(f(a, b), want, rtol=2e-3, atol=2e-3)
