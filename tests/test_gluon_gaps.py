@@ -435,3 +435,36 @@ def test_wgmma_of_a_slot_of_3d_blocks_indexed_again():
   f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 192), jnp.float32))
   want = np.asarray(a[0], np.float32) @ np.asarray(b[0], np.float32)
   np.testing.assert_allclose(f(a, b), want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint32])
+def test_logical_right_shift(dtype):
+  def body(x_ref, s_ref, o_ref):
+    o_ref[...] = lax.shift_right_logical(x_ref[...], s_ref[...])
+  rng = np.random.default_rng(9)
+  x = jnp.asarray(rng.integers(-2 ** 31, 2 ** 31, 256).astype(np.int64).astype(np.dtype(dtype)))
+  s = jnp.asarray(rng.integers(0, 40, 256).astype(np.dtype(dtype)))   # 32 and more: 0
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype))
+  np.testing.assert_array_equal(f(x, s), lax.shift_right_logical(x, s))
+
+
+@pytest.mark.gluon_refuses("other than a float32 plgpu.ACC")
+def test_wgmma_into_a_float16_accumulator_is_refused_clearly():
+  def body(a_ref, b_ref, i_ref, o_ref, a_smem, b_smem, bar):
+    plgpu.copy_gmem_to_smem(a_ref, a_smem, bar)
+    plgpu.copy_gmem_to_smem(b_ref, b_smem, bar)
+    plgpu.barrier_wait(bar)
+
+    def scope(acc_ref):
+      plgpu.wgmma(acc_ref, a_smem, b_smem)
+    o_ref[...] = pl.run_state(scope)(plgpu.ACC.init(i_ref[...]))
+
+  a, b = _random((64, 128), jnp.float16), _random((128, 64), jnp.float16, seed=1)
+  i = _random((64, 64), jnp.float16, seed=2)
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 64), jnp.float16),
+                   scratch_types=[plgpu.SMEM((64, 128), jnp.float16), plgpu.SMEM((128, 64), jnp.float16),
+                                  plgpu.Barrier(num_arrivals=2)])
+  want = np.asarray(i, np.float32) + np.asarray(a, np.float32) @ np.asarray(b, np.float32)
+  np.testing.assert_allclose(np.asarray(f(a, b, i), np.float32), want, rtol=2e-2, atol=2e-1)
+  with pytest.raises(NotImplementedError, match="wgmma into an accumulator other than a float32"):
+    plgpu.lower(f, a, b, i)
