@@ -384,3 +384,88 @@ def test_pipeline_of_3d_blocks():
   x = _random((32, steps1 * 16, steps2 * 8))
   f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype))
   np.testing.assert_allclose(f(x), np.asarray(x) * 2 + 1, rtol=1e-6)
+
+
+def test_smem_pieces_from_a_run_time_start():
+  """TMA copies into and out of SMEM pieces that start at a run-time multiple of their size
+  (JAX's test_copy_gmem_to_smem_predicate), 1-D and rows of a swizzled matrix, and a register
+  load of such a piece."""
+  def body(x_ref, y_ref, o_ref, p_ref, vec, mat, bar):
+    b = lax.axis_index("b")
+    vec[...] = jnp.zeros(vec.shape, vec.dtype)
+    plgpu.commit_smem()
+    part = pl.ds(b * 128, 128)
+    plgpu.copy_gmem_to_smem(x_ref.at[part], vec.at[part], bar, predicate=b == 0)
+    plgpu.barrier_wait(bar)
+    rows = pl.ds(b * 16, 16)
+    plgpu.copy_gmem_to_smem(y_ref.at[rows], mat.at[rows], bar)
+    plgpu.barrier_wait(bar)
+    p_ref[b] = mat[rows, :] * 2
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(vec.at[part], o_ref.at[part])
+    plgpu.wait_smem_to_gmem(0)
+
+  x, y = _random((256,)), _random((32, 64), seed=1)
+  f = plgpu.kernel(body, out_type=(jax.ShapeDtypeStruct((256,), jnp.float32),
+                                   jax.ShapeDtypeStruct((2, 16, 64), jnp.float32)),
+                   grid=(2,), grid_names=("b",),
+                   scratch_types=[plgpu.SMEM((256,), jnp.float32), plgpu.SMEM((32, 64), jnp.float32),
+                                  plgpu.Barrier()])
+  o, p = f(x, y)
+  want = np.zeros(256, np.float32)
+  want[:128] = np.asarray(x)[:128]
+  np.testing.assert_array_equal(o, want)
+  np.testing.assert_allclose(p, np.asarray(y).reshape(2, 16, 64) * 2, rtol=1e-6)
+
+
+def test_wgmma_of_a_slot_of_3d_blocks_indexed_again():
+  """A pipeline step's (2, 64, 128) and (2, 128, 192) blocks, of which wgmma takes a_ref.at[0]
+  and b_ref.at[0] (JAX's test_wgmma_sliced_ref): the slot and the block index make one index
+  of the flattened buffer."""
+  def step(_, a_ref, b_ref, o_ref):
+    def scope(acc_ref):
+      plgpu.wgmma(acc_ref, a_ref.at[0], b_ref.at[0])
+      return acc_ref[...]
+    o_ref[...] = pl.run_scoped(scope, plgpu.ACC((64, 192), jnp.float32))
+
+  def body(a_gmem, b_gmem, o_gmem):
+    plgpu.emit_pipeline(step, grid=(), in_specs=[pl.BlockSpec(), pl.BlockSpec()],
+                        out_specs=[pl.BlockSpec()])(a_gmem, b_gmem, o_gmem)
+
+  a, b = _random((2, 64, 128), jnp.float16), _random((2, 128, 192), jnp.float16, seed=1)
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 192), jnp.float32))
+  want = np.asarray(a[0], np.float32) @ np.asarray(b[0], np.float32)
+  np.testing.assert_allclose(f(a, b), want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint32])
+def test_logical_right_shift(dtype):
+  def body(x_ref, s_ref, o_ref):
+    o_ref[...] = lax.shift_right_logical(x_ref[...], s_ref[...])
+  rng = np.random.default_rng(9)
+  x = jnp.asarray(rng.integers(-2 ** 31, 2 ** 31, 256).astype(np.int64).astype(np.dtype(dtype)))
+  s = jnp.asarray(rng.integers(0, 40, 256).astype(np.dtype(dtype)))   # 32 and more: 0
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype))
+  np.testing.assert_array_equal(f(x, s), lax.shift_right_logical(x, s))
+
+
+@pytest.mark.gluon_refuses("other than a float32 plgpu.ACC")
+def test_wgmma_into_a_float16_accumulator_is_refused_clearly():
+  def body(a_ref, b_ref, i_ref, o_ref, a_smem, b_smem, bar):
+    plgpu.copy_gmem_to_smem(a_ref, a_smem, bar)
+    plgpu.copy_gmem_to_smem(b_ref, b_smem, bar)
+    plgpu.barrier_wait(bar)
+
+    def scope(acc_ref):
+      plgpu.wgmma(acc_ref, a_smem, b_smem)
+    o_ref[...] = pl.run_state(scope)(plgpu.ACC.init(i_ref[...]))
+
+  a, b = _random((64, 128), jnp.float16), _random((128, 64), jnp.float16, seed=1)
+  i = _random((64, 64), jnp.float16, seed=2)
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 64), jnp.float16),
+                   scratch_types=[plgpu.SMEM((64, 128), jnp.float16), plgpu.SMEM((128, 64), jnp.float16),
+                                  plgpu.Barrier(num_arrivals=2)])
+  want = np.asarray(i, np.float32) + np.asarray(a, np.float32) @ np.asarray(b, np.float32)
+  np.testing.assert_allclose(np.asarray(f(a, b, i), np.float32), want, rtol=2e-2, atol=2e-1)
+  with pytest.raises(NotImplementedError, match="wgmma into an accumulator other than a float32"):
+    plgpu.lower(f, a, b, i)

@@ -110,9 +110,9 @@ def test_what_the_gluon_backend_cannot_express_says_so():
   with pytest.raises(NotImplementedError, match="shared by the threads.*inside a loop.*interpret=True"):
     plgpu.lower(f)
 
-  def dynamic_smem_slice(o_ref, smem):
+  def dynamic_smem_slice(o_ref, smem):   # (slices of a power-of-two size lower: test_gluon_gaps)
     smem[...] = jnp.zeros(smem.shape, smem.dtype)
-    o_ref[...] = smem[pl.ds(lax.axis_index("m") * 8, 8), :]
+    o_ref[...] = smem[pl.ds(lax.axis_index("m") * 8, 8, stride=2), :]
   g = plgpu.kernel(dynamic_smem_slice, out_type=jax.ShapeDtypeStruct((8, 64), jnp.float32),
                    grid=(2,), grid_names=("m",), scratch_types=[plgpu.SMEM((16, 64), jnp.float32)])
   with pytest.raises(NotImplementedError, match="dynamic or strided slices of SMEM.*interpret=True"):

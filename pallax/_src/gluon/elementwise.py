@@ -17,7 +17,8 @@ from pallax._src.gpu import math_functions
 from pallax._src.gpu.expr import binary, call, method
 
 _BINARY = {lax.add_p: "+", lax.sub_p: "-", lax.mul_p: "*", lax.and_p: "&", lax.or_p: "|",
-           lax.xor_p: "^", lax.shift_left_p: "<<", lax.shift_right_arithmetic_p: ">>"}
+           lax.xor_p: "^", lax.shift_left_p: "<<", lax.shift_right_arithmetic_p: ">>",
+           lax.shift_right_logical_p: ">>"}   # (legalized: unsigned operands, amounts in range)
 _COMPARE = {lax.eq_p: "==", lax.ne_p: "!=", lax.lt_p: "<", lax.le_p: "<=", lax.gt_p: ">",
             lax.ge_p: ">="}
 

@@ -14,6 +14,8 @@ from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Closed, Gmem, Smem, Val, layout_rule
 from pallax._src.gluon.events import Access
 from pallax._src.gluon.shapes import halve_all, halvings
+from pallax._src.gluon.smem_views import (compose_slices, dynamic_piece, flat_index, indexed_lead,
+                                          static_slice, unstored)
 from pallax._src.gluon.values import (I32, dtype_token, i32, masked, shape_token, slice_layout,
                                       to_layout, valid_lanes, wait_all, wgmma_vector_of)
 from pallax._src.gluon.writer import AccRef, BarrierRef, GmemRef, SmemRef, ValueRef, rule
@@ -32,11 +34,11 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
       return dataclasses.replace(ref, text=f"{ref.text}.reshape({list(L.padded(ref.shape))})",
                                  lead=(), reshaped=True, whole=False,
                                  steps=ref.steps + (("reshape", L.padded(ref.shape)),))
-    text, shape, transforms[0], flat = _flat_index(gen, ref, transforms[0])
+    text, shape, transforms[0], flat = flat_index(gen, ref, transforms[0])
     if flat is not None:
       steps.append(("index", flat))
   # (leading dimensions of one element, not stored: indexing them leaves the whole buffer)
-  whole = ref.whole and (not ref.lead or (_unstored(ref) and flat is None))
+  whole = ref.whole and (not ref.lead or (unstored(ref) and flat is None))
   for t in transforms:
     if isinstance(t, ji.TransposeRef):
       text = f"{text}.permute({tuple(t.permutation)})"
@@ -49,6 +51,14 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
     new_shape, dim, rank = [], 0, sum(isinstance(i, ji.Slice) for i in t.indices)
     for idx, size in zip(t.indices, shape):
       if isinstance(idx, ji.Slice):
+        if not (isinstance(idx.start, Lit) or isinstance(idx.start, int)) and idx.stride == 1 \
+            and dim == 0 and not permuted:
+          text = dynamic_piece(gen, ref, text, shape, idx)
+          steps.append(("piece", idx.start, idx.size))
+          new_shape.append(idx.size)
+          whole = False
+          dim += 1
+          continue
         if not (isinstance(idx.start, Lit) or isinstance(idx.start, int)) or idx.stride != 1:
           gen.unsupported("dynamic or strided slices of SMEM")
         start = idx.start.value if isinstance(idx.start, Lit) else idx.start
@@ -70,94 +80,6 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
     shape = new_shape
   return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle, buffer=ref.buffer,
                  steps=tuple(steps), whole=whole)
-
-
-def _static(i) -> int | None:
-  i = i.value if isinstance(i, Lit) else i
-  return i if isinstance(i, (int, np.integer)) else None
-
-
-def compose_slices(transforms) -> list:
-  """``transforms`` with each indexer of static slices and the indexer after it made one
-  (``x.at[32:96].at[0:32]`` is ``x.at[32:64]``, which Gluon can slice where the first cannot)."""
-  out = []
-  for t in transforms:
-    prev = out[-1] if out else None
-    if (isinstance(t, ji.NDIndexer) and isinstance(prev, ji.NDIndexer)
-        and all(isinstance(i, ji.Slice) and i.stride == 1 and _static(i.start) is not None
-                for i in prev.indices)
-        and all(_static(i.start if isinstance(i, ji.Slice) else i) is not None
-                and (not isinstance(i, ji.Slice) or i.stride == 1) and not getattr(i, "shape", ())
-                for i in t.indices)):
-      indices = tuple(
-          ji.Slice(_static(p.start) + _static(i.start), i.size, 1) if isinstance(i, ji.Slice)
-          else _static(p.start) + _static(i) for p, i in zip(prev.indices, t.indices))
-      out[-1] = ji.NDIndexer(indices, prev.shape, ())
-      continue
-    out.append(t)
-  return out
-
-
-def _flat_index(gen, ref: SmemRef, t):
-  """(text, shape, the rest of indexer ``t``, the flat index) after indexing every leading
-  dimension of a flattened buffer at once (Gluon's SMEM layouts describe at most one leading
-  dimension), or the first ones only (``_partial_index``)."""
-  n = len(ref.lead)
-  k = indexed_lead(ref.shape, ref.lead, t)
-  if k is None:
-    gen.unsupported(f"slicing the leading dimensions of an SMEM buffer of shape {ref.shape} "
-                    "(index them with integers)")
-  if k < n:
-    return _partial_index(gen, ref, t, k)
-  rest = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
-  if _unstored(ref):   # every index is 0 (the interpreter checks the bounds)
-    return ref.text, list(ref.shape[n:]), rest, None
-  flat = t.indices[0]
-  for idx, size in zip(t.indices[1:n], L.padded(ref.lead[1:])):
-    flat = gen.bind(ex.add(ex.mul(flat, i32(size)), idx), "slot")
-  return f"{ref.text}.index({gen.render(flat)})", list(ref.shape[n:]), rest, flat
-
-
-def indexed_lead(shape, lead, t) -> int | None:
-  """How many leading dimensions of a flattened buffer indexer ``t`` indexes with integers:
-  all of them, or the first k when the others are taken whole and are powers of two (the view
-  is then a run of whole slabs of the flat dimension); None for any other indexer."""
-  n = len(lead)
-  if not isinstance(t, ji.NDIndexer) or len(t.indices) < n:
-    return None
-  ints = [not isinstance(i, ji.Slice) and not getattr(i, "shape", ()) for i in t.indices[:n]]
-  k = ints.index(False) if False in ints else n
-  if k == n:
-    return n
-  rest = t.indices[k:n]
-  if k == 0 or any(ints[k:]) or tuple(L.padded(lead[k:])) != tuple(lead[k:]) or any(
-      not isinstance(i, ji.Slice) or (getattr(i.start, "value", i.start), i.size, i.stride) != (0, m, 1)
-      for i, m in zip(rest, lead[k:])):
-    return None
-  return k
-
-
-def _partial_index(gen, ref: SmemRef, t, k: int):
-  """The first ``k`` leading dimensions indexed, the others whole: the flattened buffer seen as
-  (those k flattened, the others, the matrix), whose bytes are the same (an NVMMA layout keeps
-  each matrix whole and its leading dimensions outermost), then indexed."""
-  n = len(ref.lead)
-  flat = t.indices[0]
-  for idx, size in zip(t.indices[1:k], L.padded(ref.lead[1:k])):
-    flat = gen.bind(ex.add(ex.mul(flat, i32(size)), idx), "slot")
-  outer = int(np.prod(L.padded(ref.lead[:k])))
-  shape = [outer, *ref.lead[k:], *L.padded(ref.shape[n:])]
-  layout = dataclasses.replace(ref.buffer.seen_with(len(shape) - 1), bits=ref.dtype.itemsize * 8)
-  text = (f"{ref.text}._reinterpret({ex.dtype_name(ref.dtype, 'gl')}, {shape}, "
-          f"{gen.layout(layout)}).index({gen.render(flat)})")
-  rest = ji.NDIndexer(tuple(t.indices[k:]), tuple(ref.shape[k:]), t.int_indexer_shape)
-  return text, list(ref.shape[k:]), rest, flat
-
-
-def _unstored(ref) -> bool:
-  """Whether ``ref``'s leading dimensions have one element in all, and are not stored
-  (``allocation.stored_shape``)."""
-  return bool(ref.lead) and int(np.prod(L.padded(ref.lead))) == 1
 
 
 def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int, k_last: bool):
@@ -280,7 +202,7 @@ def _get(ctx, *invals, **_):
       return None
     value = gen.fresh_name("acc_value", ctx.out.dtype, a.ref.shape)
     gen.emit_scalar(f"{value.name} = {gen.acc(a.ref)}")   # a copy: later wgmmas reassign the accumulator
-    bounds = _static_slice(a.transforms, a.ref.shape)
+    bounds = static_slice(a.transforms, a.ref.shape)
     if not a.transforms or bounds == ([0] * len(a.ref.shape), list(a.ref.shape)):
       gen.layouts[value.name] = gen.assigned(ctx.eqn.outvars[0])
       return value
@@ -309,21 +231,6 @@ def _get(ctx, *invals, **_):
   gen.events.append(Access("load", gen.smem_view(view), view.shape))
   smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
   return gen.value(method(smem, "load", ex.Token(gen.layout(layout))), layout)
-
-
-def _static_slice(transforms, shape) -> tuple[list, list] | None:
-  """(starts, limits) of a view that slices a register tile (an accumulator) statically with
-  one indexer, None for any other."""
-  if len(transforms) != 1 or not isinstance(transforms[0], ji.NDIndexer):
-    return None
-  starts, limits = [], []
-  for idx, n in zip(transforms[0].indices, shape):
-    start = idx.start.value if isinstance(getattr(idx, "start", None), Lit) else getattr(idx, "start", None)
-    if not isinstance(idx, ji.Slice) or not isinstance(start, int) or idx.stride != 1:
-      return None
-    starts.append(start)
-    limits.append(start + idx.size)
-  return starts, limits
 
 
 def register_view(gen, ref: SmemRef, transforms) -> SmemRef:
@@ -434,7 +341,7 @@ def smem_view_layouts(ref: Smem, transforms) -> Smem:
     n = indexed_lead(ref.shape, ref.lead, t)
     if n is None:
       return dataclasses.replace(ref, lead=(), whole=False)   # the writer refuses it
-    shape, whole = shape[n:], _unstored(ref) and n == len(ref.lead)
+    shape, whole = shape[n:], unstored(ref) and n == len(ref.lead)
     transforms[0] = ji.NDIndexer(tuple(t.indices[n:]), tuple(ref.shape[n:]), t.int_indexer_shape)
   for t in transforms:
     if isinstance(t, ji.TransposeRef):
@@ -501,7 +408,7 @@ def _get_layouts(ctx, *invals, **_):
   ref, out = a.ref, ctx.out
   if isinstance(ref, Acc):
     whole = Val(ref.shape, np.dtype(out.dtype), ref.layout)
-    bounds = _static_slice(a.transforms, ref.shape)
+    bounds = static_slice(a.transforms, ref.shape)
     if bounds == ([0] * len(ref.shape), list(ref.shape)):
       return whole
     found = None if bounds is None else halvings(ctx.a, whole, *bounds)

@@ -7,7 +7,7 @@ from pallax._src.gluon.assign import Acc, Conversion, Smem, layout_rule
 from pallax._src.gluon.events import Wgmma
 from pallax._src.gluon.memory import smem_view, smem_view_layouts
 from pallax._src.gluon.values import i32, masked, wait_all
-from pallax._src.gluon.writer import SmemRef, rule
+from pallax._src.gluon.writer import AccRef, SmemRef, rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import call
 from pallax._src.mosaic_gpu import primitives as mp
@@ -17,6 +17,8 @@ def _wgmma(ctx, *invals, trees):
   gen = ctx.gen
   (acc, a, b), rest = mp.split_refs(invals, trees)
   acc_ref = acc[0]
+  if not isinstance(acc_ref, AccRef):   # (ACC.init of a value other than float32)
+    gen.unsupported("wgmma into an accumulator other than a float32 plgpu.ACC")
   if acc[1]:
     gen.unsupported("wgmma into a view of an accumulator")
   # K is the last dimension of a's buffer unless a is transposed, of b's only if b is.
