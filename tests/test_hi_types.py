@@ -60,6 +60,15 @@ def test_a_hi_type_operand_is_refused_by_name():
                    interpret=True)(_value())
 
 
+def test_a_hi_type_operand_under_jit_is_refused_by_name():
+  def kernel(v_ref, o_ref):
+    o_ref[...] = v_ref[...]
+  call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 16), jnp.float32),
+                        interpret=True)
+  with pytest.raises(NotImplementedError, match=r"args\[0\] is of type ScaledRowsTy"):
+    jax.jit(call)(_value())
+
+
 def test_a_hi_type_output_is_refused_by_name():
   v = _value()
   with pytest.raises(NotImplementedError, match=r"out_shape\[0\] is of type ScaledRowsTy"):

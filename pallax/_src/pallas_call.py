@@ -41,12 +41,14 @@ def _refuse_hi_type(aval, where: str, name: str):
 
 
 def _operand_aval(x, where: str, name: str):
+  if isinstance(x, (jax.Array, np.ndarray, np.generic, jax.core.Tracer, int, float, bool, complex)):
+    aval = jax.typeof(jnp.asarray(x) if isinstance(x, (int, float, bool, complex)) else x)
+    _refuse_hi_type(aval, where, name)   # a hi value traced by an enclosing jit
+    return aval
   try:
     _refuse_hi_type(jax.typeof(x), where, name)
-  except TypeError:
+  except (TypeError, ValueError, AttributeError):   # not a JAX type at all: said below
     pass
-  if isinstance(x, (jax.Array, np.ndarray, np.generic, jax.core.Tracer, int, float, bool, complex)):
-    return jax.typeof(jnp.asarray(x) if isinstance(x, (int, float, bool, complex)) else x)
   if isinstance(x, jax.ShapeDtypeStruct):
     raise TypeError(f"pallas_call {name}: {where} is a ShapeDtypeStruct; pass an array "
                     "(ShapeDtypeStructs belong in out_shape)")
