@@ -21,6 +21,11 @@ def _wgmma(ctx, *invals, trees):
     gen.unsupported("wgmma into an accumulator other than a float32 plgpu.ACC")
   if acc[1]:
     gen.unsupported("wgmma into a view of an accumulator")
+  if any(op is not None and getattr(op[0], "lead", ()) for op in (a, b)):
+    # A slot of 3-D blocks (a_ref.at[0] of a pipeline's (2, 64, 128) blocks) compiled, but gave
+    # wrong products on an H200 (tests/test_gluon_gaps.py): refused until that is understood.
+    gen.unsupported("wgmma of a view of an SMEM buffer of rank 4 or more (a pipeline slot of 3-D "
+                    "blocks): use 2-D blocks")
   # K is the last dimension of a's buffer unless a is transposed, of b's only if b is.
   transposed = lambda ref: any(isinstance(t, ji.TransposeRef) for t in ref[1])
   b_view = smem_view(gen, *b, k_last=transposed(b))
