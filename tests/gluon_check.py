@@ -18,26 +18,35 @@ import numpy as np
 _lowered: dict = {}   # Params -> None (it lowers), or (refused, why)
 
 
-def lower(params):
-  """None if ``params``' kernel lowers to sm_90a PTX, else (a clean refusal?, why)."""
-  from pallax._src.gluon import compile as gluon_compile
+def _memo(cache: dict, params, attempt):
+  """``attempt()``'s verdict on ``params``, computed once: None (it lowers, or what ``attempt``
+  returns), (True, why) for a clean refusal (NotImplementedError), (False, why) for anything
+  else raised."""
   try:
-    return _lowered[params]
+    return cache[params]
   except (KeyError, TypeError):
     pass
   try:
-    gluon_compile.compile_params(params)
-    why = None
+    why = attempt()
   except NotImplementedError as e:
     why = (True, f"{type(e).__name__}: {e}")
   except Exception as e:  # noqa: BLE001
     where = traceback.extract_tb(e.__traceback__)[-1]
     why = (False, f"{type(e).__name__}: {e} (raised at {where.filename}:{where.lineno})")
   try:
-    _lowered[params] = why
+    cache[params] = why
   except TypeError:
     pass
   return why
+
+
+def lower(params):
+  """None if ``params``' kernel lowers to sm_90a PTX, else (a clean refusal?, why)."""
+  from pallax._src.gluon import compile as gluon_compile
+
+  def attempt():
+    gluon_compile.compile_params(params)
+  return _memo(_lowered, params, attempt)
 
 
 # The sm_90a refusal of a kernel that uses Blackwell's operations (gluon/codegen.py).
@@ -54,27 +63,15 @@ def lower_for_blackwell(params):
   instruction of one of its operations fails too."""
   from pallax._src import jaxpr_util
   from pallax._src.gluon import compile as gluon_compile
-  try:
-    return _lowered_100[params]
-  except (KeyError, TypeError):
-    pass
-  try:
+
+  def attempt():
     ptx = gluon_compile.compile_params(params, 100).ptx
     used = {_INSTRUCTIONS[e.primitive.name] for e in jaxpr_util.equations(params.jaxpr)
             if e.primitive.name in _INSTRUCTIONS}
     missing = sorted(w for w in used if w not in ptx)
-    why = None if ".target sm_100a" in ptx and not missing else (
+    return None if ".target sm_100a" in ptx and not missing else (
         False, f"its sm_100a PTX lacks {missing or '.target sm_100a'}")
-  except NotImplementedError as e:
-    why = (True, f"{type(e).__name__}: {e}")
-  except Exception as e:  # noqa: BLE001
-    where = traceback.extract_tb(e.__traceback__)[-1]
-    why = (False, f"{type(e).__name__}: {e} (raised at {where.filename}:{where.lineno})")
-  try:
-    _lowered_100[params] = why
-  except TypeError:
-    pass
-  return why
+  return _memo(_lowered_100, params, attempt)
 
 
 def checking(run_kernel, failures: list, refusals):
