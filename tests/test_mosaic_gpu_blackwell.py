@@ -138,19 +138,22 @@ def test_k_loop_with_swizzled_tiles_and_transposed_b():
   np.testing.assert_allclose(kernel(*args), want, **CLOSE)
 
 
-def test_a_in_tmem_copied_from_smem():
-  """An SMEM->TMEM copy feeds the MMA at once (a pipelined pair: no wait in between)."""
-  a, b = rand(5, (128, 128), jnp.float16), rand(6, (128, 64), jnp.float16)
-
-  @matmul(128, 64, 128, jnp.float16, a_tmem=plgpu.TMEM((128, 128), jnp.float16, packed=True))
+def _a_in_tmem(dtype):
+  """A (128, 128) @ (128, 64) product whose a is copied SMEM->TMEM and fed to the MMA at once
+  (a pipelined pair: no wait in between), packed two or four to a TMEM column."""
+  @matmul(128, 64, 128, dtype, a_tmem=plgpu.TMEM((128, 128), dtype, packed=True))
   def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, acc, tma, done, a_tmem):
     fetch([(a_ref, a_smem), (b_ref, b_smem)], tma)
     plgpu.async_copy_smem_to_tmem(a_smem, a_tmem)
     plgpu.tcgen05_mma(acc, a_tmem, b_smem, done, accumulate=False)
     plgpu.barrier_wait(done)
     o_ref[...] = plgpu.async_load_tmem(acc)
+  return kernel
 
-  np.testing.assert_allclose(kernel(a, b), ref_dot(a, b), **CLOSE)
+
+def test_a_in_tmem_copied_from_smem():
+  a, b = rand(5, (128, 128), jnp.float16), rand(6, (128, 64), jnp.float16)
+  np.testing.assert_allclose(_a_in_tmem(jnp.float16)(a, b), ref_dot(a, b), **CLOSE)
 
 
 def test_accumulator_started_by_a_store_and_reduced_loads():
@@ -953,15 +956,7 @@ def test_gluon_compiles_a_in_tmem_and_smem_to_tmem_copies_for_sm_100a(dtype, kin
   """An SMEM->TMEM copy (a register round trip: tcgen05.st) feeding an MMA whose a is in TMEM
   (the ``tcgen05.mma [d], [a], b`` form), a packed two or four to a column."""
   a, b = rand(50, (128, 128), dtype), rand(51, (128, 64), dtype)
-
-  @matmul(128, 64, 128, dtype, a_tmem=plgpu.TMEM((128, 128), dtype, packed=True))
-  def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, acc, tma, done, a_tmem):
-    fetch([(a_ref, a_smem), (b_ref, b_smem)], tma)
-    plgpu.async_copy_smem_to_tmem(a_smem, a_tmem)
-    plgpu.tcgen05_mma(acc, a_tmem, b_smem, done, accumulate=False)
-    plgpu.barrier_wait(done)
-    o_ref[...] = plgpu.async_load_tmem(acc)
-
+  kernel = _a_in_tmem(dtype)
   np.testing.assert_allclose(kernel(a, b), ref_dot(a, b), **CLOSE)
   (c,) = plgpu.lower(kernel, a, b, compute_capability=100)
   assert all(w in c.ptx for w in ("tcgen05.st", "tcgen05.ld", "tcgen05.commit")), c.ptx[-2000:]
