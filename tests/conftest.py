@@ -22,6 +22,21 @@ import tempfile
 import traceback
 
 
+def _memory_backed_folder() -> str | None:
+  """/dev/shm where it is a roomy tmpfs, else None (the usual temporary folder). Each compiled
+  kernel writes a dozen small files (our cache's entry, Triton's own cache with a temporary
+  folder per file): on a memory-backed folder than on an ext4 /tmp, lowering 12 small kernels
+  for 3 targets took 10-30% less time (4.4-5.8 s against 6.5 s), a few per cent of a whole test
+  file (part of tests/test_api.py: 73 s against 75 s). A run's caches reach some hundred MB, so
+  a small /dev/shm (Docker's default is 64 MB) is not used."""
+  try:
+    if os.access("/dev/shm", os.W_OK) and shutil.disk_usage("/dev/shm").free > 4 << 30:
+      return "/dev/shm"
+  except OSError:
+    pass
+  return None
+
+
 def _temporary_kernel_caches():
   """Compiled kernels go to a temporary directory for this test session (removed at its end),
   not to ``~/.cache/pallax`` and ``~/.triton``: a run of the suite compiles thousands of kernels.
@@ -30,7 +45,7 @@ def _temporary_kernel_caches():
   alone removes it."""
   if "PALLAX_CACHE_DIR" in os.environ:
     return
-  root = tempfile.mkdtemp(prefix="pallax-test-cache-")
+  root = tempfile.mkdtemp(prefix="pallax-test-cache-", dir=_memory_backed_folder())
   os.environ["PALLAX_CACHE_DIR"] = root
   os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(root, "triton-own"))
   atexit.register(shutil.rmtree, root, ignore_errors=True)
