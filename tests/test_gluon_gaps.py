@@ -419,12 +419,12 @@ def test_smem_pieces_from_a_run_time_start():
 
 
 @pytest.mark.interpreter   # Gluon's lowering of it gave wrong products on an H200: now refused
-@pytest.mark.gluon_refuses("wgmma of a view of an SMEM buffer of rank 4 or more")
+@pytest.mark.gluon_refuses("then indexes it again")
 def test_wgmma_of_a_slot_of_3d_blocks_indexed_again():
   """A pipeline step's (2, 64, 128) and (2, 128, 192) blocks, of which wgmma takes a_ref.at[0]
   and b_ref.at[0] (JAX's test_wgmma_sliced_ref): the interpreter's product. The Gluon backend
-  compiled it (the slot and the block index as one index of the flattened buffer) but the
-  products on an H200 were wrong, so it refuses it by name."""
+  compiled it once (the slot and the block index merged into one index of the flattened
+  buffer) but the products on an H200 were wrong, so it refuses it by name."""
   def step(_, a_ref, b_ref, o_ref):
     def scope(acc_ref):
       plgpu.wgmma(acc_ref, a_ref.at[0], b_ref.at[0])

@@ -44,45 +44,21 @@ def _static(i) -> int | None:
   return i if isinstance(i, (int, np.integer)) else None
 
 
-def _scalar(i) -> bool:
-  return not isinstance(i, ji.Slice) and not getattr(i, "shape", ())
-
-
-def _merged(prev, t) -> tuple | None:
-  """The indices of indexer ``t`` applied after ``prev`` as one indexer, or None where they do
-  not merge: ``prev`` indexes with scalars and static-start slices, ``t`` indexes its slices'
-  dimensions with unit-stride slices or scalars, static ones where the slice does not start at
-  0 (the sum is then static too)."""
-  if not all(_scalar(p) or (p.stride == 1 and _static(p.start) is not None) for p in prev.indices):
-    return None
-  inner = iter(t.indices)
-  out = []
-  for p in prev.indices:
-    if _scalar(p):
-      out.append(p)
-      continue
-    i = next(inner, None)
-    if i is None or not (_scalar(i) or i.stride == 1):
-      return None
-    start = i.start if isinstance(i, ji.Slice) else i
-    if _static(p.start) != 0 and _static(start) is None:
-      return None
-    at = start if _static(p.start) == 0 else _static(p.start) + _static(start)
-    out.append(ji.Slice(at, i.size, 1) if isinstance(i, ji.Slice) else at)
-  return None if next(inner, None) is not None else tuple(out)
-
-
 def compose_slices(transforms) -> list:
-  """``transforms`` with consecutive indexers made one where they merge (``_merged``):
-  ``x.at[32:96].at[0:32]`` is ``x.at[32:64]``, which Gluon can slice where the first cannot, and
-  ``x.at[slot].at[0]`` indexes two leading dimensions at once."""
+  """``transforms`` with each indexer of static slices and the indexer after it made one
+  (``x.at[32:96].at[0:32]`` is ``x.at[32:64]``, which Gluon can slice where the first cannot)."""
   out = []
   for t in transforms:
     prev = out[-1] if out else None
-    indices = None
-    if isinstance(t, ji.NDIndexer) and isinstance(prev, ji.NDIndexer):
-      indices = _merged(prev, t)
-    if indices is not None:
+    if (isinstance(t, ji.NDIndexer) and isinstance(prev, ji.NDIndexer)
+        and all(isinstance(i, ji.Slice) and i.stride == 1 and _static(i.start) is not None
+                for i in prev.indices)
+        and all(_static(i.start if isinstance(i, ji.Slice) else i) is not None
+                and (not isinstance(i, ji.Slice) or i.stride == 1) and not getattr(i, "shape", ())
+                for i in t.indices)):
+      indices = tuple(
+          ji.Slice(_static(p.start) + _static(i.start), i.size, 1) if isinstance(i, ji.Slice)
+          else _static(p.start) + _static(i) for p, i in zip(prev.indices, t.indices))
       out[-1] = ji.NDIndexer(indices, prev.shape, ())
       continue
     out.append(t)
