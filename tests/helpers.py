@@ -76,3 +76,12 @@ def unused_definitions(source: str, layouts: bool = True) -> list[str]:
       unused += [f"{fn.name}: {ast.unparse(n)}" for t in targets
                  if isinstance(t, ast.Name) and t.id not in read and t.id != "_"]
   return unused
+
+
+def params_of(fn, *args):
+  """The Params of the one pallas_call in ``fn(*args)`` (traced, not run)."""
+  import jax
+  from pallax._src import pallas_call as pcall
+  jaxpr = jax.make_jaxpr(fn)(*args)
+  (params,) = [e.params["params"] for e in jaxpr.eqns if e.primitive is pcall.pallas_call_p]
+  return params

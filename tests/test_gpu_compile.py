@@ -8,19 +8,12 @@ from jax import lax
 
 import pallax as pl
 import pallax.mosaic_gpu as plgpu
-from pallax._src import pallas_call as pcall
 from pallax._src import plan as kplan
+from helpers import params_of
 from pallax._src.gpu import compile as gpu_compile
 from pallax._src.triton import codegen, compile as triton_compile
 
 S = jax.ShapeDtypeStruct
-
-
-def params_of(fn, *args):
-  """The Params of the one pallas_call in ``fn(*args)``."""
-  jaxpr = jax.make_jaxpr(fn)(*args)
-  (params,) = [e.params["params"] for e in jaxpr.eqns if e.primitive is pcall.pallas_call_p]
-  return params
 
 
 def _matmul(x_ref, y_ref, o_ref):

@@ -11,18 +11,12 @@ import pallax as pl
 from pallax._src import grid_mapping
 from pallax._src import pallas_call as pcall
 from pallax._src import plan as kplan
+from helpers import params_of
 
 pytestmark = pytest.mark.interpreter
 
 S = jax.ShapeDtypeStruct
 F32 = jnp.float32
-
-
-def params_of(fn, *args):
-  """The Params of the one pallas_call in ``fn(*args)``."""
-  jaxpr = jax.make_jaxpr(fn)(*args)
-  (params,) = [e.params["params"] for e in jaxpr.eqns if e.primitive is pcall.pallas_call_p]
-  return params
 
 
 # --- kernels, each with the plan facts it must give ----------------------------------------------
