@@ -168,22 +168,27 @@ def smem_operand(th, view: View, what: str) -> np.ndarray:
   return mask
 
 
-def check_committed_tmem(th, view: View, mask, what: str):
+def _pending(th, view: View, mask, kind: str):
+  """(thread, line) of each TMEM ``kind`` ("stores" not committed, "loads" not waited for) of
+  any thread that overlaps ``view`` where ``mask`` is set."""
   for other in _threads(th):
-    for buf, m, line in state(other).stores:
+    for buf, m, line in getattr(state(other), kind):
       if buf is view.buf and (m & mask).any():
-        fail(th, f"{what} uses {view.buf.name} while the async_store_tmem into it by "
-                 f"{other.describe()} at {_at(line)} is not committed: call plgpu.commit_tmem() "
-                 "in the storing thread after the store (and before any barrier it arrives on)")
+        yield other, line
+
+
+def check_committed_tmem(th, view: View, mask, what: str):
+  for other, line in _pending(th, view, mask, "stores"):
+    fail(th, f"{what} uses {view.buf.name} while the async_store_tmem into it by "
+             f"{other.describe()} at {_at(line)} is not committed: call plgpu.commit_tmem() "
+             "in the storing thread after the store (and before any barrier it arrives on)")
 
 
 def check_loads_done(th, view: View, mask, what: str):
-  for other in _threads(th):
-    for buf, m, line in state(other).loads:
-      if buf is view.buf and (m & mask).any():
-        fail(th, f"{what} overwrites {view.buf.name} while the async_load_tmem of it by "
-                 f"{other.describe()} at {_at(line)} may still be reading: call "
-                 "plgpu.wait_load_tmem() in the loading thread first")
+  for other, line in _pending(th, view, mask, "loads"):
+    fail(th, f"{what} overwrites {view.buf.name} while the async_load_tmem of it by "
+             f"{other.describe()} at {_at(line)} may still be reading: call "
+             "plgpu.wait_load_tmem() in the loading thread first")
 
 
 def _check_completed(th, view: View, mask, what: str):
