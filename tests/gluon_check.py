@@ -45,8 +45,25 @@ def lower(params):
   from pallax._src.gluon import compile as gluon_compile
 
   def attempt():
-    gluon_compile.compile_params(params)
+    gluon_compile.compile_params(with_exchange(params))
   return _memo(_lowered, params, attempt)
+
+
+def with_exchange(params):
+  """``params`` as a GPU lowering under ``jax.shard_map`` gives them to the Gluon backend, for a
+  kernel that reads mesh coordinates or reaches its peers (gpu/peers.py): the mesh's axes are
+  the names its ``lax.axis_index`` takes that are not its own (two devices each, here)."""
+  from pallax._src import jax_internals as ji
+  from pallax._src import jaxpr_util, remote
+  from pallax._src.gpu import peers
+  own = set(params.grid_mapping.grid_names or ())
+  own |= {n for n, _ in params.threads.axis_env()} if params.threads is not None else set()
+  mesh = sorted({e.params["axis_name"] for e in jaxpr_util.equations(params.jaxpr)
+                 if e.primitive is ji.axis_index_p and e.params["axis_name"] not in own})
+  if not mesh and not remote.uses_remote(params.jaxpr):
+    return params
+  import dataclasses
+  return dataclasses.replace(params, peers=peers.exchange(params, tuple((a, 2) for a in mesh)))
 
 
 # The sm_90a refusal of a kernel that uses Blackwell's operations (gluon/codegen.py).

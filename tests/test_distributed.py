@@ -395,17 +395,18 @@ def test_a_remote_kernel_outside_a_mesh_is_a_mesh_of_one():
   np.testing.assert_array_equal(k(x), np.asarray(x) + 1)
 
 
-def test_gpu_backends_refuse_remote_references():
-  """Lowered for a GPU (no GPU needed to lower): a clear NotImplementedError, never a kernel
-  that writes its own memory instead of the peer's."""
+def test_the_triton_backend_refuses_remote_references():
+  """Lowered for a GPU (no GPU needed to lower): a pallas_call the Triton backend would run
+  gets a clear NotImplementedError pointing to the Mosaic GPU API, never a kernel that writes its
+  own memory instead of the peer's (Mosaic GPU kernels reach peers: tests/test_peers.py)."""
   x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
 
-  @plgpu.kernel(out_shape=x)
   def k(x_ref, o_ref):
     plgpu.remote_ref(o_ref, 0)[...] = x_ref[...]
 
-  with pytest.raises(NotImplementedError, match="other devices' memory.*not supported by the Gluon"):
-    jax.jit(k).trace(x).lower(lowering_platforms=("cuda",))
+  f = pl.pallas_call(k, out_shape=x)
+  with pytest.raises(NotImplementedError, match="other devices' memory.*triton backend.*mosaic_gpu"):
+    jax.jit(f).trace(x).lower(lowering_platforms=("cuda",))
 
 
 @simulated

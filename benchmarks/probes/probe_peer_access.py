@@ -35,9 +35,9 @@ if sys.argv[1] == "enable":
   ctx0, ctx1 = ctypes.c_void_p(), ctypes.c_void_p()
   assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx0), 0) == 0
   assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx1), 1) == 0
-  assert cu.cuCtxPushCurrent(ctx0) == 0
+  assert cu.cuCtxPushCurrent_v2(ctx0) == 0
   print("cuCtxEnablePeerAccess(0 -> 1):", cu.cuCtxEnablePeerAccess(ctx1, 0), flush=True)
-  cu.cuCtxPopCurrent(ctypes.byref(ctypes.c_void_p()))
+  cu.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
 with torch.cuda.device(0):
   _write[(1,)](Ptr(p1), 1024, BLOCK=1024)
   torch.cuda.synchronize(0)

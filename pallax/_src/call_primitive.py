@@ -39,6 +39,8 @@ class Params:
   arg_names: tuple[str, ...] = ()   # the kernel's parameter names (for generated code)
   threads: Any = None   # a Mosaic GPU kernel's cluster and thread axes (mosaic_gpu.core.ThreadInfo)
   jvp_of: Any = None    # a JVP call: (the primal call's Params, its operand count), for linearize
+  peers: Any = None     # on a GPU, the operands that give the kernel its peers' addresses and its
+                        # mesh coordinates (gpu.peers.Exchange), once they are added
 
   @property
   def out_avals(self):

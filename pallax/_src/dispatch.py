@@ -11,6 +11,7 @@ from pallax._src.interpret import devices, interpreter
 from pallax._src import jax_internals as ji
 from pallax._src import remote
 from pallax._src.call_primitive import Params, pallas_call_p
+from pallax._src.gpu import peers
 
 
 def _without_host_callbacks(ctx) -> str | None:
@@ -48,8 +49,12 @@ def _lowering(ctx, *args, params: Params, platform: str):
   if backend is None and backends.needs_eager_interpreter(params):
     return ji.mlir.lower_fun(functools.partial(devices.run_traced, params=params),
                              multiple_results=True)(ctx, *args)
-  if backend is not None:
-    remote.refuse_on_gpu(params, "Gluon" if backends.is_mosaic_gpu(params) else backend.name)
+  if backend is not None and not backends.is_mosaic_gpu(params):
+    remote.refuse_on_gpu(params, backend.name)
+  if backend is not None and backends.is_mosaic_gpu(params) and params.peers is None and \
+      peers.needed(params):   # (the call again, with its peers' addresses: gpu/peers.py)
+    return ji.mlir.lower_fun(functools.partial(peers.call, params=params, bind=pallas_call_p.bind),
+                             multiple_results=True)(ctx, *args)
   if backend is not None and backends.is_mosaic_gpu(params):
     return _mosaic_backend(params, platform).lowering(ctx, *args, params=params)
   if backend is not None:

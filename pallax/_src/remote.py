@@ -124,14 +124,21 @@ def uses_remote(closed_jaxpr) -> bool:
              for v in eqn.params.values())
 
 
-def refuse_on_gpu(params, backend: str) -> None:
-  """GPU backends cannot address a peer's memory, nor give a kernel its device's mesh
-  coordinates, yet: a clear error, never a wrong answer."""
-  info = getattr(params, "threads", None)   # the kernel's own thread and cluster axes win
+def mesh_axes_read(params) -> list:
+  """The mesh axes whose ``lax.axis_index`` the kernel reads (the kernel's own thread and
+  cluster axes win over mesh axes of the same name)."""
+  info = getattr(params, "threads", None)
   own = {n for n, _ in info.axis_env()} if info is not None else set()
   mesh = set(ji.mesh_axis_sizes()) - own
-  named = [e.params["axis_name"] for e in jaxpr_util.equations(params.jaxpr)
-           if e.primitive is ji.axis_index_p and e.params["axis_name"] in mesh]
+  return [e.params["axis_name"] for e in jaxpr_util.equations(params.jaxpr)
+          if e.primitive is ji.axis_index_p and e.params["axis_name"] in mesh]
+
+
+def refuse_on_gpu(params, backend: str) -> None:
+  """The Triton backend cannot address a peer's memory, nor give a kernel its device's mesh
+  coordinates, yet (the Gluon backend can: ``gpu/peers.py``): a clear error, never a wrong
+  answer."""
+  named = mesh_axes_read(params)
   if named:
     raise NotImplementedError(
         f"pallas_call {params.name}: lax.axis_index({named[0]!r}) of a mesh axis inside a kernel "
@@ -142,6 +149,7 @@ def refuse_on_gpu(params, backend: str) -> None:
     raise NotImplementedError(
         f"pallas_call {params.name}: references to other devices' memory (plgpu.remote_ref, "
         f"semaphore_signal(..., device_id=...)) are not supported by the {backend} backend yet "
-        "(docs/distributed.md says how they will be). Run the kernel in pallax's interpreter "
-        "(interpret=True, under jax.shard_map), or move data between devices with collectives "
-        "(lax.all_gather, lax.ppermute) around the kernel")
+        "(docs/distributed.md): write the kernel with pallax.mosaic_gpu (the Gluon backend "
+        "reaches peers), run it in pallax's interpreter (interpret=True, under jax.shard_map), "
+        "or move data between devices with collectives (lax.all_gather, lax.ppermute) around "
+        "the kernel")

@@ -14,6 +14,7 @@ import numpy as np
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Gmem, Val, layout_rule
 from pallax._src.gluon.events import Access, BarrierOp
+from pallax._src.gluon import peers
 from pallax._src.gluon.memory import gmem_pointers, gmem_view_shape
 from pallax._src.gluon.values import to_layout
 from pallax._src.gluon.writer import GmemRef, rule
@@ -36,6 +37,7 @@ def _atomic(ctx, *invals, op, **_):
                     "a GMEM array atomically, or reduce in registers and store)")
   if op not in _OPS:
     gen.unsupported(f"plgpu.atomic_{op}")
+  ref, transforms = peers.resolve(gen, ref, transforms)
   ptrs, shape, layout, mask, offset = gmem_pointers(gen, ref, transforms)
   gen.events.append(Access("atomic", ref.origin, shape, offset))
   if shape:
@@ -56,9 +58,16 @@ def _semaphore(gen, ref, transforms, what: str):
   return gen.render(ptr)
 
 
+def _scope(gen, memory_scope: str) -> str:
+  """A semaphore's memory scope: the system's in a kernel that reaches other GPUs (their
+  signals and the data they order cross devices), else the one asked for."""
+  return "sys" if gen.peers is not None and gen.peers.exchange.remote else memory_scope
+
+
 @rule(mp.semaphore_signal_p)
 def _signal(ctx, *invals, memory_scope, **_):
   gen = ctx.gen
+  memory_scope = _scope(gen, memory_scope)
   (ref, transforms), (inc,) = _ref(ctx, invals)
   ptr = _semaphore(gen, ref, transforms, "semaphore_signal")
   # (as an arrival, so that per-warp code is written with the signalling warp first: warps.py)
@@ -71,6 +80,7 @@ def _signal(ctx, *invals, memory_scope, **_):
 @rule(mp.semaphore_wait_p)
 def _wait(ctx, *invals, decrement, memory_scope, **_):
   gen = ctx.gen
+  memory_scope = _scope(gen, memory_scope)
   (ref, transforms), (value,) = _ref(ctx, invals)
   ptr = _semaphore(gen, ref, transforms, "semaphore_wait")
   gen.events.append(BarrierOp("wait", f"semaphore {ref.origin}"))
@@ -100,7 +110,8 @@ def _read(ctx, *invals, **_):
   (ref, transforms), _ = _ref(ctx, invals)
   ptr = _semaphore(gen, ref, transforms, "semaphore_read")
   value = gen.fresh_name("sem_value", np.int32, ())
-  gen.emit_scalar(f"{value.name} = gl.atomic_add({ptr}, 0, sem=\"acquire\", scope=\"gpu\")")
+  scope = _scope(gen, "gpu")
+  gen.emit_scalar(f"{value.name} = gl.atomic_add({ptr}, 0, sem=\"acquire\", scope=\"{scope}\")")
   return value
 
 

@@ -27,7 +27,7 @@ from pallax._src.gluon import copies, memory, mma_sync, warps  # noqa: F401 (the
 from pallax._src.gluon import atomics, reshapes  # noqa: F401 (their rules register)
 from pallax._src.gluon import blackwell, clusters, scheduling, tmem_copies
 from pallax._src.gluon import layouts as L
-from pallax._src.gluon import order
+from pallax._src.gluon import order, peers
 from pallax._src.gluon import threads as warp_specialize
 from pallax._src.gluon.allocation import allocate, allocate_layouts, hoist_nested
 from pallax._src.gluon.assign import Assigner, Assignment, Gmem, Val
@@ -121,10 +121,13 @@ def generate(params, target: int = 90) -> GluonSource:
   gen.approx_math = bool(getattr(params.compiler_params, "approx_math", False))
   names = tuple(gm.grid_names or ())
   axes = [(n, g) for n, g in zip(names, gm.grid)] + list(info.axis_env() if info else ())
+  axes += [a for a in (params.peers.axes if params.peers is not None else ())
+           if a[0] not in dict(axes)]
   with ji.extend_axis_env_nd(axes):   # legalizing retraces lax.axis_index
     jaxpr = order.hoist_reads(legalize(params.jaxpr, min(target, 90)))
   gen.mma_bits, gen.wgmma = _mma_bits(jaxpr)
-  gen.assignment = _assign(gen, jaxpr, gm, info)
+  mesh_axes = params.peers.axes if params.peers is not None else ()
+  gen.assignment = _assign(gen, jaxpr, gm, info, mesh_axes)
   gen.scope = gen.assignment.top
   plan = plan_for(params, kind="mosaic_gpu")
   launch_ids, launch_names, lanes = _launch_ids(gen, plan, gm, info)
@@ -135,10 +138,14 @@ def generate(params, target: int = 90) -> GluonSource:
     ptr = src.identifier(f"{'in' if bm.origin.startswith('args') else 'out'}{k}_ptr")
     refs.append(GmemRef(ptr, tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), bm.origin,
                         _block_indexer(gen, bm, ids)))
+  if params.peers is not None:
+    peers.start(gen, params.peers, refs, jaxpr)
   main, parts, split = _lower_kernel(gen, jaxpr, [*ids, *refs], info, target)
   _check(gen, params.name)
   clusters.refuse(params, gen, parts)
   signature, host = _signature(gen, refs)
+  if params.peers is not None:
+    signature, host = peers.parameters(signature, host, params.peers)
   if split:
     source = _threaded_module(gen, name, list(signature), main, parts, launch_ids)
   else:
@@ -201,13 +208,14 @@ def _fixed_axes(info) -> dict:
   return axes
 
 
-def _assign(gen: Writer, jaxpr, gm, info) -> Assignment:
+def _assign(gen: Writer, jaxpr, gm, info, mesh_axes=()) -> Assignment:
   """The layout assignment of the kernel: the jaxprs ``generate`` lowers, analysed in the
   same order (index maps, then the body, once per thread)."""
   a = Assigner(gen)
   launch, launch_names = clusters.launch_axes(gm, info)
   ids = [Val((), np.dtype(np.int32)) for _ in launch]
-  a.axes = {**dict(zip(launch_names, ids)), **_fixed_axes(info)}
+  mesh = {n: Val((), np.dtype(np.int32)) for n, _ in mesh_axes}
+  a.axes = {**mesh, **dict(zip(launch_names, ids)), **_fixed_axes(info)}
   ids = ids[:len(gm.grid)]
   refs = []
   for bm in gm.block_mappings:
@@ -259,7 +267,8 @@ def _kernel_made(gen: Writer, signature: dict, part: Partition) -> list[str]:
   function: the layouts they name are its)."""
   outer, gen.used_layouts = gen.used_layouts, part.layouts
   try:
-    lines = [f"    {d.line(gen)}" for d in gen.descriptors.values() if d.name not in signature]
+    lines = peers.kernel_start(gen) + [
+        f"    {d.line(gen)}" for d in gen.descriptors.values() if d.name not in signature]
     gen.claim()
     return lines
   finally:
@@ -363,7 +372,7 @@ def _threaded_module(gen: Writer, name: str, params: list[str], main: Partition,
   """One function per thread, and the kernel: descriptors, collective scratch, the split."""
   shared = list(dict.fromkeys(
       params + [d.name for d in gen.descriptors.values()] + [i.name for i in ids if isinstance(i, ex.Name)]
-      + gen.hoisted_names()))
+      + gen.hoisted_names() + peers.shared_names(gen)))
   lines = [_HEADER + (blackwell.HEADER if getattr(gen, "blackwell", False) else "")]
   made = _kernel_made(gen, params, main)
   *threads, (body, layouts) = gen.live([(p.lines, p.layouts) for p in parts] +

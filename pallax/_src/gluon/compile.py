@@ -77,8 +77,11 @@ def gluon_lowering(ctx, *args, params):
   k = gpu_launch.Launch(c.name, c.ptx, c.ttgir, TARGET, c.num_warps, c.shared_mem_bytes,
                         c.global_scratch_size, c.global_scratch_align, c.grid)
   LAUNCHES += 1
+  aliases = dict(params.input_output_aliases)
+  if params.peers is not None:   # the buffers made for its outputs (gpu/peers.py)
+    aliases.update(params.peers.aliases())
   return gpu_launch.ffi_kernel_call(ctx, list(args), k, lambda lib: _kernel_params(lib, c),
-                                    dict(params.input_output_aliases))
+                                    aliases)
 
 
 # Triton's element type codes of TMA descriptors -> CUDA's CUtensorMapDataType (they differ for

@@ -23,8 +23,10 @@ def _axis_index(ctx, *, axis_name):
   return ctx.gen.axes[axis_name]
 
 
-@rule(ji.optimization_barrier_p)
+@rule(ji.optimization_barrier_p, *ji.vma_casts)
 def _identity(ctx, *xs, **_):
+  """(``jax.shard_map(check_vma=True)`` marks values that vary over mesh axes; in a kernel the
+  mark changes nothing)"""
   return list(xs)
 
 
@@ -84,7 +86,7 @@ def _axis_index_layouts(ctx, *, axis_name):
   return ctx.a.axes.get(axis_name)
 
 
-@layout_rule(ji.optimization_barrier_p)
+@layout_rule(ji.optimization_barrier_p, *ji.vma_casts)
 def _identity_layouts(ctx, *xs, **_):
   return list(xs)
 

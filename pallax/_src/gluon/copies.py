@@ -22,6 +22,7 @@ from pallax._src.gluon.events import Access, BarrierOp, Copy, SmemView
 from pallax._src.gluon.memory import (barrier_view, gmem_pointers, register_view, register_view_layouts,
                                       row_slice, smem_view, smem_view_layouts)
 from pallax._src.gluon.values import I32, i32, iota_in
+from pallax._src.gluon import peers
 from pallax._src.gluon.writer import GmemRef, SmemRef, rule
 
 
@@ -91,6 +92,8 @@ def barrier_name(b) -> str:
 
 def _refs(ctx, invals):
   refs, rest = mp.split_refs(invals, ctx.eqn.params["trees"])
+  refs = [peers.resolve(ctx.gen, *r, tma=True) if r is not None and isinstance(r[0], GmemRef)
+          else r for r in refs]
   return refs, rest
 
 

@@ -10,6 +10,7 @@ from jax import lax
 
 from pallax._src import jax_internals as ji
 from pallax._src import ref_access
+from pallax._src import remote
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Closed, Gmem, Smem, Val, layout_rule
 from pallax._src.gluon.events import Access
@@ -18,6 +19,7 @@ from pallax._src.gluon.smem_views import (compose_slices, dynamic_piece, flat_in
                                           static_slice, unstored)
 from pallax._src.gluon.values import (I32, dtype_token, i32, masked, shape_token, slice_layout,
                                       to_layout, valid_lanes, wait_all, wgmma_vector_of)
+from pallax._src.gluon import peers
 from pallax._src.gluon.writer import AccRef, BarrierRef, GmemRef, SmemRef, ValueRef, rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import Lit, call, method
@@ -132,6 +134,7 @@ def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple:
   """(the pointer tensor of a GMEM view, the view's shape, its layout, the mask of its padded
   lanes or None, its first element's offset): register accesses of GMEM read or write whole
   views; the interpreter checks their bounds."""
+  ref, transforms = peers.resolve(gen, ref, transforms)
   gen.pointer_uses.add(ref.ptr)
   rank = len(ref.shape)
   strides = [int(np.prod(ref.shape[k + 1:])) for k in range(rank)]
@@ -218,8 +221,9 @@ def _get(ctx, *invals, **_):
       gen.unsupported("indexing a value pl.run_state closes over")
     return a.ref.value
   if isinstance(a.ref, GmemRef):
-    ptrs, shape, layout, mask, offset = gmem_pointers(gen, a.ref, a.transforms)
-    gen.events.append(Access("load", a.ref.origin, shape, offset))
+    ref, transforms = peers.resolve(gen, a.ref, a.transforms)
+    ptrs, shape, layout, mask, offset = gmem_pointers(gen, ref, transforms)
+    gen.events.append(Access("load", ref.origin, shape, offset))
     masks = {} if mask is None else {"mask": mask}
     return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape, **masks), layout)
   if not isinstance(a.ref, SmemRef):
@@ -308,10 +312,11 @@ def _swap(ctx, ref, value, *leaves, **_):
   if ctx.is_used(0):
     gen.unsupported("using the old value of a store")
   if isinstance(a.ref, GmemRef):
-    ptrs, shape, layout, mask, offset = gmem_pointers(gen, a.ref, a.transforms)
-    gen.events.append(Access("store", a.ref.origin, shape, offset))
+    ref, transforms = peers.resolve(gen, a.ref, a.transforms)
+    ptrs, shape, layout, mask, offset = gmem_pointers(gen, ref, transforms)
+    gen.events.append(Access("store", ref.origin, shape, offset))
     if shape:
-      value = to_layout(gen, value, layout, shape, a.ref.dtype)
+      value = to_layout(gen, value, layout, shape, ref.dtype)
     masks = "" if mask is None else f", mask={gen.render(mask)}"
     gen.emit(f"gl.store({gen.render(ptrs)}, {gen.render(value)}{masks})")
     return None
@@ -374,6 +379,8 @@ def gmem_view_shape(ref: Gmem, transforms) -> tuple:
   for t in (*ref.pre, *transforms):
     if isinstance(t, ji.TransposeRef):
       shape = tuple(shape[p] for p in t.permutation)
+      continue
+    if isinstance(t, remote.PeerRef):   # the same view, of a peer
       continue
     shape = tuple(i.size for i in getattr(t, "indices", ()) if isinstance(i, ji.Slice))
   return shape

@@ -19,12 +19,13 @@ import dataclasses
 import numpy as np
 
 from pallax._src import jax_internals as ji
+from pallax._src import jaxpr_util
 from pallax._src import primitives as prims
 from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu import warps as mw
 from pallax._src.gluon import statements
 from pallax._src.gluon.events import Partition
-from pallax._src.gluon.writer import rule
+from pallax._src.gluon.writer import BarrierRef, rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import source as src
 
@@ -33,20 +34,53 @@ SCALAR_WORKER_WARPS = 1
 DEFAULT_WORKER_REGISTERS = 232
 
 
-def hoist(jaxpr, thread_name, allocate, hoisted: dict, every: bool = False) -> None:
-  """Allocates the collective scratch of straight-line code (not inside loops or branches) now,
-  with ``allocate(kind, aval)``, recording it by equation in ``hoisted``; a thread's own scopes
-  may hold some (a pipeline inside the scope of an accumulator). ``every``: all its scratch."""
+def hoist(jaxpr, thread_name, allocate, hoisted: dict, every: bool = False,
+          free: dict | None = None, again: bool = False) -> None:
+  """Allocates the collective scratch of the kernel now, with ``allocate(kind, aval)``,
+  recording it by equation in ``hoisted``; a thread's own scopes may hold some (a pipeline
+  inside the scope of an accumulator). ``every``: all its scratch.
+
+  A scope that begins after another has ended takes that one's SMEM buffers of the same types
+  (``free``), as a stack gives it the same memory (JAX's collective matmul runs its matmul's
+  scope twice), but barriers of its own: a barrier starts each scope fresh, at phase 0, and one
+  a scope left with completions no thread waited for cannot be handed on. So a scope with
+  barriers that a loop enters more than once (``again``) is refused."""
+  free = {} if free is None else free
   for eqn in jaxpr.eqns:
     p = eqn.params
     if eqn.primitive is prims.run_scoped_p:
       body = p["jaxpr"]
+      mine = []
       if every or thread_name in p.get("collective_axes", ()):
-        hoisted[eqn] = [allocate(t, v.aval.inner_aval)
-                        for t, v in zip(p["scratch_types"], body.invars[p["num_consts"]:])]
-      hoist(body, thread_name, allocate, hoisted, every)
+        hoisted[eqn] = []
+        for t, v in zip(p["scratch_types"], body.invars[p["num_consts"]:]):
+          key = (repr(t), tuple(v.aval.inner_aval.shape), str(v.aval.inner_aval.dtype))
+          ref = free[key].pop() if free.get(key) else allocate(t, v.aval.inner_aval)
+          if isinstance(ref, BarrierRef) and again:
+            raise NotImplementedError(
+                f"barriers shared by the threads ({thread_name!r}) in a scope that a loop enters "
+                f"more than once (at {ji.user_frame(eqn.source_info)}): the Gluon backend "
+                "allocates them once, and cannot start them afresh at each entry yet; allocate "
+                "them outside the loop, or run the kernel with interpret=True")
+          hoisted[eqn].append(ref)
+          if not isinstance(ref, BarrierRef):
+            mine.append((key, ref))
+      hoist(body, thread_name, allocate, hoisted, every, free, again)
+      for key, ref in mine:   # the scope has ended: a later one may take its SMEM
+        free.setdefault(key, []).append(ref)
     elif eqn.primitive in ji.CALL_PRIMITIVES:
-      hoist(p.get("jaxpr", p.get("call_jaxpr")), thread_name, allocate, hoisted, every)
+      hoist(p.get("jaxpr", p.get("call_jaxpr")), thread_name, allocate, hoisted, every, free, again)
+    elif thread_name is not None:   # loops and branches of a kernel with threads
+      loops = again or _repeats(eqn)
+      for sub in jaxpr_util.sub_jaxprs(p):
+        hoist(sub, thread_name, allocate, hoisted, every, free, loops)
+
+
+def _repeats(eqn) -> bool:
+  """Whether the equation may run its sub-jaxprs more than once (a loop not of one step)."""
+  if eqn.primitive is ji.cond_p:
+    return False
+  return not (eqn.primitive is ji.scan_p and eqn.params["length"] <= 1)
 
 
 def partitions(gen, jaxpr, args, info) -> list[Partition]:

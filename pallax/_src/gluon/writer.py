@@ -159,6 +159,7 @@ class Writer(src.Source):
     self.warp_mapped = False                 # whether the thread being written has warp_map
     self.warp_body = False                   # ... and its warp only_warp has a body there
     self.warp_written: set = set()           # ids of the lines and events warp bodies wrote
+    self.peers = None                        # a kernel's peers and mesh axes (peers.py)
 
   def emit(self, line: str):
     super().emit(line)
@@ -174,6 +175,8 @@ class Writer(src.Source):
     """``name = e``, kept as a ``statements.Binding`` (left out unless read) where ``e`` is
     pure; the layouts it takes are its own."""
     text = f"{name.name} = {ex.Renderer('gl')(e)}"
+    if self.peers is not None and not name.shape:
+      self.peers.scalars[name.name] = e          # (a peer's device, known at the start?)
     if not statements.pure(e):
       self.render.reads.update(ex.names(e))
       self.emit(text)
