@@ -97,17 +97,38 @@ def test_lowers_to_sm90a_ptx_without_a_gpu():
   assert "wgmma.mma_async" in k.ptx and all(s in k.ptx for s in PTX_MUST_HAVE)
 
 
+def _scratch_in_a_loop(o_ref, *, barrier: bool):
+  """Two threads; a loop of two steps, each entering a scope shared by the threads (an SMEM
+  buffer, and a barrier if asked) that thread 0 fills with its step number, thread 1 waiting."""
+  def step(k, _):
+    def scope(smem, *bar):
+      @pl.when(lax.axis_index("wg") == 0)
+      def _():
+        smem[...] = jnp.full(smem.shape, k, smem.dtype)
+        o_ref[...] = smem[...] + o_ref[...]
+    pl.run_scoped(scope, plgpu.SMEM((128,), jnp.float32),
+                  *([plgpu.Barrier(num_arrivals=2)] if barrier else []), collective_axes="wg")
+  @pl.when(lax.axis_index("wg") == 0)
+  def _():
+    o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+  lax.fori_loop(0, 2, step, None)
+
+
+def test_collective_smem_inside_a_loop():
+  """A scope shared by the threads inside a loop takes the same SMEM at every entry (what a stack
+  gives it): in the interpreter (the suite also lowers it to Gluon), 0 + 1 in every element."""
+  f = plgpu.kernel(functools.partial(_scratch_in_a_loop, barrier=False), interpret=True,
+                   out_type=jax.ShapeDtypeStruct((128,), jnp.float32), num_threads=2,
+                   thread_name="wg")
+  np.testing.assert_array_equal(np.asarray(f()), np.ones(128, np.float32))
+
+
 def test_what_the_gluon_backend_cannot_express_says_so():
-  def scratch_in_a_loop(o_ref):
-    def step(k, _):
-      def scope(smem):
-        smem[...] = jnp.zeros(smem.shape, smem.dtype)
-        o_ref[...] = smem[...]
-      pl.run_scoped(scope, plgpu.SMEM((128,), jnp.float32), collective_axes="wg")
-    lax.fori_loop(0, 2, step, None)
-  f = plgpu.kernel(scratch_in_a_loop, out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
-                   num_threads=2, thread_name="wg")
-  with pytest.raises(NotImplementedError, match="shared by the threads.*inside a loop.*interpret=True"):
+  f = plgpu.kernel(functools.partial(_scratch_in_a_loop, barrier=True),
+                   out_type=jax.ShapeDtypeStruct((128,), jnp.float32), num_threads=2,
+                   thread_name="wg")
+  with pytest.raises(NotImplementedError, match="barriers shared by the threads.*a loop enters "
+                                                "more than once.*interpret=True"):
     plgpu.lower(f)
 
   def dynamic_smem_slice(o_ref, smem):   # (slices of a power-of-two size lower: test_gluon_gaps)

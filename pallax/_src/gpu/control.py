@@ -9,6 +9,8 @@ these; the loop and ``if`` statements, the carries' and results' assignments (th
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from pallax._src.gpu import expr as ex
@@ -25,20 +27,30 @@ def fori_loop(gen, body, consts, index: ex.Name, start: ex.Expr, length: int, ca
   writes the carries' reassignment: a backend whose carries may be Refs passes its own."""
   stop = ex.add(start, ex.Lit(int(length), dtype=I32))
   gen.emit_scalar(f"for {index.name} in range({gen.render(start)}, {gen.render(stop)}):")
-  gen.depth += 1
-  # The body's first result, the next index, is the loop's own business.
-  new = gen.lower_jaxpr(body, [*consts, index, *carry], unused_outputs=(0,))
-  (assign or gen.assign)(carry, new[1:])
-  gen.depth -= 1
+  with _block(gen):
+    # The body's first result, the next index, is the loop's own business.
+    new = gen.lower_jaxpr(body, [*consts, index, *carry], unused_outputs=(0,))
+    (assign or gen.assign)(carry, new[1:])
   return [gen.bind(stop, "i_end"), *carry]
+
+
+@contextlib.contextmanager
+def _block(gen):
+  """The body of the block just opened, one level deeper; one with no statement (a thread
+  with nothing to do in a loop) gets ``pass``."""
+  start = len(gen.lines)
+  gen.depth += 1
+  yield
+  if not any(line.strip() and not line.lstrip().startswith("#") for line in gen.lines[start:]):
+    gen.emit_scalar("pass")
+  gen.depth -= 1
 
 
 def repeat(gen, body, consts, length: int, carry: list, assign=None) -> list:
   """``for _ in range(length): carry = body(*consts, *carry)`` (a scan over no arrays)."""
   gen.emit_scalar(f"for _ in range({length}):")
-  gen.depth += 1
-  (assign or gen.assign)(carry, gen.lower_jaxpr(body, [*consts, *carry]))
-  gen.depth -= 1
+  with _block(gen):
+    (assign or gen.assign)(carry, gen.lower_jaxpr(body, [*consts, *carry]))
   return carry
 
 
