@@ -79,6 +79,7 @@ _lowered: dict = {}   # Params -> None, or why it did not lower
 
 def _lower(params) -> str | None:
   """Why ``params``' kernel does not lower to PTX for each of LOWER_FOR (None: it does)."""
+  import gluon_check   # (with_exchange: a kernel under jax.shard_map, as the lowering gives it)
   from pallax._src.triton import codegen
   from pallax._src.triton.compile import compile_kernel
   try:
@@ -88,7 +89,7 @@ def _lower(params) -> str | None:
   why = None
   for cc in LOWER_FOR:
     try:
-      compile_kernel(codegen.generate(params, cc), cc, params.name)
+      compile_kernel(codegen.generate(gluon_check.with_exchange(params), cc), cc, params.name)
     except NotImplementedError as e:
       if "compute capability" not in str(e):   # fp8 on sm_80 is refused by design
         why = f"sm_{cc}: {type(e).__name__}: {e}"

@@ -50,9 +50,9 @@ def lower(params):
 
 
 def with_exchange(params):
-  """``params`` as a GPU lowering under ``jax.shard_map`` gives them to the Gluon backend, for a
-  kernel that reads mesh coordinates or reaches its peers (gpu/peers.py): the mesh's axes are
-  the names its ``lax.axis_index`` takes that are not its own (two devices each, here)."""
+  """``params`` as a GPU lowering under ``jax.shard_map`` gives them to a backend, for a kernel
+  that reads mesh coordinates or reaches its peers (gpu/peers.py): the mesh's axes are the names
+  its ``lax.axis_index`` takes that are not its own (two devices each, here)."""
   from pallax._src import jax_internals as ji
   from pallax._src import jaxpr_util, remote
   from pallax._src.gpu import peers

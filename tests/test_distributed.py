@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 import pallax as pl
 import pallax.mosaic_gpu as plgpu
+import pallax.triton as pl_triton
 from pallax import KernelCheckError
 
 N = 4   # simulated devices
@@ -410,16 +411,20 @@ def test_the_triton_backend_refuses_remote_references():
 
 
 @simulated
-def test_gpu_backends_refuse_mesh_axis_index_in_kernels():
-  """The device's coordinates inside a kernel are the interpreter's only, for now."""
+def test_mesh_axis_index_in_a_triton_kernel_lowers_for_cuda():
+  """The device's coordinates inside a Triton kernel: an operand the lowering adds (gpu/peers.py),
+  read once at the kernel's start; lowered ahead of time for CUDA (no GPU needed)."""
   def f(x):
     def k(x_ref, o_ref):
       o_ref[...] = x_ref[...] + lax.axis_index("x")
-    return pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+    return pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          compiler_params=pl_triton.CompilerParams(compute_capability=90))(x)
 
   g = on_mesh(f, mesh(N), P("x"), P("x"))
-  with pytest.raises(NotImplementedError, match=r"lax.axis_index\('x'\) of a mesh axis.*triton backend"):
-    g.trace(jax.ShapeDtypeStruct((N * 8, 128), jnp.float32)).lower(lowering_platforms=("cuda",))
+  hlo = g.trace(jax.ShapeDtypeStruct((N * 8, 128), jnp.float32)).lower(
+      lowering_platforms=("cuda",)).as_text()
+  (call,) = [line for line in hlo.splitlines() if "__gpu$xla.gpu.ptx" in line]
+  assert "(tensor<8x128xf32>, tensor<1xi32>," in call   # the operand, then the coordinates
 
 
 # --- 3. JAX's collective matmul ----------------------------------------------------------------

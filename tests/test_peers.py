@@ -94,6 +94,13 @@ def plus_coordinate(x, interpret=False):
   return k(x)
 
 
+def plus_coordinate_triton(x, interpret=False):
+  """The same as a pallas_call the Triton backend runs."""
+  def k(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + lax.axis_index("x").astype(x.dtype)
+  return pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=interpret)(x)
+
+
 def expected(kernel, x: np.ndarray, n: int) -> np.ndarray:
   shards = np.split(np.asarray(x), n)
   if kernel is send_to_next:
@@ -210,7 +217,7 @@ def test_a_remote_tma_copy_to_a_device_computed_in_a_loop_is_refused():
 def test_the_kernels_in_the_interpreter_on_one_device():
   """A mesh of one device: each kernel's peer is itself (the GPU tests compare with these)."""
   x = rand(64, 64)
-  for kernel in (send_to_next, store_into_previous, plus_coordinate):
+  for kernel in (send_to_next, store_into_previous, plus_coordinate, plus_coordinate_triton):
     out = on_mesh(functools.partial(kernel, interpret=True), _one_device_mesh())(x)
     np.testing.assert_allclose(np.asarray(out), expected(kernel, x, 1), rtol=1e-6)
 
@@ -229,7 +236,8 @@ def _gpu_mesh():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", [send_to_next, store_into_previous, plus_coordinate])
+@pytest.mark.parametrize("kernel", [send_to_next, store_into_previous, plus_coordinate,
+                                    plus_coordinate_triton])
 @pytest.mark.parametrize("check_vma", [False, True])
 def test_remote_kernels_on_two_gpus(kernel, check_vma):
   """Each kernel on 2 GPUs, three calls in a row on fresh inputs, against NumPy and against

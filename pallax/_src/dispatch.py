@@ -51,8 +51,8 @@ def _lowering(ctx, *args, params: Params, platform: str):
                              multiple_results=True)(ctx, *args)
   if backend is not None and not backends.is_mosaic_gpu(params):
     remote.refuse_on_gpu(params, backend.name)
-  if backend is not None and backends.is_mosaic_gpu(params) and params.peers is None and \
-      peers.needed(params):   # (the call again, with its peers' addresses: gpu/peers.py)
+  if backend is not None and params.peers is None and peers.needed(params):
+    # (the call again, given its mesh coordinates and its peers' addresses: gpu/peers.py)
     return ji.mlir.lower_fun(functools.partial(peers.call, params=params, bind=pallas_call_p.bind),
                              multiple_results=True)(ctx, *args)
   if backend is not None and backends.is_mosaic_gpu(params):

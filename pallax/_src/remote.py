@@ -135,16 +135,8 @@ def mesh_axes_read(params) -> list:
 
 
 def refuse_on_gpu(params, backend: str) -> None:
-  """The Triton backend cannot address a peer's memory, nor give a kernel its device's mesh
-  coordinates, yet (the Gluon backend can: ``gpu/peers.py``): a clear error, never a wrong
-  answer."""
-  named = mesh_axes_read(params)
-  if named:
-    raise NotImplementedError(
-        f"pallas_call {params.name}: lax.axis_index({named[0]!r}) of a mesh axis inside a kernel "
-        f"is not supported by the {backend} backend yet; compute it in the shard_map body, "
-        f"outside the kernel, and pass it in as an operand (jnp.full((1,), "
-        f"lax.axis_index({named[0]!r}))), or run the kernel in pallax's interpreter")
+  """The Triton backend cannot address a peer's memory (the Gluon backend can:
+  ``gpu/peers.py``): a clear error, never a wrong answer."""
   if uses_remote(params.jaxpr):
     raise NotImplementedError(
         f"pallas_call {params.name}: references to other devices' memory (plgpu.remote_ref, "

@@ -18,6 +18,8 @@ import math
 
 import numpy as np
 
+from pallax._src import jax_internals as ji
+from pallax._src import jaxpr_util
 from pallax._src.plan import plan_for
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import dot_algorithms, legalize, tiling
@@ -125,11 +127,14 @@ def _check_supported(params, compute_capability: int):
 def generate(params, compute_capability: int = 90) -> KernelSource:
   _check_supported(params, compute_capability)
   written = params
-  params, plan = prepare(params, compute_capability)
+  mesh_axes = params.peers.axes if params.peers is not None else ()
+  with ji.extend_axis_env_nd(mesh_axes):   # (legalizing retraces lax.axis_index)
+    params, plan = prepare(params, compute_capability)
   gm, jaxpr = params.grid_mapping, params.jaxpr
   gen = Writer(params.name, compute_capability, memory.load_constant)
   gen.approx_math = bool(_option(params.compiler_params, "approx_math", False))
   ptrs = _pointers(gen, params)
+  mesh_coordinates(gen, params)
   par, seq = plan.launch.parallel, plan.launch.sequential
   gen.emit(f"# grid {gm.grid}: axes {par} run as parallel programs"
            + (f", axes {seq} as loops inside each program" if seq else ""))
@@ -154,6 +159,8 @@ def _source(gen, params, ptrs, launch: int) -> KernelSource:
   gm = params.grid_mapping
   n_in = gm.num_index_operands + gm.num_inputs
   consts = [ex.Name(n, dtype=a.dtype) for n, a in gen.constants]
+  if params.peers is not None:   # the device's mesh coordinates, after the constants
+    consts.append(ex.Name("mesh_coords", dtype=np.dtype(np.int32)))
   ptrs = ptrs[:n_in] + consts + ptrs[n_in:]
   names = [p.name for p in ptrs] + [h[0] for h in gen.hidden]
   dtypes = [p.dtype for p in ptrs] + [h[2] for h in gen.hidden]
@@ -176,6 +183,19 @@ def _pointers(gen, params) -> list[ex.Name]:
   names = list(params.arg_names) or [f"ref{i}" for i in range(n)]
   avals = list(gm.index_map_avals[rank:]) + [bm.array_aval for bm in gm.block_mappings]
   return [ex.Name(gen.fresh(nm), dtype=np.dtype(a.dtype)) for nm, a in zip(names[:n], avals)]
+
+
+def mesh_coordinates(gen, params) -> None:
+  """Under ``jax.shard_map``, the coordinates of the kernel's device along the mesh axes its
+  ``lax.axis_index`` reads, loaded at its start from the operand ``gpu/peers.py`` adds."""
+  if params.peers is None:
+    return
+  read = {e.params["axis_name"] for e in jaxpr_util.equations(params.jaxpr)
+          if e.primitive is ji.axis_index_p}
+  for k, (a, _) in enumerate(params.peers.axes):
+    if a in read:
+      coord = ex.binary("+", ex.Name("mesh_coords", dtype=np.dtype(np.int32)), tl.i32(k))
+      gen.mesh[a] = gen.bind(ex.call("tl.load", coord, dtype=np.dtype(np.int32)), f"mesh_{a}")
 
 
 def _program_ids(gen, gm, plan) -> list[ex.Name]:

@@ -83,8 +83,11 @@ def triton_lowering(ctx, *args, params):
   # kernel is shared by kernels that differ only in their values: they come from ``ks``).
   consts = [ji.mlir.ir_constant(a) for a in ks.constants]
   const_avals = [ji.ShapedArray(a.shape, a.dtype) for a in ks.constants]
-  ctx = ctx.replace(avals_in=[*ctx.avals_in, *const_avals])
-  operands, aliases, k = [*args, *consts], dict(params.input_output_aliases), launch_of(c)
+  # Under jax.shard_map, the device's mesh coordinates come last (gpu/peers.py), after them.
+  n = len(args) - (params.peers is not None)
+  ctx = ctx.replace(avals_in=[*ctx.avals_in[:n], *const_avals, *ctx.avals_in[n:]])
+  operands = [*args[:n], *consts, *args[n:]]
+  aliases, k = dict(params.input_output_aliases), launch_of(c)
   if launch_path() == "xla":
     return gpu_launch.xla_ptx_call(ctx, operands, k, aliases)
   # Every parameter a buffer: the operands, the outputs, the hidden buffers.

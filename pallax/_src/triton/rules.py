@@ -174,3 +174,19 @@ def _copy(ctx, x):
 @rule(ji.optimization_barrier_p)
 def _barrier(ctx, *xs):
   return list(xs)
+
+
+@rule(*ji.vma_casts)
+def _vma_cast(ctx, *xs, **_):
+  """(``jax.shard_map(check_vma=True)`` marks values that vary over mesh axes; in a kernel the
+  mark changes nothing)"""
+  return list(xs)
+
+
+@rule(ji.axis_index_p)
+def _axis_index(ctx, *, axis_name):
+  """A mesh axis (a kernel's grid axes are program ids already): its coordinate, which the
+  kernel reads at its start (``codegen.mesh_coordinates``)."""
+  if axis_name not in ctx.gen.mesh:
+    raise NotImplementedError(f"lax.axis_index({axis_name!r}): no such axis")
+  return ctx.gen.mesh[axis_name]

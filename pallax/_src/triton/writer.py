@@ -47,6 +47,7 @@ class Writer(Source):
     self.constants: list = []           # (pointer name, array): constant arrays, passed as inputs
     self.approx_math = False            # the GPU's fast math approximations (CompilerParams)
     self.math_calls: list = []          # (primitive name, math_functions.Fn) of each math call
+    self.mesh: dict = {}                # mesh axis -> its coordinate's variable (gpu/peers.py)
 
   def constant(self, c):
     """A constant array the kernel closed over (``jnp.array([...])`` in a kernel): an input of
