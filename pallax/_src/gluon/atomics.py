@@ -2,9 +2,8 @@
 atomics at GPU scope, as Mosaic GPU's ``red.relaxed.gpu``), and semaphores (``pl.get_global``
 ones, which the kernel gets as GMEM scalars): a signal is a release add at the semaphore's
 memory scope after a barrier of the signalling threads (their earlier writes are ordered before
-it); a wait polls with plain loads, then acquires the count with one atomic (taking ``value``
-off with a compare-and-swap). Triton performs an atomic on a scalar pointer once per block and
-gives every thread its result.
+it); a wait spins on acquire reads, and takes ``value`` off with a compare-and-swap. Triton
+performs an atomic on a scalar pointer once per block and gives every thread its result.
 
 Gluon 3.6 has no atomics on shared memory: those are refused with what to do instead.
 """
@@ -80,31 +79,28 @@ def _signal(ctx, *invals, memory_scope, **_):
 
 @rule(mp.semaphore_wait_p)
 def _wait(ctx, *invals, decrement, memory_scope, **_):
-  """Polls the count with plain (volatile) loads, which the signalling devices' atomics do not
-  queue behind, then acquires it with one atomic: a read for ``decrement=False``, else a
-  compare-and-swap that takes ``value`` off (tried again if another waiter took it first)."""
   gen = ctx.gen
   memory_scope = _scope(gen, memory_scope)
   (ref, transforms), (value,) = _ref(ctx, invals)
   ptr = _semaphore(gen, ref, transforms, "semaphore_wait")
   gen.events.append(BarrierOp("wait", f"semaphore {ref.origin}"))
   v = gen.render(value)
-  poll = f"gl.load({ptr}, volatile=True)"
+  read = f"gl.atomic_add({ptr}, 0, sem=\"acquire\", scope=\"{memory_scope}\")"
   if not decrement:
     seen = gen.fresh("sem_value")
-    gen.emit_scalar(f"{seen} = {poll}")
+    gen.emit_scalar(f"{seen} = {read}")
     gen.emit(f"while {seen} < {v}:")
-    gen.emit(f"    {seen} = {poll}")
-    gen.emit(f"gl.atomic_add({ptr}, 0, sem=\"acquire\", scope=\"{memory_scope}\")")
+    gen.emit(f"    {seen} = {read}")
     return []
+  # Take ``value`` off only from a count of at least ``value``: a compare-and-swap from the count
+  # read (unchanged while it is smaller); done once a swap that takes it off succeeds.
   done, seen, old = gen.fresh("sem_done"), gen.fresh("sem_value"), gen.fresh("sem_old")
   gen.emit_scalar(f"{done} = 0")
   gen.emit(f"while {done} == 0:")
-  gen.emit(f"    {seen} = {poll}")
-  gen.emit(f"    if {seen} >= {v}:")
-  gen.emit(f"        {old} = gl.atomic_cas({ptr}, {seen}, {seen} - {v}, sem=\"acquire\", "
-           f"scope=\"{memory_scope}\")")
-  gen.emit(f"        {done} = ({old} == {seen}).to(gl.int32)")
+  gen.emit(f"    {seen} = {read}")
+  gen.emit(f"    {old} = gl.atomic_cas({ptr}, {seen}, {seen} - ({seen} >= {v}).to(gl.int32) * {v}, "
+           f"sem=\"acquire\", scope=\"{memory_scope}\")")
+  gen.emit(f"    {done} = (({old} == {seen}) & ({seen} >= {v})).to(gl.int32)")
   return []
 
 
