@@ -97,9 +97,9 @@ def test_lowers_to_sm90a_ptx_without_a_gpu():
   assert "wgmma.mma_async" in k.ptx and all(s in k.ptx for s in PTX_MUST_HAVE)
 
 
-def _scratch_in_a_loop(o_ref, *, barrier: bool):
-  """Two threads; a loop of two steps, each entering a scope shared by the threads (an SMEM
-  buffer, and a barrier if asked) that thread 0 fills with its step number, thread 1 waiting."""
+def _scratch_in_a_loop(o_ref, *, barrier: bool, steps: int = 2):
+  """Two threads; a loop of ``steps`` steps, each entering a scope shared by the threads (an
+  SMEM buffer, and a barrier if asked) that thread 0 fills with its step number and adds up."""
   def step(k, _):
     def scope(smem, *bar):
       @pl.when(lax.axis_index("wg") == 0)
@@ -111,20 +111,23 @@ def _scratch_in_a_loop(o_ref, *, barrier: bool):
   @pl.when(lax.axis_index("wg") == 0)
   def _():
     o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
-  lax.fori_loop(0, 2, step, None)
+  lax.fori_loop(0, steps, step, None)
 
 
-def test_collective_smem_inside_a_loop():
+@pytest.mark.parametrize("barrier", [False, True])
+def test_collective_scratch_inside_a_loop(barrier):
   """A scope shared by the threads inside a loop takes the same SMEM at every entry (what a stack
-  gives it): in the interpreter (the suite also lowers it to Gluon), 0 + 1 in every element."""
-  f = plgpu.kernel(functools.partial(_scratch_in_a_loop, barrier=False), interpret=True,
+  gives it); one holding barriers, in a loop of a few steps, is written out step by step so that
+  each step has fresh barriers. In the interpreter (the suite also lowers it to Gluon): 0 + 1 in
+  every element."""
+  f = plgpu.kernel(functools.partial(_scratch_in_a_loop, barrier=barrier), interpret=True,
                    out_type=jax.ShapeDtypeStruct((128,), jnp.float32), num_threads=2,
                    thread_name="wg")
   np.testing.assert_array_equal(np.asarray(f()), np.ones(128, np.float32))
 
 
 def test_what_the_gluon_backend_cannot_express_says_so():
-  f = plgpu.kernel(functools.partial(_scratch_in_a_loop, barrier=True),
+  f = plgpu.kernel(functools.partial(_scratch_in_a_loop, barrier=True, steps=9),
                    out_type=jax.ShapeDtypeStruct((128,), jnp.float32), num_threads=2,
                    thread_name="wg")
   with pytest.raises(NotImplementedError, match="barriers shared by the threads.*a loop enters "

@@ -232,33 +232,37 @@ def _two_gpus() -> bool:
 
 
 def _gpu_mesh():
-  return jax.sharding.Mesh(np.array(jax.devices("gpu")[:2]), ("x",))
+  """Every GPU here (two or more)."""
+  return jax.sharding.Mesh(np.array(jax.devices("gpu")), ("x",))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", [send_to_next, store_into_previous, plus_coordinate,
                                     plus_coordinate_triton])
 @pytest.mark.parametrize("check_vma", [False, True])
-def test_remote_kernels_on_two_gpus(kernel, check_vma):
-  """Each kernel on 2 GPUs, three calls in a row on fresh inputs, against NumPy and against
-  the interpreter (4 rows of 64 per block: partial TMA boxes are not the point here)."""
+def test_remote_kernels_on_the_gpus(kernel, check_vma):
+  """Each kernel on every GPU here, three calls in a row on fresh inputs, against NumPy and
+  against the interpreter (blocks of 64 rows: partial TMA boxes are not the point here)."""
   if not _two_gpus():
     pytest.skip("needs 2 GPUs")
   m = _gpu_mesh()
+  n = m.devices.size
   f = on_mesh(kernel, m, check_vma)
   g = on_mesh(functools.partial(kernel, interpret=True), m, check_vma)
   for seed in range(3):
-    x = jax.device_put(rand(2 * 64, 64, seed=seed), jax.sharding.NamedSharding(m, P("x")))
+    x = jax.device_put(rand(n * 64, 64, seed=seed), jax.sharding.NamedSharding(m, P("x")))
     out = f(x)
-    np.testing.assert_array_equal(np.asarray(out), expected(kernel, x, 2))
+    np.testing.assert_array_equal(np.asarray(out), expected(kernel, x, n))
     np.testing.assert_array_equal(np.asarray(out), np.asarray(g(x)))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("wg", ["N", "M"])
-def test_jax_collective_matmul_on_two_gpus(wg):
-  """JAX's collective_matmul_mgpu.py (imports switched) on 2 GPUs against all_gather + dot:
-  float16 results of float32 sums, one rounding apart at most (JAX's test compares likewise)."""
+def test_jax_collective_matmul_on_the_gpus(wg):
+  """JAX's collective_matmul_mgpu.py (imports switched) on every GPU here against all_gather +
+  dot: float16 results of float32 sums, one rounding apart at most (JAX's test compares
+  likewise). On more than two GPUs its loop over devices enters the matmul's scope more than
+  once (unrolled: gluon/threads.unroll_barrier_scopes)."""
   if not _two_gpus():
     pytest.skip("needs 2 GPUs")
   import test_distributed
@@ -276,8 +280,9 @@ def test_jax_collective_matmul_on_two_gpus(wg):
       lambda a, b: jnp.dot(lax.all_gather(a, "x", axis=0, tiled=True), b,
                            preferred_element_type=jnp.float32).astype(jnp.float16),
       mesh=m, in_specs=spec, out_specs=P(None, "x"), check_vma=False))
+  n = m.devices.size
   for seed in range(2):
-    a = rand(2 * m_shard, k, seed=seed, dtype=jnp.float16)
-    b = rand(k, 2 * n_shard, seed=seed + 10, dtype=jnp.float16)
+    a = rand(n * m_shard, k, seed=seed, dtype=jnp.float16)
+    b = rand(k, n * n_shard, seed=seed + 10, dtype=jnp.float16)
     np.testing.assert_allclose(np.asarray(run(a, b), np.float32), np.asarray(ref(a, b), np.float32),
                                rtol=2e-3, atol=2e-3)

@@ -125,6 +125,7 @@ def generate(params, target: int = 90) -> GluonSource:
            if a[0] not in dict(axes)]
   with ji.extend_axis_env_nd(axes):   # legalizing retraces lax.axis_index
     jaxpr = order.hoist_reads(legalize(params.jaxpr, min(target, 90)))
+    jaxpr = warp_specialize.unroll_barrier_scopes(jaxpr, info.thread_name if info else None)
   gen.mma_bits, gen.wgmma = _mma_bits(jaxpr)
   mesh_axes = params.peers.axes if params.peers is not None else ()
   gen.assignment = _assign(gen, jaxpr, gm, info, mesh_axes)

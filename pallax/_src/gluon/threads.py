@@ -21,6 +21,7 @@ import numpy as np
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import primitives as prims
+from pallax._src.mosaic_gpu import core as mc
 from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu import warps as mw
 from pallax._src.gluon import statements
@@ -44,7 +45,8 @@ def hoist(jaxpr, thread_name, allocate, hoisted: dict, every: bool = False,
   (``free``), as a stack gives it the same memory (JAX's collective matmul runs its matmul's
   scope twice), but barriers of its own: a barrier starts each scope fresh, at phase 0, and one
   a scope left with completions no thread waited for cannot be handed on. So a scope with
-  barriers that a loop enters more than once (``again``) is refused."""
+  barriers that a loop enters more than once (``again``; ``unroll_barrier_scopes`` writes short
+  loops out step by step first) is refused."""
   free = {} if free is None else free
   for eqn in jaxpr.eqns:
     p = eqn.params
@@ -74,6 +76,42 @@ def hoist(jaxpr, thread_name, allocate, hoisted: dict, every: bool = False,
       loops = again or _repeats(eqn)
       for sub in jaxpr_util.sub_jaxprs(p):
         hoist(sub, thread_name, allocate, hoisted, every, free, loops)
+
+
+MAX_UNROLLED_STEPS = 8
+
+
+def unroll_barrier_scopes(jaxpr, thread_name):
+  """``jaxpr`` with each loop of a static number of steps (``lax.fori_loop``/``pl.loop`` of at
+  most ``MAX_UNROLLED_STEPS``) that enters a scope holding barriers shared by the threads written
+  out step by step: each step's scope then has barriers of its own, starting fresh as the scope
+  promises (``hoist``), and its SMEM the steps share. JAX's collective matmul runs its matmul's
+  scope once per device after the first."""
+  if thread_name is None:
+    return jaxpr
+
+  def applies(eqn) -> bool:
+    if eqn.primitive is not ji.scan_p:
+      return False
+    p = eqn.params
+    _, ncarry, nxs = (len(x) for x in p["ft_in"].unpack())
+    return (1 < p["length"] <= MAX_UNROLLED_STEPS and not nxs and not p["reverse"]
+            and len(eqn.outvars) == ncarry and _barrier_scope(p["jaxpr"], thread_name))
+
+  def rule(eqn, invals, params):
+    nc = len(params["ft_in"].unpack()[0])
+    consts, carry, body = invals[:nc], invals[nc:], params["jaxpr"]
+    for _ in range(params["length"]):
+      carry = ji.eval_jaxpr(body.jaxpr, body.consts, *consts, *carry)
+    return list(carry)
+  return jaxpr_util.retrace(jaxpr, rule, applies)
+
+
+def _barrier_scope(jaxpr, thread_name) -> bool:
+  """Whether ``jaxpr`` enters a scope shared by the threads that holds barriers."""
+  return any(e.primitive is prims.run_scoped_p and thread_name in e.params.get("collective_axes", ())
+             and any(isinstance(t, mc.Barrier) for t in e.params["scratch_types"])
+             for e in jaxpr_util.equations(jaxpr))
 
 
 def _repeats(eqn) -> bool:
