@@ -131,17 +131,18 @@ def _addresses_lowering(ctx, *args, passed, fresh, out_of, n_out):
   n_in, n_made = len(args), len(passed) + len(fresh)
   # Kernel parameters: the operands, the results (passed-through operands, fresh outputs, the
   # row), then the two scratch pointers XLA's PTX call passes every kernel.
-  first = {**{i: n_in + k for k, i in enumerate(passed)}}
-  where = [first.get(i, i) for i in range(n_in)]                 # operand i's buffer
-  out_param = {j: n_in + k for k, j in enumerate(out_of)}       # output j: a passed operand
-  out_param.update({j: n_in + len(passed) + k
-                    for k, j in enumerate(sorted(set(range(n_out)) - set(out_of)))})
-  sources = where + [out_param[j] for j in range(n_out)]
+  through = {i: n_in + r for r, i in enumerate(passed)}          # operand -> its result
+  operand_param = [through.get(i, i) for i in range(n_in)]
+  output_param = {j: n_in + r for r, j in enumerate(out_of)}      # an output aliased to an operand
+  made = sorted(set(range(n_out)) - set(out_of))                 # the fresh outputs, in order
+  output_param.update({j: n_in + len(passed) + r for r, j in enumerate(made)})
+  sources = operand_param + [output_param[j] for j in range(n_out)]
   cc = device_compute_capability() or 90
-  k = gpu_launch.Launch("pallax_peer_addresses", address_ptx(n_in + n_made + 3, sources,
-                                                             n_in + n_made, cc),
-                        "", cc, 1, 0, 0, 1, (1, 1, 1))
-  return gpu_launch.xla_ptx_call(ctx, list(args), k, {i: k for k, i in enumerate(passed)})
+  launch = gpu_launch.Launch("pallax_peer_addresses",
+                             address_ptx(n_in + n_made + 3, sources, n_in + n_made, cc),
+                             "", cc, 1, 0, 0, 1, (1, 1, 1))
+  aliases = {i: r for r, i in enumerate(passed)}                 # operand -> result index
+  return gpu_launch.xla_ptx_call(ctx, list(args), launch, aliases)
 
 
 ji.mlir.register_lowering(addresses_p, _addresses_lowering, platform="cuda")
