@@ -97,25 +97,25 @@ def resolve(gen, ref, transforms, tma: bool = False):
 
 
 def _peer_pointer(gen, ref, lid: ex.Expr) -> str:
+  """The variable of the peer's address of ``ref`` on the device of row ``lid``: made at the
+  kernel's start (once per column and device) where ``lid`` is computable there, else here."""
   p = gen.peers
+  at_start = _inlined(lid, p.scalars)
+  start = ex.names(at_start) <= {n.name for n in p.mesh.values()}
+  lid = at_start if start else lid
   col = p.columns[ref.ptr]
   offset = ex.add(ex.mul(lid, p.exchange.columns), ex.Lit(col, dtype=I32))
   text = (f"gl.load(peer_table + {gen.render(offset, 12)}).to(gl.pointer_type("
           f"{ex.dtype_name(ref.dtype, 'gl')}))")
-  mesh_names = {n.name for n in p.mesh.values()}
-  at_start = _inlined(lid, p.scalars)
-  if ex.names(at_start) <= mesh_names:
-    lid = at_start
-    offset = ex.add(ex.mul(lid, p.exchange.columns), ex.Lit(col, dtype=I32))
-    text = (f"gl.load(peer_table + {gen.render(offset, 12)}).to(gl.pointer_type("
-            f"{ex.dtype_name(ref.dtype, 'gl')}))")
-    key = (col, gen.render(lid))
-    if key not in p.pointers:
-      p.pointers[key] = gen.fresh(f"peer_{ref.ptr.removesuffix('_ptr')}")
-      p.lines.append(f"{p.pointers[key]} = {text}")
+  key = (col, gen.render(lid))
+  if start and key in p.pointers:
     return p.pointers[key]
   name = gen.fresh(f"peer_{ref.ptr.removesuffix('_ptr')}")
-  gen.emit_scalar(f"{name} = {text}")
+  if start:
+    p.pointers[key] = name
+    p.lines.append(f"{name} = {text}")
+  else:
+    gen.emit_scalar(f"{name} = {text}")
   return name
 
 
