@@ -194,6 +194,22 @@ def test_remote_kernels_compile_for_sm90a_with_system_scope_semaphores(kernel):
   assert ".sys" in c.ptx and "acquire" in c.ptx
 
 
+def test_atomics_in_a_kernel_that_reaches_its_peers_are_system_scope():
+  """An atomic update of a peer's output (compiled only: adding into an output needs it
+  zeroed first, which this kernel does not do) is a system-scope atomic: the peers' updates of
+  one element must be atomic with each other."""
+  def kernel(x):
+    @functools.partial(plgpu.kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))
+    def k(x_ref, o_ref):
+      nxt = lax.rem(lax.axis_index("x") + 1, 2)
+      plgpu.atomic_add(plgpu.remote_ref(o_ref, nxt), x_ref[...])
+    return k(x)
+  params = _exchange_params(kernel, rand(128), 2)
+  ptx = gluon_compile.compile_source(gluon_codegen.generate(params), params.name).ptx
+  atomics = [line for line in ptx.splitlines() if "red." in line or "atom." in line]
+  assert atomics and all(".sys" in line for line in atomics), atomics
+
+
 def test_a_remote_tma_copy_to_a_device_computed_in_a_loop_is_refused():
   """A TMA descriptor of a peer is made once, at the kernel's start: a copy to a device the
   kernel computes inside a loop is refused by name (register stores there are fine)."""

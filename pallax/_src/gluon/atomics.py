@@ -44,7 +44,7 @@ def _atomic(ctx, *invals, op, **_):
     value = to_layout(gen, value, layout, shape, ref.dtype)
   masks = "" if mask is None else f", mask={gen.render(mask)}"
   gen.emit(f"gl.atomic_{op}({gen.render(ptrs)}, {gen.render(value)}{masks}, sem=\"relaxed\", "
-           "scope=\"gpu\")")
+           f"scope=\"{_scope(gen, 'gpu')}\")")
   return []
 
 
@@ -59,8 +59,8 @@ def _semaphore(gen, ref, transforms, what: str):
 
 
 def _scope(gen, memory_scope: str) -> str:
-  """A semaphore's memory scope: the system's in a kernel that reaches other GPUs (their
-  signals and the data they order cross devices), else the one asked for."""
+  """The memory scope of an atomic or a semaphore: the system's in a kernel that reaches other
+  GPUs (their updates, and the data a signal orders, cross devices), else the one asked for."""
   return "sys" if gen.peers is not None and gen.peers.exchange.remote else memory_scope
 
 
