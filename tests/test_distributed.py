@@ -378,6 +378,32 @@ def test_a_remote_kernel_called_on_one_device_only(monkeypatch):
   assert "every device of the mesh {'x': 4} must call it; devices [(1,), (2,), (3,)] did not" in msg
 
 
+@pytest.mark.interpreter
+def test_a_kernel_under_shard_map_inside_an_explicit_mesh():
+  """``jax.set_mesh`` of explicit axes around ``jit(shard_map(...))``: the interpreter runs the
+  kernel on the host outside any mesh, although the program around it runs under one and the
+  kernel was traced under shard_map's manual mesh."""
+  m = jax.make_mesh((1, 1), ("x", "y"), axis_types=(jax.sharding.AxisType.Explicit,) * 2,
+                    devices=jax.devices()[:1])
+
+  def clipped(v):
+    @plgpu.kernel(out_shape=jax.ShapeDtypeStruct(v.shape, v.dtype), interpret=True,
+                  scratch_shapes=[plgpu.SMEM(v.shape, v.dtype), plgpu.Barrier()])
+    def k(x_ref, o_ref, smem, bar):
+      plgpu.copy_gmem_to_smem(x_ref, smem, bar)
+      plgpu.barrier_wait(bar)
+      smem[...] = jnp.where(smem[...] > 0, smem[...], 0)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(smem, o_ref)
+      plgpu.wait_smem_to_gmem(0)
+    return k(v)
+
+  with jax.set_mesh(m):
+    x = jax.sharding.reshard(rand(64, 64), P("x", "y"))
+    out = jax.jit(jax.shard_map(clipped, in_specs=P("x", "y"), out_specs=P("x", "y")))(x)
+    np.testing.assert_array_equal(np.asarray(out), np.maximum(np.asarray(x), 0))
+
+
 def test_multicast_stays_refused():
   with pytest.raises(NotImplementedError, match="multicast"):
     plgpu.semaphore_signal_multicast(None)

@@ -6,6 +6,8 @@ stable name, so that a JAX upgrade touches one file.
 import functools
 import os
 
+import jax
+
 from jax._src import ad_checkpoint
 from jax._src import ad_util
 from jax._src import api_util
@@ -77,6 +79,9 @@ CALL_PRIMITIVES = (jit_p, closed_call_p, custom_jvp_call_p, custom_vjp_call_p, r
 axis_index_p = lax_parallel.axis_index_p
 # shard_map's casts of a value's varying mesh axes (check_vma): identities on the value itself
 vma_casts = (core.pvary_p, core.reduced_vary_cast_p)
+# What sharding adds to values traced under a mesh (shard_map's vma casts, explicit sharding's
+# reshard): inside one kernel program each is the value itself.
+sharding_marks = (*vma_casts, pjit.reshard_p)
 psum_p = lax_parallel.psum_p
 extend_axis_env_nd = core.extend_axis_env_nd
 run_state = state_discharge.run_state
@@ -235,16 +240,26 @@ def _host_callback_abstract_eval(*avals, fn, result_avals):
   return list(result_avals), {debug_effect}
 
 
+def _outside_any_mesh(fn):
+  """``fn``, run with no mesh in context: a kernel on the host computes on plain arrays,
+  whatever mesh (``jax.set_mesh``) the program around it runs under, while the values its jaxpr
+  was traced with carry ``jax.shard_map``'s manual mesh."""
+  def run(*args):
+    with jax.set_mesh(None):
+      return fn(*args)
+  return run
+
+
 def _host_callback_impl(*args, fn, result_avals):
   del result_avals
   import numpy as np
-  return list(fn(*[np.asarray(a) for a in args]))
+  return list(_outside_any_mesh(fn)(*[np.asarray(a) for a in args]))
 
 
 def _host_callback_lowering(ctx, *args, fn, result_avals):
   del result_avals
   outs, _, _ = _callback.emit_python_callback(
-      ctx, fn, None, list(args), list(ctx.avals_in), list(ctx.avals_out),
+      ctx, _outside_any_mesh(fn), None, list(args), list(ctx.avals_in), list(ctx.avals_out),
       has_side_effect=True, returns_token=False)
   return outs
 

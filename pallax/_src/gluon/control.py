@@ -23,10 +23,10 @@ def _axis_index(ctx, *, axis_name):
   return ctx.gen.axes[axis_name]
 
 
-@rule(ji.optimization_barrier_p, *ji.vma_casts)
+@rule(ji.optimization_barrier_p, *ji.sharding_marks)
 def _identity(ctx, *xs, **_):
-  """(``jax.shard_map(check_vma=True)`` marks values that vary over mesh axes; in a kernel the
-  mark changes nothing)"""
+  """(sharding marks values traced under a mesh: ``jax.shard_map(check_vma=True)``'s vma casts,
+  explicit sharding's ``reshard``; in a kernel's program they change nothing)"""
   return list(xs)
 
 
@@ -86,7 +86,7 @@ def _axis_index_layouts(ctx, *, axis_name):
   return ctx.a.axes.get(axis_name)
 
 
-@layout_rule(ji.optimization_barrier_p, *ji.vma_casts)
+@layout_rule(ji.optimization_barrier_p, *ji.sharding_marks)
 def _identity_layouts(ctx, *xs, **_):
   return list(xs)
 

@@ -285,7 +285,7 @@ class Source:
   def fold(self, eqn, invals) -> ex.Lit | None:
     """A scalar equation of literals, computed here by lax: written out as Python numbers, the
     GPU compiler would fold it by Python's rules (-7 // 2 = -4, 2**31 - 1 + 1 does not wrap)."""
-    if eqn.primitive in ji.vma_casts:   # (a mark of jax.shard_map's, nothing to compute)
+    if eqn.primitive in ji.sharding_marks:   # (a mark of sharding's, nothing to compute)
       return invals[0] if len(invals) == 1 and isinstance(invals[0], ex.Lit) else None
     if eqn.primitive not in self.table.rules or eqn.primitive.multiple_results or \
         len(eqn.outvars) != 1 or eqn.effects or eqn.outvars[0].aval.shape != () or not invals:

@@ -176,10 +176,10 @@ def _barrier(ctx, *xs):
   return list(xs)
 
 
-@rule(*ji.vma_casts)
-def _vma_cast(ctx, *xs, **_):
-  """(``jax.shard_map(check_vma=True)`` marks values that vary over mesh axes; in a kernel the
-  mark changes nothing)"""
+@rule(*ji.sharding_marks)
+def _sharding_mark(ctx, *xs, **_):
+  """(sharding marks values traced under a mesh: ``jax.shard_map(check_vma=True)``'s vma casts,
+  explicit sharding's ``reshard``; in a kernel's program they change nothing)"""
   return list(xs)
 
 
