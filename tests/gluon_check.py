@@ -10,6 +10,7 @@ does not express yet, named with its line); its test lists that refusal with
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import traceback
 
@@ -62,7 +63,6 @@ def with_exchange(params):
                  if e.primitive is ji.axis_index_p and e.params["axis_name"] not in own})
   if not mesh and not remote.uses_remote(params.jaxpr):
     return params
-  import dataclasses
   return dataclasses.replace(params, peers=peers.exchange(params, tuple((a, 2) for a in mesh)))
 
 
@@ -122,8 +122,6 @@ _TOLERANCE = {"float32": (5e-3, 5e-3), "float16": (4e-3, 4e-3), "bfloat16": (2e-
 def run_on_gpu(params, args, choose) -> list:
   """The outputs of ``params``' kernel compiled by the Gluon backend and run on the GPU
   (``choose``: the backend chooser, which the test may have replaced)."""
-  import dataclasses
-
   import jax
   from pallax._src import backends
   from pallax._src import pallas_call as pcall
