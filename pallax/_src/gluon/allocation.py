@@ -107,7 +107,7 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
     layout = gen.declared(L.wgmma(shape[1], gen.mma_bits))
     name = gen.fresh("acc")
     gen.emit_scalar(f"{name} = {gen.render(to_layout(gen, x, layout, shape, x.dtype))}")
-    refs.append(AccRef(name, shape, layout))
+    refs.append(gen.new_acc(AccRef(name, shape, layout)))
   gen.lower_jaxpr(jaxpr, refs)
   outs = []
   for r, v in zip(refs, ctx.eqn.outvars):

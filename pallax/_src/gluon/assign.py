@@ -344,10 +344,12 @@ class Assigner:
 
   def same_layout(self, acc: Acc, v) -> L.Layout | None:
     """The layout ``v`` is converted to when stored into accumulator ``acc``'s variable (None:
-    none): that of the value the variable holds, if one was stored before."""
+    none): that of the value the variable holds (the last value stored's; before any store,
+    the accumulator's own, in which reads see it)."""
     target = None
-    if acc.stored is not None and isinstance(v, Val) and v.layout not in (None, acc.stored) and v.shape:
-      target = acc.stored
+    holds = acc.layout if acc.stored is None else acc.stored
+    if isinstance(v, Val) and v.layout not in (None, holds) and v.shape:
+      target = holds
       self.convert(v, target)
     acc.stored = acc.layout
     return target

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src.gluon.assign import Val, layout_rule
+from pallax._src.gluon.mma import BranchesInFlight, loop_in_flight
 from pallax._src.gluon.values import I32, i32
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import control as gpu_control
@@ -48,10 +49,12 @@ def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
     i = gen.fresh_name("i", I32, ())
     init[1:] = _settled(gen, ctx.eqn, init[1:])
     carry = [gen.materialize(v) for v in init[1:]]
-    return gpu_control.fori_loop(gen, body, consts, i, init[0], length, carry)
+    with loop_in_flight(gen, body):
+      return gpu_control.fori_loop(gen, body, consts, i, init[0], length, carry)
   init = _settled(gen, ctx.eqn, init)
   carry = [gen.materialize(v) for v in init]
-  return gpu_control.repeat(gen, body, consts, length, carry)
+  with loop_in_flight(gen, body):
+    return gpu_control.repeat(gen, body, consts, length, carry)
 
 
 @rule(ji.while_p)
@@ -61,12 +64,17 @@ def _while(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
   cconsts, bconsts, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
   init = _settled(gen, ctx.eqn, list(init))
   carry = [gen.materialize(v) for v in init]
-  return gpu_control.while_loop(gen, cond_jaxpr, body_jaxpr, cconsts, bconsts, carry)
+  with loop_in_flight(gen, cond_jaxpr, body_jaxpr):
+    return gpu_control.while_loop(gen, cond_jaxpr, body_jaxpr, cconsts, bconsts, carry)
 
 
 @rule(ji.cond_p)
 def _cond(ctx, index, *ops, branches, **_):
-  return gpu_control.cond(ctx.gen, index, branches, ops, ctx.avals_out)
+  in_flight = BranchesInFlight(ctx.gen)
+  results = gpu_control.cond(ctx.gen, index, branches, ops, ctx.avals_out, in_flight.branch)
+  if gpu_control.static_branch(index, len(branches)) is None:
+    in_flight.done()
+  return results
 
 
 def _inline(param):

@@ -56,6 +56,14 @@ class Wgmma:
 
 
 @dataclasses.dataclass(frozen=True)
+class MmaWait:
+  """A wait for wgmmas: until at most ``outstanding`` are in flight, the accumulators ``accs``
+  (k: the k-th accumulator the function makes) then readable or reassignable."""
+  outstanding: int
+  accs: tuple
+
+
+@dataclasses.dataclass(frozen=True)
 class Halve:
   """A register tile split in two along ``dim`` (slices of register tiles)."""
   shape: tuple

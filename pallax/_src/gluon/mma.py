@@ -1,10 +1,13 @@
 """Gluon rules of Hopper's warpgroup MMA (``plgpu.wgmma``) and its waits."""
 from __future__ import annotations
 
+import contextlib
+
 from pallax._src import jax_internals as ji
+from pallax._src import jaxpr_util
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Conversion, Smem, layout_rule
-from pallax._src.gluon.events import Wgmma
+from pallax._src.gluon.events import MmaWait, Wgmma
 from pallax._src.gluon.memory import smem_view, smem_view_layouts
 from pallax._src.gluon.smem_views import indexed_lead
 from pallax._src.gluon.values import i32, masked, wait_all
@@ -60,6 +63,7 @@ def _wgmma(ctx, *invals, trees):
   # The operands stay alive (and unwritten) while the wgmma may read them.
   gen.emit(f"{acc}, _, _ = hopper.warpgroup_mma_wait(1, deps=[{acc}, {a_view.text}, "
            f"{b_view.text}])")
+  gen.events.append(MmaWait(1, (gen.accs.index(acc_ref),)))
   pending = gen.pending_accs
   if acc_ref not in pending:
     pending.append(acc_ref)
@@ -73,6 +77,44 @@ def _wgmma_wait(ctx, *, n):
   if n == 0:
     wait_all(ctx.gen, list(ctx.gen.pending_accs))
   return []
+
+
+# --- which accumulators may have a wgmma in flight, along loops and branches ------------------
+# ``gen.pending_accs`` holds every accumulator a wgmma may still be writing where code is being
+# written; reading one waits for it (``values.wait_all``), reading one not in it needs no wait.
+
+def _union(a: list, b: list) -> list:
+  return a + [x for x in b if x not in a]
+
+
+@contextlib.contextmanager
+def loop_in_flight(gen, *bodies):
+  """Around the writing of a loop of ``bodies``: a wgmma of one iteration may still be in flight
+  when the next begins, so in a loop with wgmmas every accumulator made before it counts as in
+  flight at the body's start; after the loop, what was in flight before it (no iteration) or
+  at the end of its body (some)."""
+  before = list(gen.pending_accs)
+  if any(jaxpr_util.uses(b, {mp.wgmma_p}) for b in bodies):
+    gen.pending_accs = _union(before, gen.accs)
+  yield
+  gen.pending_accs = _union(before, gen.pending_accs)
+
+
+class BranchesInFlight:
+  """Around the writing of a conditional: each branch starts with what was in flight before
+  it; after it, what any branch leaves in flight (``done``)."""
+
+  def __init__(self, gen):
+    self.gen, self.before, self.after = gen, list(gen.pending_accs), []
+
+  @contextlib.contextmanager
+  def branch(self):
+    self.gen.pending_accs = list(self.before)
+    yield
+    self.after = _union(self.after, self.gen.pending_accs)
+
+  def done(self):
+    self.gen.pending_accs = self.after
 
 
 # --- layout assignment (assign.py) ------------------------------------------------------------

@@ -203,7 +203,7 @@ def _lower_thread(gen, jaxpr, args, info, t, warp) -> Partition:
   gen.used_layouts, gen.pending_layouts = set(), set()
   if info is not None:
     gen.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
-  gen.pending_accs = []
+  gen.pending_accs, gen.accs = [], []
   gen.register_tensors = False
   gen.phases_read = set()
   gen.only_warp, gen.warp_mapped, gen.warp_body = warp, False, False

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from pallax._src.gluon import layouts as L
+from pallax._src.gluon.events import MmaWait
 from pallax._src.gpu import control
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import Lit, binary, call, method
@@ -159,10 +160,13 @@ def to_layout(gen, v, layout, shape, dtype):
 
 
 def wait_all(gen, accs):
-  """Waits for every wgmma into ``accs`` (reading an accumulator, or wgmma_wait(0))."""
-  pending = gen.pending_accs
-  for acc in accs:
-    name = gen.acc(acc)
-    gen.emit_scalar(f"{name} = hopper.warpgroup_mma_wait(0, deps=[{name}])")
-    if acc in pending:
-      pending.remove(acc)
+  """Waits for every wgmma into ``accs`` that may be in flight (reading an accumulator, or
+  wgmma_wait(0)): one wait for them all; an accumulator no wgmma wrote since its last wait
+  needs none (``gen.pending_accs``, followed along loops and branches by ``mma.py``)."""
+  waited = [acc for acc in accs if acc in gen.pending_accs]
+  if not waited:
+    return
+  names = ", ".join(gen.acc(acc) for acc in waited)
+  gen.emit_scalar(f"{names} = hopper.warpgroup_mma_wait(0, deps=[{names}])")
+  gen.events.append(MmaWait(0, tuple(gen.accs.index(acc) for acc in waited)))
+  gen.pending_accs = [acc for acc in gen.pending_accs if acc not in waited]

@@ -149,6 +149,7 @@ class Writer(src.Source):
     self.grouped_stores = False              # copy_smem_to_gmem(commit_group=False) written
     self.registers = None                    # the running thread's set_max_registers
     self.pending_accs: list = []             # accumulators with a wgmma maybe in flight
+    self.accs: list = []                     # the accumulators made so far in the function
     self.thread_name = None                  # the thread axis of a kernel with several threads
     self.register_tensors = False            # a register-tensor layout or an SMEM allocation
                                              # (zeroed from registers) was asked for
@@ -196,7 +197,12 @@ class Writer(src.Source):
     self.emit_binding(name, ex.call("gl.zeros", ex.Token(str(list(L.padded(shape)))),
                                     ex.Token(ex.dtype_name(dtype, "gl")),
                                     layout=ex.Token(self.layout(layout)), dtype=name.dtype, shape=shape))
-    return AccRef(name.name, tuple(shape), layout)
+    return self.new_acc(AccRef(name.name, tuple(shape), layout))
+
+  def new_acc(self, ref: AccRef) -> AccRef:
+    """``ref``, noted as an accumulator of the function being written (``mma.loop_in_flight``)."""
+    self.accs.append(ref)
+    return ref
 
   def acc(self, ref: AccRef) -> str:
     """The variable of accumulator ``ref``, as a statement written as text reads or writes it

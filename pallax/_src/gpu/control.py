@@ -87,10 +87,11 @@ def static_branch(index: ex.Expr, n: int) -> int | None:
   return None
 
 
-def cond(gen, index: ex.Expr, branches, ops, avals_out) -> list:
+def cond(gen, index: ex.Expr, branches, ops, avals_out, each_branch=contextlib.nullcontext) -> list:
   """``results = branches[index](*ops)`` as an ``if``/``elif``/``else`` chain over fresh result
   variables (a branch that writes nothing is ``pass``; an empty ``else``, as ``pl.when``'s, is
-  left out). A known index lowers its branch alone."""
+  left out). A known index lowers its branch alone. ``each_branch()``: a context manager around
+  the writing of each branch (for a backend that follows some state along the code it writes)."""
   k = static_branch(index, len(branches))
   if k is not None:
     return gen.lower_jaxpr(branches[k], list(ops))
@@ -106,8 +107,9 @@ def cond(gen, index: ex.Expr, branches, ops, avals_out) -> list:
     else:
       test = ex.binary("==", index, ex.Lit(k, dtype=I32), dtype=BOOL)
       head = f"{'elif' if pos else 'if'} {gen.render(test)}:"
-    _branch(gen, head, lambda k=k: gen.assign(results, gen.lower_jaxpr(branches[k], list(ops))),
-            optional=pos == len(order) - 1)
+    with each_branch():
+      _branch(gen, head, lambda k=k: gen.assign(results, gen.lower_jaxpr(branches[k], list(ops))),
+              optional=pos == len(order) - 1)
   return results
 
 

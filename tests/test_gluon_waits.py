@@ -1,0 +1,153 @@
+"""Waits for wgmmas in generated Gluon: an accumulator is waited for where it is read only if a
+wgmma into it may still be in flight there, followed along loops (a wgmma of one iteration may be
+in flight when the next begins) and branches (either branch may have run). Checked through the
+waits the backend records (``gluon/events.MmaWait``), and on a Hopper GPU against the
+interpreter: a wait left out where one is needed reads a half-written accumulator."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import pallax as pl
+import pallax.mosaic_gpu as plgpu
+from pallax._src.gluon import events as ev
+
+T = 64   # one 64x64 tile: a, b and the output
+
+
+def _kernel(body):
+  """A kernel loading a (T, T) tile of ``a`` and of ``b`` into SMEM, running ``body(acc_ref,
+  a_smem, b_smem, o_smem)`` in the scope of an accumulator, and storing ``o_smem``."""
+  def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, o_smem, bar):
+    plgpu.copy_gmem_to_smem(a_ref, a_smem, bar)
+    plgpu.copy_gmem_to_smem(b_ref, b_smem, bar)
+    plgpu.barrier_wait(bar)
+    pl.run_scoped(lambda acc: body(acc, a_smem, b_smem, o_smem), plgpu.ACC((T, T)))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+  def call(a, b, interpret=False):
+    tile = lambda: plgpu.SMEM((T, T), jnp.float16)
+    return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((T, T), jnp.float32),
+                        scratch_types=[tile(), tile(), plgpu.SMEM((T, T), jnp.float32),
+                                       plgpu.Barrier(num_arrivals=2)],
+                        interpret=interpret)(a, b)
+  return call
+
+
+def _waited_in_loop(acc, a, b, o):
+  """Three wgmmas, each waited for in its iteration: nothing is in flight after the loop."""
+  def step(i, _):
+    plgpu.wgmma(acc, a, b)
+    plgpu.wgmma_wait(0)
+  lax.fori_loop(0, 3, step, None)
+  o[...] = acc[...]
+
+
+def _not_waited_in_loop(acc, a, b, o):
+  """The last iteration's wgmma may be in flight after the loop: the read waits."""
+  def step(i, _):
+    plgpu.wgmma(acc, a, b)
+  lax.fori_loop(0, 3, step, None)
+  o[...] = acc[...]
+
+
+def _read_in_loop(acc, a, b, o):
+  """Each iteration reads what the previous one's wgmma wrote (in flight at the iteration's
+  start), then adds another product; the sum of the partial sums read: 0 + P + 2P = 3P, plus
+  the final 3P."""
+  def step(i, _):
+    o[...] = jnp.where(i == 0, 0.0, o[...]) + acc[...]
+    plgpu.wgmma(acc, a, b)
+  lax.fori_loop(0, 3, step, None)
+  o[...] += acc[...]
+
+
+def _in_a_branch(acc, a, b, o):
+  """A wgmma in one branch of a run-time condition: the read after it waits."""
+  @pl.when(lax.axis_index("x") == 0)
+  def _():
+    plgpu.wgmma(acc, a, b)
+  o[...] = acc[...]
+
+
+def _no_wgmma(acc, a, b, o):
+  """An accumulator written and read without a wgmma: no wait at all."""
+  acc[...] = jnp.full((T, T), 2.0, jnp.float32)
+  o[...] = acc[...] + a[...].astype(jnp.float32)
+
+
+def _in_a_branch_kernel(a, b, interpret=False):
+  """``_in_a_branch`` in a grid of one program named x (its index decided at run time)."""
+  def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, o_smem, bar):
+    plgpu.copy_gmem_to_smem(a_ref, a_smem, bar)
+    plgpu.copy_gmem_to_smem(b_ref, b_smem, bar)
+    plgpu.barrier_wait(bar)
+    pl.run_scoped(lambda acc: _in_a_branch(acc, a_smem, b_smem, o_smem), plgpu.ACC((T, T)))
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref)
+    plgpu.wait_smem_to_gmem(0)
+  tile = lambda: plgpu.SMEM((T, T), jnp.float16)
+  return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((T, T), jnp.float32), grid=(1,),
+                      grid_names=("x",),
+                      scratch_types=[tile(), tile(), plgpu.SMEM((T, T), jnp.float32),
+                                     plgpu.Barrier(num_arrivals=2)],
+                      interpret=interpret)(a, b)
+
+
+KERNELS = {
+    "waited_in_loop": (_kernel(_waited_in_loop), 1),
+    "not_waited_in_loop": (_kernel(_not_waited_in_loop), 1),
+    "read_in_loop": (_kernel(_read_in_loop), 2),
+    "in_a_branch": (_in_a_branch_kernel, 1),
+    "no_wgmma": (_kernel(_no_wgmma), 0),
+}
+
+
+def _inputs(seed):
+  ka, kb = jax.random.split(jax.random.key(seed))
+  return (jax.random.normal(ka, (T, T), jnp.float16), jax.random.normal(kb, (T, T), jnp.float16))
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_reads_wait_only_for_wgmmas_that_may_be_in_flight(name):
+  fn, full_waits = KERNELS[name]
+  s = jax.ShapeDtypeStruct((T, T), jnp.float16)
+  (k,) = plgpu.lower(fn, s, s)
+  waits = [e for e in k.generated.partitions[0].events if isinstance(e, ev.MmaWait)]
+  wgmmas = [e for e in k.generated.partitions[0].events if isinstance(e, ev.Wgmma)]
+  # Each wgmma returns with at most itself in flight; a read waits for all only where needed.
+  assert [w.outstanding for w in waits].count(1) == len(wgmmas)
+  assert [w.outstanding for w in waits].count(0) == full_waits
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_the_interpreter_computes_the_products(name):
+  fn, _ = KERNELS[name]
+  a, b = _inputs(3)
+  p = np.asarray(a, np.float32) @ np.asarray(b, np.float32)
+  want = {"waited_in_loop": 3 * p, "not_waited_in_loop": 3 * p, "read_in_loop": 6 * p,
+          "in_a_branch": p, "no_wgmma": 2.0 + np.asarray(a, np.float32)}[name]
+  got = np.asarray(fn(a, b, interpret=True))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+def _on_hopper() -> bool:
+  try:
+    return any(getattr(d, "compute_capability", "") == "9.0" for d in jax.devices("gpu"))
+  except RuntimeError:
+    return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _on_hopper(), reason="needs a Hopper GPU")
+@pytest.mark.parametrize("name", KERNELS)
+def test_on_the_gpu_matches_the_interpreter(name):
+  fn, _ = KERNELS[name]
+  a, b = _inputs(5)
+  got = np.asarray(jax.jit(fn)(a, b))
+  want = np.asarray(fn(a, b, interpret=True))
+  # wgmma sums in float32 in its own order: elementwise, relative to the output's scale.
+  np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * float(np.abs(want).max()))
