@@ -36,6 +36,8 @@ from pallax._src.gluon.writer import GluonSource, GmemRef, Writer
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import source as src
 from pallax._src.gpu.legalize import legalize
+from pallax._src.gpu.scans import scans_over_scratch
+from pallax._src.mosaic_gpu import core as mc
 from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu import tcgen05
 from pallax._src.mosaic_gpu.warps import warp_map_p
@@ -124,7 +126,8 @@ def generate(params, target: int = 90) -> GluonSource:
   axes += [a for a in (params.peers.axes if params.peers is not None else ())
            if a[0] not in dict(axes)]
   with ji.extend_axis_env_nd(axes):   # legalizing retraces lax.axis_index
-    jaxpr = order.hoist_reads(legalize(params.jaxpr, min(target, 90)))
+    jaxpr = scans_over_scratch(legalize(params.jaxpr, min(target, 90)), mc.SMEM)
+    jaxpr = order.hoist_reads(jaxpr)
     jaxpr = warp_specialize.unroll_barrier_scopes(jaxpr, info.thread_name if info else None)
   gen.mma_bits, gen.wgmma = _mma_bits(jaxpr)
   mesh_axes = params.peers.axes if params.peers is not None else ()

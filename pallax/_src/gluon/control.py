@@ -42,8 +42,8 @@ def _settled(gen, eqn, init: list) -> list:
 def _scan(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
   gen, body = ctx.gen, jaxpr
   nc, ncarry, nxs = (len(s) for s in ft_in.unpack())
-  if nxs or len(body.outvars) != ncarry or reverse:
-    gen.unsupported("lax.scan over arrays")
+  if nxs or len(body.outvars) != ncarry:   # (other scans over arrays are loops by now: gpu/scans.py)
+    gen.unsupported("lax.scan whose body gives a Ref at each step")
   consts, init = list(invals[:nc]), list(invals[nc:])
   if ncarry and jaxpr_util.fori_index(body, nc):
     i = gen.fresh_name("i", I32, ())
@@ -126,7 +126,7 @@ def _assigned(a, carry: list, values: list):
 def _scan_layouts(ctx, *invals, jaxpr, length, reverse, ft_in, **_):
   a, body = ctx.a, jaxpr
   nc, ncarry, nxs = (len(s) for s in ft_in.unpack())
-  if nxs or len(body.outvars) != ncarry or reverse:
+  if nxs or len(body.outvars) != ncarry:
     return None   # the writer refuses it
   consts, init = list(invals[:nc]), list(invals[nc:])
   if ncarry and jaxpr_util.fori_index(body, nc):

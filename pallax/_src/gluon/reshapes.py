@@ -17,6 +17,12 @@ def _unpadded(shape) -> bool:
   return tuple(L.padded(shape)) == tuple(shape)
 
 
+def _unit_dims_only(a, b) -> bool:
+  """Whether shapes ``a`` and ``b`` differ by dimensions of one only (a squeeze or an
+  expand_dims, which padding to powers of two does not disturb)."""
+  return [d for d in a if d != 1] == [d for d in b if d != 1]
+
+
 @rule(lax.reshape_p)
 def _reshape(ctx, x, *, new_sizes, dimensions, **_):
   gen, shape = ctx.gen, tuple(new_sizes)
@@ -34,11 +40,12 @@ def _reshape(ctx, x, *, new_sizes, dimensions, **_):
     if ctx.out.dtype == np.bool_:
       one = gen.bind(ex.binary("!=", one, ex.Lit(0, dtype=np.dtype(np.int32)), dtype=np.dtype(np.bool_)), "one")
     return one
-  if not (_unpadded(x.shape) and _unpadded(shape)):
+  if not (_unpadded(x.shape) and _unpadded(shape)) and not _unit_dims_only(x.shape, shape):
     gen.unsupported(f"reshaping a register value of shape {x.shape} to {shape} (shapes whose "
-                    "dimensions are all powers of two only)")
+                    "dimensions are all powers of two, or dimensions of one added or dropped, only)")
   layout = gen.declared(gen.assigned(ctx.eqn.outvars[0]))
-  reshaped = gen.bind(ex.method(x, "reshape", ex.Token(str(list(shape))), dtype=x.dtype, shape=shape),
+  padded = str(list(L.padded(shape)))   # (padding lanes stay padding where only ones move)
+  reshaped = gen.bind(ex.method(x, "reshape", ex.Token(padded), dtype=x.dtype, shape=shape),
                       "reshaped")
   return gen.value(call("gl.convert_layout", reshaped, ex.Token(gen.layout(layout)), dtype=x.dtype,
                         shape=shape), layout)
