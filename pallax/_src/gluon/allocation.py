@@ -11,7 +11,7 @@ from pallax._src import primitives as prims
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Buffer, Closed, Opaque, Smem, Val, layout_rule
 from pallax._src.gluon.values import to_layout, wait_all
-from pallax._src.gluon import blackwell
+from pallax._src.gluon import blackwell, subbyte
 from pallax._src.gluon.writer import AccRef, BarrierRef, SmemRef, ValueRef, rule
 from pallax._src.gpu import expr as ex
 from pallax._src.mosaic_gpu import core as mc
@@ -78,6 +78,8 @@ def allocate(gen, kind, aval, phases: bool = True):
     gen.cluster_barriers += isinstance(kind, mc.ClusterBarrier)
     return BarrierRef(name, phase, n, id=gen.barriers - 1)
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
+    if subbyte.is_packed(dtype):
+      gen.unsupported(subbyte.UNWRITTEN.format("an SMEM buffer", dtype.name))
     lead, stored = stored_shape(shape)
     name = gen.fresh("smem")
     layout, buffer = gen.allocate_smem(name, stored, dtype)

@@ -15,7 +15,6 @@ fastest, as Mosaic promises).
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 from pallax._src import core as pc
@@ -27,7 +26,7 @@ from pallax._src.gluon import copies, memory, mma_sync, warps  # noqa: F401 (the
 from pallax._src.gluon import atomics, reshapes  # noqa: F401 (their rules register)
 from pallax._src.gluon import blackwell, clusters, scheduling, tmem_copies
 from pallax._src.gluon import layouts as L
-from pallax._src.gluon import order, peers
+from pallax._src.gluon import order, peers, subbyte
 from pallax._src.gluon import threads as warp_specialize
 from pallax._src.gluon.allocation import allocate, allocate_layouts, hoist_nested
 from pallax._src.gluon.assign import Assigner, Assignment, Gmem, Val
@@ -95,17 +94,16 @@ _REFUSAL = ("compiles Mosaic GPU kernels for Hopper (sm_90a) only so far (plgpu.
             "does not write it for sm_100a yet")
 
 
-def _refuse_packed_operands(params):
-  """Sub-byte arrays are packed in memory, which the Gluon backend neither unpacks nor packs."""
+def _refuse_unknown_operands(params):
+  """Operands of types that have no Triton pointer type (sub-byte integers are read through
+  their bytes: ``subbyte.py``)."""
   for bm in params.grid_mapping.block_mappings:
     dtype = np.dtype(bm.array_aval.dtype)
-    if dtype.name not in ex.SIGNATURE:
-      info = jnp.iinfo if jnp.issubdtype(dtype, jnp.integer) else jnp.finfo
-      packed = ", packed two or four values per byte in memory," if info(dtype).bits < 8 else ""
+    if dtype.name not in ex.SIGNATURE and not subbyte.is_packed(dtype):
       raise NotImplementedError(
-          f"pallas_call {params.name}: {bm.origin} is {dtype.name}{packed} which pallax's Gluon "
-          "backend does not read or write; pass it as int8 (x.astype(jnp.int8)) and convert "
-          "inside the kernel, or run it in the interpreter")
+          f"pallas_call {params.name}: {bm.origin} is {dtype.name}, which pallax's Gluon "
+          "backend does not read or write; convert it outside the kernel, or run it in the "
+          "interpreter")
 
 
 def generate(params, target: int = 90) -> GluonSource:
@@ -115,7 +113,7 @@ def generate(params, target: int = 90) -> GluonSource:
   gm = params.grid_mapping
   _refuse_unplaced_buffers(params)
   _refuse_blackwell(params, target)
-  _refuse_packed_operands(params)
+  _refuse_unknown_operands(params)
   name = src.kernel_identifier(params.name)
   gen = Writer(name)
   gen.target = target
@@ -254,7 +252,8 @@ def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
   for d in gen.descriptors.values():
     boxes.setdefault(d.ptr, []).append(d)
   for ref in refs:
-    dtype = ex.SIGNATURE[ref.dtype.name]
+    packed = subbyte.is_packed(ref.dtype)
+    dtype = subbyte.signature_type(ref.dtype) if packed else ex.SIGNATURE[ref.dtype.name]
     uses = boxes.get(ref.ptr, [])
     if len(uses) != 1 or ref.ptr in gen.pointer_uses:
       signature[ref.ptr] = "*" + dtype

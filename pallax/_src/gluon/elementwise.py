@@ -3,12 +3,15 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from jax import lax
 
 from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
 from pallax._src.gluon import layouts as L
+from pallax._src.gluon import subbyte
 from pallax._src.gluon.assign import Val, layout_rule
 from pallax._src.gluon.values import common_layout, dtype_token, i32, masked, slice_layout
 from pallax._src.gluon.writer import rule
@@ -83,6 +86,10 @@ def _select(ctx, pred, *cases):
 def _convert(ctx, x, *, new_dtype, **_):
   if np.dtype(new_dtype) == x.dtype:
     return x
+  if isinstance(x, ex.Name) and subbyte.holds(x.dtype, new_dtype):   # (the same byte)
+    return dataclasses.replace(x, dtype=np.dtype(new_dtype))
+  if subbyte.is_packed(new_dtype):
+    return ctx.gen.value(subbyte.wrap(x, new_dtype), ctx.gen.layout_of(x))
   return ctx.gen.value(method(x, "to", dtype_token(new_dtype), dtype=new_dtype), ctx.gen.layout_of(x))
 
 

@@ -19,7 +19,7 @@ from pallax._src.gluon.smem_views import (compose_slices, dynamic_piece, flat_in
                                           static_slice, unstored)
 from pallax._src.gluon.values import (I32, dtype_token, i32, masked, shape_token, slice_layout,
                                       to_layout, valid_lanes, wait_all, wgmma_vector_of)
-from pallax._src.gluon import peers
+from pallax._src.gluon import peers, subbyte
 from pallax._src.gluon.writer import AccRef, BarrierRef, GmemRef, SmemRef, ValueRef, rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import Lit, call, method
@@ -130,11 +130,14 @@ def barrier_view(gen, ref: BarrierRef, transforms) -> BarrierRef:
 
 
 
-def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple:
+def gmem_pointers(gen, ref: GmemRef, transforms, packed: bool = False) -> tuple:
   """(the pointer tensor of a GMEM view, the view's shape, its layout, the mask of its padded
   lanes or None, its first element's offset): register accesses of GMEM read or write whole
-  views; the interpreter checks their bounds."""
+  views; the interpreter checks their bounds. ``packed``: the view's element offsets instead of
+  pointers (a sub-byte array, whose elements share bytes: ``subbyte.py``)."""
   ref, transforms = peers.resolve(gen, ref, transforms)
+  if subbyte.is_packed(ref.dtype) and not packed:
+    gen.unsupported(subbyte.UNWRITTEN.format(f"a store or atomic into {ref.origin} from registers", ref.dtype.name))
   gen.pointer_uses.add(ref.ptr)
   rank = len(ref.shape)
   strides = [int(np.prod(ref.shape[k + 1:])) for k in range(rank)]
@@ -162,7 +165,9 @@ def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple:
       offset = ex.add(offset, ex.mul(start, strides[d]))
     dims, sizes = new_dims, new_sizes
   shape = tuple(sizes)
-  ptr = gen.bind(ex.binary("+", ex.Name(ref.ptr, dtype=ref.dtype), offset), "ptr")
+  base = i32(0) if packed else ex.Name(ref.ptr, dtype=ref.dtype)
+  hint = "element" if packed else "ptr"
+  ptr = gen.bind(ex.add(base, offset), hint)
   if not shape:
     return ptr, shape, None, None, offset
   layout = gen.declared(L.blocked(shape, ref.dtype))
@@ -174,7 +179,7 @@ def gmem_pointers(gen, ref: GmemRef, transforms) -> tuple:
       ar = call("gl.arange", i32(0), i32(ex.pow2(n)), layout=ex.Token(gen.layout(lane)), dtype=I32, shape=(n,))
     if len(shape) == 2:
       ar = call("gl.expand_dims", ar, i32(1 - j), dtype=I32, shape=(n, 1) if j == 0 else (1, n))
-    ptr = gen.bind(ex.binary("+", ptr, ex.mul(gen.bind(ar, "offs"), strides[d])), "ptrs")
+    ptr = gen.bind(ex.add(ptr, ex.mul(gen.bind(ar, "offs"), strides[d])), hint + "s")
   return ptr, shape, layout, valid_lanes(gen, shape, layout, range(len(shape))), offset
 
 
@@ -222,8 +227,11 @@ def _get(ctx, *invals, **_):
     return a.ref.value
   if isinstance(a.ref, GmemRef):
     ref, transforms = peers.resolve(gen, a.ref, a.transforms)
-    ptrs, shape, layout, mask, offset = gmem_pointers(gen, ref, transforms)
+    packed = subbyte.is_packed(ref.dtype)
+    ptrs, shape, layout, mask, offset = gmem_pointers(gen, ref, transforms, packed)
     gen.events.append(Access("load", ref.origin, shape, offset))
+    if packed:
+      return gen.value(subbyte.load_gmem(gen, ref.ptr, ptrs, ref.dtype, mask), layout)
     masks = {} if mask is None else {"mask": mask}
     return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape, **masks), layout)
   if not isinstance(a.ref, SmemRef):

@@ -14,6 +14,7 @@ import numpy as np
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon import multiples
 from pallax._src.gluon import statements
+from pallax._src.gluon import subbyte
 from pallax._src.gluon.assign import Buffer
 from pallax._src.gluon.events import SmemView
 from pallax._src.gpu import expr as ex
@@ -387,6 +388,8 @@ class Writer(src.Source):
     return self.layouts.get(e.name) if isinstance(e, ex.Name) else None
 
   def descriptor(self, ref: GmemRef, box: tuple, smem_layout: L.Layout) -> str:
+    if subbyte.is_packed(ref.dtype):
+      raise NotImplementedError(subbyte.UNWRITTEN.format(f"a TMA copy of {ref.origin}", ref.dtype.name))
     key = (ref.ptr, box)
     itemsize = ref.dtype.itemsize
     for k in range(len(ref.shape) - 1):
