@@ -28,13 +28,10 @@ MOVES = {
     lax.dynamic_update_slice_p, lax.concatenate_p, lax.pad_p, lax.gather_p, lax.split_p,
     ji.copy_p, ji.optimization_barrier_p,
 }
-# Front-end primitives that only move values, by name (this layer imports no front end):
-# plgpu.layout_cast.
-MOVE_NAMES = {"layout_cast"}
-# Front-end products that accumulate in 32 bits, by name: plgpu.mma (mma.sync). Their sub-byte
-# operands are widened to int8, which holds every int4 and uint4 value exactly and which the
-# tensor cores multiply (the accumulator is the same).
-BYTE_PRODUCTS = {"mma"}
+# Front-end primitives say so next to their definitions (this layer imports no front end):
+# ``p.only_moves = True``: it only moves values (plgpu.layout_cast); ``p.exact_on_bytes = True``:
+# a product accumulating in 32 bits whose sub-byte operands are widened to int8, which holds
+# every int4 and uint4 value exactly and which the tensor cores multiply (plgpu.mma).
 # On a widened signed value these would count or shift in the sign extension's bits.
 _ON_BITS = {lax.shift_right_logical_p, lax.population_count_p}   # (of unsigned types: popcount)
 
@@ -54,7 +51,8 @@ def storage(dtype) -> np.dtype:
 
 def computes(eqn) -> bool:
   """Whether ``eqn`` computes on sub-byte values (not movement, control flow nor Ref access)."""
-  if eqn.primitive in MOVES or eqn.primitive.name in MOVE_NAMES or any(True for _ in jaxpr_util.sub_jaxprs(eqn.params)):
+  moves = eqn.primitive in MOVES or getattr(eqn.primitive, "only_moves", False)
+  if moves or any(True for _ in jaxpr_util.sub_jaxprs(eqn.params)):
     return False
   avals = [a.aval for a in eqn.invars] + [v.aval for v in eqn.outvars]
   if any(ji.is_ref_aval(a) for a in avals):
@@ -100,7 +98,7 @@ def via_i32(eqn, rule, invals, params, ctx, cast):
         f"{eqn.primitive.name} of {dt.name} values on the GPU (convert them to the unsigned type "
         "of the same width first, or to int8)")
   unsigned_bits = eqn.primitive in _ON_BITS
-  if eqn.primitive.name in BYTE_PRODUCTS:
+  if getattr(eqn.primitive, "exact_on_bytes", False):
     return eqn.primitive.bind(*[_convert(x, np.int8) if is_subbyte(x.dtype) else x for x in invals],
                               **params)
   xs = [_widen(x, unsigned_bits) for x in invals]

@@ -20,6 +20,7 @@ def mma(acc, a, b, /):
 
 
 mma_p = ji.Primitive("mma")
+mma_p.exact_on_bytes = True   # (int4/uint4 operands widened to int8: gpu/subbyte.py)
 
 
 def _mma_abstract_eval(acc, a, b):

@@ -308,6 +308,7 @@ def wgmma(acc, a, b) -> None:
 # --- values ----------------------------------------------------------------------------------
 
 layout_cast_p = ji.Primitive("layout_cast")
+layout_cast_p.only_moves = True   # (sub-byte values move as they are: gpu/subbyte.py)
 layout_cast_p.def_abstract_eval(lambda x, *, new_layout: x)
 layout_cast_p.def_impl(lambda x, *, new_layout: x)
 
