@@ -209,6 +209,20 @@ def test_without_specs_each_component_is_whole_even_without_lower_block_spec():
   np.testing.assert_array_equal(out.b, t.b)
 
 
+def test_a_spec_without_block_shape_keeps_each_component_whole():
+  rng = _rng(14)
+  t = Twin(jnp.asarray(rng.standard_normal((8, 8)), jnp.float32),
+           jnp.asarray(rng.standard_normal((5,)), jnp.float32))
+
+  def kernel(t_ref, o_ref):
+    o_ref[...] = t_ref[...]
+
+  out = pl.pallas_call(kernel, out_shape=jax.typeof(t), in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                       out_specs=pl.BlockSpec(memory_space=pl.ANY))(t)
+  np.testing.assert_array_equal(out.a, t.a)
+  np.testing.assert_array_equal(out.b, t.b)
+
+
 def test_a_high_primitive_reaches_the_component_refs():
   v = _picked_plane()
 
@@ -285,6 +299,19 @@ def test_the_triton_backend_sees_the_component_arrays():
   [art] = plgpu.lower(f, jax.ShapeDtypeStruct((32, 16), jnp.float32),
                       jax.ShapeDtypeStruct((32,), jnp.float32), compute_capability=80)
   assert "def kernel(v_ref_0, v_ref_1, o_ref)" in art.source
+  assert ".entry" in art.ptx
+
+
+def test_the_triton_backend_lowers_a_high_primitive_on_the_component_refs():
+  def f(planes, which):
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    return pl.pallas_call(lambda v_ref, o_ref: o_ref.__setitem__(..., pick_p.bind(v_ref)),
+                          out_shape=jax.ShapeDtypeStruct((24, 128), jnp.int32), grid=(3,),
+                          in_specs=[spec], out_specs=spec)(PickedPlane(planes, which))
+
+  [art] = plgpu.lower(f, jax.ShapeDtypeStruct((5, 24, 128), jnp.int32),
+                      jax.ShapeDtypeStruct((1,), jnp.int32), compute_capability=90)
+  assert "tl.load(v_ref_1)" in art.source   # `which`, then the plane it picks
   assert ".entry" in art.ptx
 
 

@@ -47,8 +47,8 @@ def raise_values(avals, lo_values) -> list:
 
 
 def _whole(spec) -> bool:
-  return spec is None or (getattr(spec, "block_shape", None) is None
-                          and getattr(spec, "index_map", None) is None)
+  """No spec, or one without a block shape (``pl.BlockSpec(memory_space=...)``): the whole array."""
+  return spec is None or getattr(spec, "block_shape", None) is None
 
 
 def lower_spec(spec, aval, origin: str, name: str) -> list:
@@ -57,8 +57,8 @@ def lower_spec(spec, aval, origin: str, name: str) -> list:
     return [(spec, aval, origin)]
   los = lo_avals(aval)
   origins = [f"{origin} (component {j} of {type(aval).__name__})" for j in range(len(los))]
-  if _whole(spec):
-    return [(None, lo, o) for lo, o in zip(los, origins)]
+  if _whole(spec):   # each component whole (in the spec's memory space, if it names one)
+    return [(spec, lo, o) for lo, o in zip(los, origins)]
   lower = getattr(aval, "lower_block_spec", None)
   if lower is None:
     raise NotImplementedError(
@@ -75,14 +75,14 @@ def lower_spec(spec, aval, origin: str, name: str) -> list:
     raise ValueError(
         f"pallas_call {name}: {type(aval).__name__}.lower_block_spec gave {len(specs)} BlockSpecs "
         f"for {origin}, but its type has {len(los)} components (lo_ty()); give one per component")
-  return [(None if _whole(s) else s, lo, o) for s, lo, o in zip(specs, los, origins)]
+  return list(zip(specs, los, origins))
 
 
 def block_type(spec, aval, origin: str, name: str):
   """The hi type of ``aval``'s block, as the kernel's Ref holds it (None for an array)."""
   if not is_hi(aval):
     return None
-  if _whole(spec) or spec.block_shape is None:
+  if _whole(spec):
     return aval
   shape = tuple(d.block_size for d in map(pc.canonical_block_dim, spec.block_shape)
                 if not isinstance(d, pc.Squeezed))
