@@ -118,6 +118,10 @@ class BlockSpec:
   memory_space: Any = None
   pipeline_mode: Any = None
 
+  def replace(self, **changes) -> "BlockSpec":
+    """This spec with the fields in ``changes`` replaced (as JAX Pallas's ``BlockSpec.replace``)."""
+    return dataclasses.replace(self, **changes)
+
 
 class NoBlockSpec:
   def __repr__(self):

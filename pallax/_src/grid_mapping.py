@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallax._src import core as pc
+from pallax._src import hi_types
 from pallax._src import jax_internals as ji
 from pallax._src import kernel_errors
 
@@ -406,6 +407,15 @@ def _input_origins(in_tree, nidx: int, count: int) -> list[str]:
   return ["args" + ji.tree_util.keystr(path) for path, _ in leaves]
 
 
+def operand_specs(grid_spec: pc.GridSpec, in_tree, n_in: int, out_tree, n_out: int, label: str):
+  """One BlockSpec (or None: the whole operand) per flat input (after the scalar-prefetch
+  operands) and per flat output."""
+  if grid_spec.num_scalar_prefetch:   # the inputs' tree counts the scalar-prefetch operands
+    in_tree = jax.tree.structure([0] * n_in)
+  return (_flatten_specs(grid_spec.in_specs, in_tree, "in_specs", n_in, label),
+          _flatten_specs(grid_spec.out_specs, out_tree, "out_specs", n_out, label))
+
+
 def make_grid_mapping(name, grid_spec: pc.GridSpec, in_avals, in_tree, out_avals, out_tree,
                       debug=False, kernel=None) -> GridMapping:
   grid = _as_tuple_grid(grid_spec.grid, name)
@@ -415,14 +425,14 @@ def make_grid_mapping(name, grid_spec: pc.GridSpec, in_avals, in_tree, out_avals
   grid_avals = [ji.ShapedArray((), jnp.int32)] * len(grid)
   map_avals = grid_avals + index_avals
   ins = in_avals[nidx:]
-  in_specs = _flatten_specs(grid_spec.in_specs, in_tree, "in_specs", len(ins), label) \
-      if nidx == 0 else _flatten_specs(grid_spec.in_specs, jax.tree.structure([0] * len(ins)),
-                                       "in_specs", len(ins), label)
-  out_specs = _flatten_specs(grid_spec.out_specs, out_tree, "out_specs", len(out_avals), label)
+  in_specs, out_specs = operand_specs(grid_spec, in_tree, len(ins), out_tree, len(out_avals), label)
+  # a hi operand (JAX's hijax types) is cut into its component arrays, each with its own spec
+  lo_ins = [lo for origin, s, a in zip(_input_origins(in_tree, nidx, len(ins)), in_specs, ins)
+            for lo in hi_types.lower_spec(s, a, origin, name)]
+  lo_outs = [lo for i, (s, a) in enumerate(zip(out_specs, out_avals))
+             for lo in hi_types.lower_spec(s, a, f"out[{i}]", name)]
   bms = [_block_mapping(s, a, origin, grid, map_avals, name, debug)
-         for origin, s, a in zip(_input_origins(in_tree, nidx, len(ins)), in_specs, ins)]
-  bms += [_block_mapping(s, a, f"out[{i}]", grid, map_avals, name, debug)
-          for i, (s, a) in enumerate(zip(out_specs, out_avals))]
+         for s, a, origin in lo_ins + lo_outs]
   scratch = jax.tree.leaves(grid_spec.scratch_shapes, is_leaf=lambda s: hasattr(s, "get_ref_aval"))
   gm = GridMapping(
       grid=grid, grid_names=None, block_mappings=tuple(bms),
@@ -430,7 +440,7 @@ def make_grid_mapping(name, grid_spec: pc.GridSpec, in_avals, in_tree, out_avals
       index_map_avals=tuple(map_avals), vmapped_dims=(),
       scratch_avals=tuple(scratch_aval(s, name) for s in scratch),
       scratch_zeroed=tuple(getattr(s, "memory_space", None) is pc.MemorySpace.SEMAPHORE for s in scratch),
-      num_index_operands=nidx, num_inputs=len(ins), num_outputs=len(out_avals), debug=debug)
+      num_index_operands=nidx, num_inputs=len(lo_ins), num_outputs=len(lo_outs), debug=debug)
   gm.check_invariants()
   return gm
 

@@ -17,6 +17,7 @@ from jax._src import core
 from jax._src import custom_derivatives
 from jax._src import dispatch
 from jax._src import effects
+from jax._src import hijax
 from jax._src import linear_util
 from jax._src import source_info_util
 from jax._src import tree_util
@@ -122,19 +123,32 @@ def gpu_triton():
   return lib
 
 
-def trace_to_jaxpr(fun, in_avals, name="kernel", arg_names=None, axes=()):
+def trace_to_jaxpr(fun, in_avals, name="kernel", arg_names=None, axes=(), lower=False):
   """Traces ``fun(*in_avals)`` to a jaxpr; returns (jaxpr, out_avals, consts).
 
   ``axes``: (name, size) pairs in scope for ``lax.axis_index``/``lax.axis_size`` (a Mosaic GPU
   kernel's cluster and thread axes), bound around the whole trace: with ``jax_enable_checks``
-  JAX type-checks the finished jaxpr, whose ``axis_index`` equations need their names bound."""
+  JAX type-checks the finished jaxpr, whose ``axis_index`` equations need their names bound.
+  ``lower``: operations on hi values (JAX's hijax types) are lowered to their components as they
+  are traced (their ``to_lojax`` rules), so the jaxpr holds arrays only."""
   dbg = api_util.debug_info(name, fun, tuple(range(len(in_avals))), {})
   if arg_names is not None:
     dbg = dbg._replace(arg_names=tuple(arg_names))
   # As JAX Pallas traces kernels: a loop body may return a Ref it closes over (or was passed).
   with core.extend_axis_env_nd(list(axes)), jax_config.mutable_array_checks(False):
     return pe.trace_to_jaxpr_dynamic(
-        linear_util.wrap_init(fun, debug_info=dbg), list(in_avals))
+        linear_util.wrap_init(fun, debug_info=dbg), list(in_avals), lower=lower)
+
+
+# JAX's hi types (jax.experimental.hijax): a primitive on hi values whose rule splits them.
+HiPrim = hijax.HiPrim
+
+
+def hi_ref(ty, lo_refs):
+  """A Ref of the hi type ``ty`` made of the component Refs ``lo_refs`` (JAX's hi Refs): reading
+  it gives ``ty``'s value raised from the components' reads, writing a value writes its
+  components; ``ref._refs`` is the hi value of the component Refs."""
+  return core.Ref(AbstractRef(ty), ty.raise_val(*lo_refs))
 
 
 def is_symbolic_dim(d) -> bool:

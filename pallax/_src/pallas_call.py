@@ -16,9 +16,9 @@ from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import autodiff, batching, dispatch  # noqa: F401 (the primitive's rules register)
-from pallax._src import kernel_errors, tracing
+from pallax._src import hi_types, kernel_errors, tracing
 from pallax._src.call_primitive import Params, pallas_call_p
-from pallax._src.grid_mapping import make_grid_mapping
+from pallax._src.grid_mapping import make_grid_mapping, operand_specs
 
 
 # --- the user-facing entry point -----------------------------------------------------------
@@ -30,25 +30,15 @@ def _check_operand(x, i: int, name: str):
                     f"{type(x).__name__} of Python values; convert it with jnp.asarray")
 
 
-def _refuse_hi_type(aval, where: str, name: str):
-  """JAX's "hi" types (user types registered with JAX, e.g. a pytree-like array pair): JAX
-  Pallas lowers them to their component arrays; pallax does not yet."""
-  if getattr(aval, "is_high", False):
-    raise NotImplementedError(
-        f"pallas_call {name}: {where} is of type {aval}, a JAX 'hi' type; pallax's pallas_call "
-        "takes arrays only: pass the value's component arrays as separate operands (and "
-        "outputs) and rebuild it outside the kernel")
-
-
 def _operand_aval(x, where: str, name: str):
   if isinstance(x, (jax.Array, np.ndarray, np.generic, jax.core.Tracer, int, float, bool, complex)):
-    aval = jax.typeof(jnp.asarray(x) if isinstance(x, (int, float, bool, complex)) else x)
-    _refuse_hi_type(aval, where, name)   # a hi value traced by an enclosing jit
-    return aval
+    return jax.typeof(jnp.asarray(x) if isinstance(x, (int, float, bool, complex)) else x)
   try:
-    _refuse_hi_type(jax.typeof(x), where, name)
+    aval = jax.typeof(x)
   except (TypeError, ValueError, AttributeError):   # not a JAX type at all: said below
-    pass
+    aval = None
+  if hi_types.is_hi(aval):   # a value of a type registered with jax.experimental.hijax
+    return aval
   if isinstance(x, jax.ShapeDtypeStruct):
     raise TypeError(f"pallas_call {name}: {where} is a ShapeDtypeStruct; pass an array "
                     "(ShapeDtypeStructs belong in out_shape)")
@@ -57,7 +47,8 @@ def _operand_aval(x, where: str, name: str):
 
 
 def out_aval(s, i, name):
-  _refuse_hi_type(s, f"out_shape[{i}]", name)
+  if hi_types.is_hi(s):   # a type registered with jax.experimental.hijax: its components
+    return s
   if isinstance(s, (jax.ShapeDtypeStruct, jax.Array, np.ndarray)) or (
       hasattr(s, "shape") and hasattr(s, "dtype") and not callable(getattr(s, "shape"))):
     return ji.ShapedArray(tuple(s.shape), jnp.dtype(s.dtype))
@@ -181,28 +172,55 @@ def _check_aliases(call: _Call, in_avals):
             f"pallas_call {label}: input_output_aliases contains the mapping '{i}:{o}' with "
             f"{what} index {k!r} outside the range [0, {n}) of the call's {n} {what}s{counted}")
     a, b = in_avals[i], call.out_avals[o]
-    if a.shape != b.shape or a.dtype != b.dtype:
+    los_a, los_b = hi_types.lo_avals(a), hi_types.lo_avals(b)
+    if len(los_a) != len(los_b) or any(x.shape != y.shape or x.dtype != y.dtype
+                                       for x, y in zip(los_a, los_b)):
+      show = lambda t: str(t) if hi_types.is_hi(t) else t.str_short()
       raise ValueError(   # JAX's words first: users match them
           f"pallas_call {call.name}: input_output_aliases contains the mapping '{i}:{o}' referring "
-          f"to input[{i}] with abstract value {a.str_short()} and to output[{o}] with a different "
-          f"abstract value {b.str_short()}; aliased operands (args[{i}], out[{o}]) must have the same "
-          "shape and dtype")
+          f"to input[{i}] with abstract value {show(a)} and to output[{o}] with a different "
+          f"abstract value {show(b)}; aliased operands (args[{i}], out[{o}]) must have the same "
+          "shape and dtype" + (" (component by component)" if hi_types.is_hi(a) else ""))
+
+
+def _hi_kernel_types(call: _Call, ins_tree, in_avals) -> tuple:
+  """The hi type (JAX's hijax) of each positional Ref the kernel takes (None: an array's Ref),
+  after the scalar-prefetch operands none; () when no operand or output is of a hi type."""
+  nidx, name = call.grid_spec.num_scalar_prefetch, call.name
+  for i, a in enumerate(in_avals[:nidx]):
+    if hi_types.is_hi(a):
+      raise NotImplementedError(
+          f"pallas_call {name}: args[{i}] is a scalar-prefetch operand of the hi type {a}; "
+          "pallax takes arrays only there: pass its component arrays (lower_val) instead")
+  ins, outs = in_avals[nidx:], call.out_avals
+  if not any(map(hi_types.is_hi, [*ins, *outs])):
+    return ()
+  in_specs, out_specs = operand_specs(call.grid_spec, ins_tree, len(ins), call.out_tree,
+                                      len(outs), kernel_errors.label(name, call.kernel))
+  return tuple([None] * nidx
+               + [hi_types.block_type(s, a, f"args[{nidx + i}]", name)
+                  for i, (s, a) in enumerate(zip(in_specs, ins))]
+               + [hi_types.block_type(s, a, f"out[{i}]", name)
+                  for i, (s, a) in enumerate(zip(out_specs, outs))])
 
 
 def _trace(call: _Call, in_tree, in_avals) -> Params:
-  """Traces the kernel for operands of ``in_avals``: the Params of one pallas_call equation."""
+  """Traces the kernel for operands of ``in_avals``: the Params of one pallas_call equation.
+  Operands and outputs of hi types are their component arrays from here on."""
   _check_aliases(call, in_avals)
   nidx, name = call.grid_spec.num_scalar_prefetch, call.name
   ins_tree = in_tree if nidx == 0 else jax.tree.structure([0] * (len(in_avals) - nidx))
   gm = make_grid_mapping(name, call.grid_spec, in_avals, ins_tree, list(call.out_avals),
                          call.out_tree, call.debug, call.kernel)
+  hi = _hi_kernel_types(call, ins_tree, in_avals)
   if call.grid_names:
     gm = dataclasses.replace(gm, grid_names=tuple(call.grid_names))
   ref_avals = ([ji.ref_aval(a.shape, a.dtype, pc.MemorySpace.INDEX) for a in in_avals[:nidx]]
                + [bm.ref_aval for bm in gm.block_mappings] + list(gm.scratch_avals))
   ref_names = ([f"args[{i}]" for i in range(nidx)] + [bm.origin for bm in gm.block_mappings]
                + [f"scratch[{i}]" for i in range(len(gm.scratch_avals))])
-  kargs = tracing.kernel_args(in_tree, call.out_tree, call.grid_spec.scratch_shapes)
+  kargs = dataclasses.replace(
+      tracing.kernel_args(in_tree, call.out_tree, call.grid_spec.scratch_shapes), hi=hi)
   extra_axes = call.threads.axis_env() if call.threads is not None else ()
   # What JAX Pallas prints for a block Ref's memory space ('Ref<default>{f32[8]}'), for errors
   spaces = ([None] * nidx + [_space_label(bm.memory_space) for bm in gm.block_mappings]
@@ -210,7 +228,8 @@ def _trace(call: _Call, in_tree, in_avals) -> Params:
   jaxpr, globals_avals = tracing.trace_kernel(call.kernel, name, gm.grid, ref_avals, ref_names,
                                       call.grid_names, kargs, extra_axes=extra_axes,
                                       ref_spaces=spaces)
-  params = Params(jaxpr, gm, name, call.interpret, call.debug, call.aliases, call.compiler_params,
+  aliases = hi_types.lo_aliases(call.aliases, in_avals, call.out_avals) if hi else call.aliases
+  params = Params(jaxpr, gm, name, call.interpret, call.debug, aliases, call.compiler_params,
                   call.cost_estimate, call.backend, globals_avals, kargs.names(call.kernel),
                   call.threads)
   for check in tracing.KERNEL_CHECKS:
@@ -218,6 +237,62 @@ def _trace(call: _Call, in_tree, in_avals) -> Params:
   if call.debug:
     print(f"The kernel jaxpr of pallas_call {name}:\n{jaxpr}\n{gm}")
   return params
+
+
+class _HiCall(ji.HiPrim):
+  """A call with operands or outputs of hi types (JAX's hijax): staged as one operation on the
+  hi values (under a jit that has not split them yet); split into a call on their components
+  when JAX lowers it (or at once, outside any trace)."""
+
+  def __init__(self, params: Params, in_avals, out_avals):
+    self.in_avals, self.out_aval, self.params = tuple(in_avals), tuple(out_avals), {}
+    self.call_params = params
+    lo_in = [lo for a in in_avals for lo in hi_types.lo_avals(a)]
+    self.effects = frozenset(pallas_call_p.abstract_eval(*lo_in, params=params)[1])
+    super().__init__()
+
+  def expand(self, *args):
+    lo = [v for a, x in zip(self.in_avals, args) for v in hi_types.lower_value(a, x)]
+    outs = pallas_call_p.bind(*lo, params=self.call_params)
+    return tuple(hi_types.raise_values(self.out_aval, outs))
+
+  def _unsupported(self, what: str):
+    raise NotImplementedError(
+        f"pallas_call {self.call_params.name}: {what} of a call with operands or outputs of hi "
+        "types (jax.experimental.hijax) is not supported; apply it to a call on the component "
+        "arrays")
+
+  def batch(self, axis_data, args, dims):
+    self._unsupported("vmap")
+
+  def jvp(self, primals, tangents):
+    self._unsupported("differentiation")
+
+  def vjp_fwd(self, nzs_in, /, *args):
+    self._unsupported("differentiation")
+
+  def __hash__(self):
+    return hash((id(self.call_params), self.in_avals, self.out_aval))
+
+  def __eq__(self, other):
+    return (type(other) is _HiCall and other.call_params is self.call_params
+            and other.in_avals == self.in_avals and other.out_aval == self.out_aval)
+
+  def __repr__(self):
+    return f"pallas_call[{self.call_params.name}, hi types]"
+
+
+def _bind(params: Params, flat_args, in_avals, out_avals):
+  """The call's results: the pallas_call primitive on arrays; with operands or outputs of hi
+  types, the call on their components, the results raised to the hi types."""
+  if not any(map(hi_types.is_hi, [*in_avals, *out_avals])):
+    return pallas_call_p.bind(*flat_args, params=params)
+  hi_call = _HiCall(params, in_avals, out_avals)
+  # A hi value traced as one (under a jit that splits it later) needs the call staged as one
+  # operation; hi values at hand (Python objects of arrays or tracers) split here.
+  traced = any(isinstance(x, jax.core.Tracer) and hi_types.is_hi(a)
+               for x, a in zip(flat_args, in_avals))
+  return hi_call(*flat_args) if traced else hi_call.expand(*flat_args)
 
 
 def _space_label(space) -> str | None:
@@ -299,7 +374,7 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
       params = traces[trace_key] = _deduplicated(key, _trace(call, in_tree, in_avals))
       if len(traces) > _TRACES_PER_CALL:
         traces.popitem(last=False)
-    outs = pallas_call_p.bind(*flat_args, params=params)
+    outs = _bind(params, flat_args, in_avals, out_avals)
     return jax.tree.unflatten(out_tree, outs)
 
   return wrapped

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 from pallax._src import captured
 from pallax._src import checks
 from pallax._src import core as pc
+from pallax._src import hi_types
 from pallax._src import jax_internals as ji
 from pallax._src.grid_mapping import scratch_aval
 from pallax._src import jaxpr_util
@@ -22,15 +24,21 @@ from pallax._src import kernel_errors
 @dataclasses.dataclass(frozen=True)
 class KernelArgs:
   """How flat Refs become the kernel's arguments: pytrees of positional Refs, scratch
-  passed positionally or (from a dict of scratch shapes) by keyword."""
+  passed positionally or (from a dict of scratch shapes) by keyword. ``hi``: for each positional
+  leaf, the hi type (JAX's hijax) of the Ref made of its next component Refs, or None for one
+  Ref; empty when no operand is of a hi type (else the kernel is traced lowering the hi Refs'
+  reads and writes to their components')."""
   positional: Any           # treedef of the tuple of positional arguments
   keyword: Any = None       # treedef of the keyword arguments (or None)
+  hi: tuple = ()
 
   @staticmethod
   def flat(n: int) -> "KernelArgs":
     return KernelArgs(jax.tree.structure(tuple(range(n))))
 
   def call(self, kernel, refs):
+    if self.hi:
+      refs = hi_types.raise_refs(self.hi, refs)
     n = self.positional.num_leaves
     args = jax.tree.unflatten(self.positional, refs[:n])
     kwargs = jax.tree.unflatten(self.keyword, refs[n:]) if self.keyword is not None else {}
@@ -55,7 +63,7 @@ class KernelArgs:
       for key, a in kw.items():
         leaves = jax.tree.leaves(a)
         names += [str(key)] if len(leaves) == 1 else [f"{key}_{j}" for j in range(len(leaves))]
-    return tuple(names)
+    return tuple(hi_types.component_names(names, self.hi))
 
 
 def _check_signature(kernel, name, kernel_args: KernelArgs, ref_names):
@@ -119,12 +127,12 @@ def trace_kernel(kernel, name, grid: tuple[int, ...], ref_avals, ref_names, grid
   in_avals = [ji.ShapedArray((), jnp.int32)] * len(grid) + list(ref_avals)
   named = [(n, s) for n, s in zip(grid_names, grid) if n is not None] + list(extra_axes)
   try:
-    jaxpr, _, consts = ji.trace_to_jaxpr(lambda *a: run((), *a), in_avals, name=name, axes=named)
+    trace = functools.partial(ji.trace_to_jaxpr, name=name, axes=named, lower=bool(kernel_args.hi))
+    jaxpr, _, consts = trace(lambda *a: run((), *a), in_avals)
     globals_avals = [scratch_aval(w, name) for w in requested]
     if requested:
       n = len(in_avals)
-      jaxpr, _, consts = ji.trace_to_jaxpr(lambda *a: run(a[n:], *a[:n]), in_avals + globals_avals,
-                                           name=name, axes=named)
+      jaxpr, _, consts = trace(lambda *a: run(a[n:], *a[:n]), in_avals + globals_avals)
   except (ValueError, TypeError, IndexError, NotImplementedError, RuntimeError) as e:
     names = dict(zip(kernel_args.names(kernel), ref_names)) if ref_names else {}
     spaces = kernel_errors.spaces_by_type(ref_avals, ref_spaces)
