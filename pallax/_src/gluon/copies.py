@@ -114,20 +114,25 @@ def _end(gen, opened):
 TMA_MAX_BOX = 256   # elements along one dimension of a hardware TMA box
 
 
-def _box_pieces(box, padded, gmem_shape, smem: SmemRef) -> list[list[tuple[int, int]]]:
+def _box_pieces(box, padded, gmem_shape, smem: SmemRef, swizzle: int) -> list[list[tuple[int, int]]]:
   """Per dimension of a TMA box, the (offset, size) pieces it is copied in: boxes of 256 along a
-  leading dimension longer than TMA allows (or the one dimension of a 1-D box) (a tiled SMEM buffer, as Mosaic GPU copies it); the
-  powers of two that sum to it (16 + 8 for 24) along a leading dimension the box spans only
-  part of, where padding it would reach into the next block; else the whole dimension. A piece
-  must start in SMEM where TMA may write (128 bytes, or a whole swizzle pattern of 8 rows), and
-  a swizzled buffer splits along rows in whole patterns only."""
-  align = max(128, 8 * smem.swizzle)
+  leading dimension longer than TMA allows (or the one dimension of a 1-D box) (a tiled SMEM
+  buffer, as Mosaic GPU copies it); the
+  powers of two that sum to it (16 + 8 for 24; 128 + 64 for 192) along a dimension the box spans
+  only part of, where padding it would reach into the next block; else the whole dimension. A
+  piece must start in SMEM where TMA may write (128 bytes, or a whole swizzle pattern of 8 rows;
+  along rows, at a swizzle atom's columns, or 16 bytes unswizzled), and a swizzled buffer splits
+  along rows in whole patterns only; a piece of a row spans at least the swizzle's width
+  (``swizzle``: the bytes of the descriptor's layout)."""
   out = []
   for d, (b, p, n) in enumerate(zip(box, padded, gmem_shape)):
     step = int(np.prod(padded[d + 1:])) * smem.dtype.itemsize   # SMEM bytes per index of d
-    if d == len(box) - 1:   # rows split only where there is one (a 1-D box: no swizzle)
-      sizes = [TMA_MAX_BOX] * (p // TMA_MAX_BOX) if len(box) == 1 and p > TMA_MAX_BOX else [b]
-    elif p > TMA_MAX_BOX:
+    last = d == len(box) - 1
+    along_rows = last and len(box) > 1
+    align = (swizzle or 16) if along_rows else max(128, 8 * smem.swizzle)
+    if last and len(box) == 1 and p > TMA_MAX_BOX:   # (a 1-D box: no swizzle)
+      sizes = [TMA_MAX_BOX] * (p // TMA_MAX_BOX)
+    elif p > TMA_MAX_BOX and not last:
       sizes = [TMA_MAX_BOX] * (p // TMA_MAX_BOX)
     elif not L.is_pow2(b) and b != n:
       sizes = [1 << k for k in reversed(range(b.bit_length())) if b >> k & 1]
@@ -135,7 +140,8 @@ def _box_pieces(box, padded, gmem_shape, smem: SmemRef) -> list[list[tuple[int, 
       sizes = [b]
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     rows = d == len(box) - 2 and smem.swizzle
-    if any(o * step % align for o in offsets) or (rows and any(q % 8 for q in sizes[1:])):
+    narrow = along_rows and any(q * step < swizzle for q in sizes)
+    if any(o * step % align for o in offsets) or (rows and any(q % 8 for q in sizes[1:])) or narrow:
       sizes, offsets = [b], [0]   # not expressible: the descriptor says why
     out.append(list(zip(offsets, sizes)))
   return out
@@ -149,7 +155,8 @@ def _tma(gen, smem_ref, gmem_ref, direction: str, barrier=None) -> tuple[list, i
   text, layout = _box_view(gen, smem, box)
   padded = L.padded(box)
   pieces, nbytes = [], 0
-  for piece in itertools.product(*_box_pieces(box, padded, gmem_ref[0].shape, smem)):
+  swizzle = layout.swizzle if isinstance(layout, L.Shared) else smem.swizzle
+  for piece in itertools.product(*_box_pieces(box, padded, gmem_ref[0].shape, smem, swizzle)):
     slices = [(o, L.pow2(q), d) for d, (o, q) in enumerate(piece) if L.pow2(q) < padded[d]]
     view = text + "".join(f".slice({o}, {q}, dim={d})" for o, q, d in slices)
     coords = [gen.bind(ex.add(s, i32(o)), "c") if o else s for s, (o, _) in zip(starts, piece)]

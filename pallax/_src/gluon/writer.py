@@ -426,6 +426,7 @@ def _check_padded_box(ref: GmemRef, box: tuple):
       raise NotImplementedError(
           f"copies of {ref.origin}: a TMA box of shape {tuple(box)} over an array of shape "
           f"{tuple(ref.shape)}; Gluon pads the box to {L.padded(box)}, which in dimension {d} "
-          f"would reach into the next block. Use blocks whose sizes are powers of two, or that "
-          "span the whole dimension")
+          f"would reach into the next block. Use blocks whose sizes are powers of two, that "
+          "span the whole dimension, or rows that are a sum of powers of two each at least "
+          "the SMEM swizzle wide (192 = 128 + 64 bfloat16 columns), copied in pieces")
 
