@@ -1,7 +1,8 @@
 """TMA boxes whose rows are not a power of two wide, over arrays they do not span (a 192-column
-block of a wider matrix, as JAX's ragged dot loads its rhs): Gluon pads SMEM tiles to powers of
-two, so the box is copied in pieces whose widths are powers of two (128 + 64), each starting on a
-swizzle atom, and never reaches into the next block's columns. Run by default (the interpreter on
+block of a wider matrix, as JAX's ragged dot loads its rhs), or longer than one TMA box (512):
+Gluon pads SMEM tiles to powers of two, so the box is copied in pieces whose widths are powers of
+two (128 + 64; 256 + 256), each starting on a swizzle atom, never reaching into the next block's
+columns. Run by default (the interpreter on
 a CPU, where the kernel is also lowered to Gluon PTX; the Gluon backend on a Hopper GPU) and
 compared with numpy."""
 import jax
@@ -47,6 +48,8 @@ CASES = [  # (rows, width, blocks, dtype, swizzle)
     (64, 192, 3, jnp.bfloat16, 128),   # 128 + 64 columns
     (32, 96, 2, jnp.float32, 0),       # 64 + 32 (the buffer's own layout swizzles 128 bytes)
     (8, 192, 2, jnp.float32, 0),       # 128 + 64 float32
+    (16, 512, 2, jnp.bfloat16, 128),   # 256 + 256: rows longer than one TMA box
+    (8, 384, 2, jnp.bfloat16, 128),    # 256 + 128
 ]
 
 
@@ -67,6 +70,7 @@ def test_each_piece_is_a_power_of_two_inside_the_block(rows, width, blocks, dtyp
     assert sum(widths) == width and all(w & (w - 1) == 0 for w in widths) and len(widths) > 1
 
 
+@pytest.mark.interpreter
 @pytest.mark.gluon_refuses("would reach into the next block")
 def test_pieces_narrower_than_the_swizzle_are_refused():
   # 48 float32 columns: 32 + 16, and 16 float32 (64 bytes) are narrower than the 128-byte

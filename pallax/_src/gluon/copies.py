@@ -114,35 +114,36 @@ def _end(gen, opened):
 TMA_MAX_BOX = 256   # elements along one dimension of a hardware TMA box
 
 
+def _split(b: int, p: int, n: int) -> list[int]:
+  """The sizes a box dimension of ``b`` elements (padded to ``p``; the array's dimension has
+  ``n``) is copied in: whole where TMA takes it; past 256, boxes of 256; along a dimension the
+  box spans only part of, never past the box's end (powers of two that sum to it: 16 + 8 for 24,
+  128 + 64 for 192, 256 + 128 for 384), where padding would reach into the next block."""
+  if b != n and not L.is_pow2(b):
+    rest = b % TMA_MAX_BOX
+    return [TMA_MAX_BOX] * (b // TMA_MAX_BOX) + [1 << k for k in reversed(range(rest.bit_length()))
+                                                 if rest >> k & 1]
+  return [TMA_MAX_BOX] * (p // TMA_MAX_BOX) if p > TMA_MAX_BOX else [b]
+
+
 def _box_pieces(box, padded, gmem_shape, smem: SmemRef, swizzle: int) -> list[list[tuple[int, int]]]:
-  """Per dimension of a TMA box, the (offset, size) pieces it is copied in: boxes of 256 along a
-  leading dimension longer than TMA allows (or the one dimension of a 1-D box) (a tiled SMEM
-  buffer, as Mosaic GPU copies it); the
-  powers of two that sum to it (16 + 8 for 24; 128 + 64 for 192) along a dimension the box spans
-  only part of, where padding it would reach into the next block; else the whole dimension. A
-  piece must start in SMEM where TMA may write (128 bytes, or a whole swizzle pattern of 8 rows;
-  along rows, at a swizzle atom's columns, or 16 bytes unswizzled), and a swizzled buffer splits
-  along rows in whole patterns only; a piece of a row spans at least the swizzle's width
-  (``swizzle``: the bytes of the descriptor's layout)."""
+  """Per dimension of a TMA box, the (offset, size) pieces it is copied in (``_split``; a tiled
+  SMEM buffer is copied so by Mosaic GPU too). A piece must start in SMEM where TMA may write
+  (128 bytes, or a whole swizzle pattern of 8 rows; along rows, at a swizzle atom's columns, or
+  16 bytes unswizzled), a swizzled buffer splits along rows in whole patterns only, and a piece
+  of a row spans at least the swizzle's width (``swizzle``: the bytes of the descriptor's
+  layout). Where they cannot, the dimension stays whole and the descriptor says why."""
   out = []
   for d, (b, p, n) in enumerate(zip(box, padded, gmem_shape)):
     step = int(np.prod(padded[d + 1:])) * smem.dtype.itemsize   # SMEM bytes per index of d
-    last = d == len(box) - 1
-    along_rows = last and len(box) > 1
+    along_rows = d == len(box) - 1 and len(box) > 1
     align = (swizzle or 16) if along_rows else max(128, 8 * smem.swizzle)
-    if last and len(box) == 1 and p > TMA_MAX_BOX:   # (a 1-D box: no swizzle)
-      sizes = [TMA_MAX_BOX] * (p // TMA_MAX_BOX)
-    elif p > TMA_MAX_BOX and not last:
-      sizes = [TMA_MAX_BOX] * (p // TMA_MAX_BOX)
-    elif not L.is_pow2(b) and b != n:
-      sizes = [1 << k for k in reversed(range(b.bit_length())) if b >> k & 1]
-    else:
-      sizes = [b]
+    sizes = _split(b, p, n)
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     rows = d == len(box) - 2 and smem.swizzle
     narrow = along_rows and any(q * step < swizzle for q in sizes)
     if any(o * step % align for o in offsets) or (rows and any(q % 8 for q in sizes[1:])) or narrow:
-      sizes, offsets = [b], [0]   # not expressible: the descriptor says why
+      sizes, offsets = [b], [0]
     out.append(list(zip(offsets, sizes)))
   return out
 
