@@ -324,14 +324,31 @@ class Assigner:
     x = self.in_layout(x, L.Slice(dim, layout))
     return Val(v.shape, v.dtype, layout, ("expand", x, dim))
 
-  def common(self, *vals) -> tuple[list, L.Layout | None]:
-    """``vals`` in one layout: the first computed tile's (not one rebuilt more cheaply, nor a
-    carry whose layout is undecided), the others converted to it or rebuilt in it."""
+  @staticmethod
+  def leading(*vals) -> Val | None:
+    """The tile whose layout ``vals`` meet in: the first computed one (not one rebuilt more
+    cheaply, nor a carry whose layout is undecided); None: no tile has a layout."""
     tiles = [v for v in vals if isinstance(v, Val) and v.shape and v.layout is not None]
     if not tiles:
+      return None
+    return next((v for v in tiles if v.rebuild is None and not v.tentative), tiles[0])
+
+  def common(self, *vals) -> tuple[list, L.Layout | None]:
+    """``vals`` in one layout (``leading``'s), the others converted to it or rebuilt in it."""
+    target = self.leading(*vals)
+    if target is None:
       return list(vals), None
-    target = next((v for v in tiles if v.rebuild is None and not v.tentative), tiles[0])
     return [self.in_layout(v, target.layout) for v in vals], target.layout
+
+  def converting_at(self, position: int, fn):
+    """``fn()``, its conversions listed at ``position`` rather than at the end (those made where
+    a branch ends, found once every branch was analysed)."""
+    start = len(self.conversions)
+    result = fn()
+    made = self.conversions[start:]
+    del self.conversions[start:]
+    self.conversions[position:position] = made
+    return result
 
   def to_layout(self, v, layout, shape, dtype):
     """``v`` as a tile of ``shape`` in ``layout`` (a scalar is filled into a new tile)."""

@@ -1,8 +1,9 @@
 """Gluon rules of structured control flow (scan and fori loops, while loops, conds, calls
 inlined) and of the axis indices; the loops and conditionals themselves are written by
-``gpu/control.py``, as for Triton. Loop and branch carries keep the layout they enter with; a
-loop carry that starts as a splat or an iota starts in the layout the loop body computes it in
-(found by the layout assignment, which analyses the body with that carry undecided first).
+``gpu/control.py``, as for Triton. Loop carries keep the layout they enter with; a loop carry
+that starts as a splat or an iota starts in the layout the loop body computes it in (found by
+the layout assignment, which analyses the body with that carry undecided first). A cond's
+results take the layout its branches' values meet in, each branch converting its own to it.
 """
 from __future__ import annotations
 
@@ -70,10 +71,18 @@ def _while(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
 
 @rule(ji.cond_p)
 def _cond(ctx, index, *ops, branches, **_):
-  in_flight = BranchesInFlight(ctx.gen)
-  results = gpu_control.cond(ctx.gen, index, branches, ops, ctx.avals_out, in_flight.branch)
-  if gpu_control.static_branch(index, len(branches)) is None:
-    in_flight.done()
+  """The results are new variables in the layouts the assignment gave them, which each branch
+  converts its values to (``Writer.assign``)."""
+  gen = ctx.gen
+  if gpu_control.static_branch(index, len(branches)) is not None:
+    return gpu_control.cond(gen, index, branches, ops, ctx.avals_out)
+  results = [gen.fresh_name("r", a.dtype, a.shape) for a in ctx.avals_out]
+  for r, var in zip(results, ctx.eqn.outvars):
+    if gen.assigned(var) is not None:
+      gen.layouts[r.name] = gen.assigned(var)
+  in_flight = BranchesInFlight(gen)
+  gpu_control.cond(gen, index, branches, ops, ctx.avals_out, in_flight.branch, results)
+  in_flight.done()
   return results
 
 
@@ -159,12 +168,25 @@ def _while_layouts(ctx, *invals, cond_jaxpr, body_jaxpr, cond_nconsts, body_ncon
 
 @layout_rule(ji.cond_p)
 def _cond_layouts(ctx, index, *ops, branches, **_):
+  """The results are new variables that every branch assigns (Gluon requires one layout for
+  each): each takes the layout its branches' values meet in, as an operation's operands do (in
+  the order the branches are written), and each branch converts its value to it where it ends
+  (or rebuilds it in it: a splat, an iota)."""
+  a = ctx.a
   k = gpu_control.static_branch(index, len(branches))
   if k is not None:   # the writer lowers the one branch taken
     return ctx.lower(branches[k], list(ops))
+  outs, ends = [], []
   for k in gpu_control.branch_order(len(branches)):   # in the writer's order
-    ctx.lower(branches[k], list(ops))
-  return None   # the results are new variables, of no layout
+    outs.append(ctx.lower(branches[k], list(ops)))
+    ends.append(len(a.conversions))
+  leads = [a.leading(*values) for values in zip(*outs)]
+  layouts = [lead.layout if lead is not None else None for lead in leads]
+  for values, end in reversed(list(zip(outs, ends))):   # (later branches first: ``end`` holds)
+    a.converting_at(end, lambda values=values: [a.in_layout(v, l) for v, l in zip(values, layouts)])
+  return [Val(tuple(var.aval.shape), var.aval.dtype, layout,
+              tentative=lead is not None and lead.tentative)
+          for var, layout, lead in zip(ctx.eqn.outvars, layouts, leads)]
 
 
 def _inline_layouts(param):

@@ -112,12 +112,26 @@ def _reduce_rule(fn, kind: str):
       gen.unsupported("reductions of values without a layout")
     # several axes: one reduction per axis, the last first, so the others keep their numbers
     x = masked(gen, x, list(axes), ex.untyped(ex.neutral(kind, x.dtype)))
-    layout, shape = gen.layout_of(x), tuple(x.shape)
+    layout, shape, dtype = gen.layout_of(x), tuple(x.shape), np.dtype(ctx.out.dtype)
     for axis in sorted(axes, reverse=True):
       layout, shape = slice_layout(gen, layout, axis), shape[:axis] + shape[axis + 1:]
-      x = gen.value(call(fn, x, i32(axis), dtype=ctx.out.dtype, shape=shape), layout)
+      x = gen.value(call(fn, x, i32(axis), dtype=_widened(kind, dtype), shape=shape), layout)
+    if x.dtype != dtype:   # back to the type JAX gives (exact for max and min; a sum wraps)
+      x = gen.value(method(x, "to", dtype_token(dtype), dtype=dtype), layout)
     return x
   return lower
+
+
+def _widened(kind: str, dtype: np.dtype) -> np.dtype:
+  """The type of Gluon's reduction of ``dtype``: ``gl.max`` and ``gl.min`` reduce types
+  narrower than 32 bits in float32 or int32, ``gl.sum`` integers in int32 or uint32."""
+  if dtype.itemsize >= 4 or dtype == np.bool_:
+    return dtype
+  if kind == "sum":
+    if not np.issubdtype(dtype, np.integer):
+      return dtype
+    return np.dtype(np.uint32 if np.issubdtype(dtype, np.unsignedinteger) else np.int32)
+  return np.dtype(np.float32 if np.issubdtype(dtype, np.floating) or dtype.kind == "V" else np.int32)
 
 
 rule(lax.reduce_max_p)(_reduce_rule("gl.max", "max"))

@@ -116,6 +116,16 @@ def blocked(shape, dtype) -> Blocked:
                  tuple(range(len(shape) - 1, -1, -1)))
 
 
+def permuted(layout: Blocked, permutation) -> Blocked:
+  """The layout of a ``layout`` tensor with its dimensions permuted (``tensor.permute``: dimension
+  ``k`` of the result is ``permutation[k]`` of the operand): each thread holds the same elements,
+  as Gluon infers it, no data moves."""
+  new_dim = {old: new for new, old in enumerate(permutation)}
+  pick = lambda fields: tuple(fields[old] for old in permutation)  # noqa: E731
+  return Blocked(pick(layout.size_per_thread), pick(layout.threads_per_warp),
+                 pick(layout.warps_per_cta), tuple(new_dim[d] for d in layout.order))
+
+
 def coverage(layout: Layout, shape, dtype) -> tuple:
   """The extent of a layout's one repetition along each dimension of a 2-D tile: a dimension
   larger than that repeats in each thread's registers, so its halves are in the same thread."""

@@ -1,6 +1,8 @@
 """Gluon rules of ``lax.reshape`` on register values: a scalar made a tile of ones (a splat), a
 tile of one element made a scalar, and reshapes between shapes whose dimensions are all powers
-of two (Gluon's reshape; pallax pads other shapes, and padding does not reshape)."""
+of two (Gluon's reshape; pallax pads other shapes, and padding does not reshape); and of
+``lax.transpose`` (Gluon's permute: padding lies at the end of each dimension, so a padded
+tile's permute is the padded tile of its transpose)."""
 from __future__ import annotations
 
 import numpy as np
@@ -59,3 +61,39 @@ def _reshape_layouts(ctx, x, *, new_sizes, dimensions, **_):
   if not shape:
     return Val((), dtype, None)
   return Val(shape, dtype, L.blocked(shape, dtype))
+
+
+@rule(lax.transpose_p)
+def _transpose(ctx, x, *, permutation):
+  """``x`` with its dimensions permuted: in a blocked layout, whose permute is the permuted
+  blocked layout (each thread keeps its elements); another layout is converted first."""
+  gen, permutation = ctx.gen, tuple(permutation)
+  if permutation == tuple(range(len(permutation))):
+    return x
+  if gen.layout_of(x) is None:
+    gen.unsupported("transposes of register values without a layout")
+  before, after = gen.facts(ctx.eqn)
+  if before is not None:
+    x = gen.convert(x, gen.declared(before))
+  shape = tuple(x.shape[d] for d in permutation)
+  return gen.value(ex.method(x, "permute", ex.Token(str(permutation)), shape=shape), after)
+
+
+@layout_rule(lax.transpose_p)
+def _transpose_layouts(ctx, x, *, permutation):
+  """(the layout ``x`` is converted to first or None, the result's layout): a blocked tile is
+  permuted as it is; a tile in another layout (a wgmma accumulator's, a slice) is converted to
+  the blocked layout whose permute is the coalesced layout of the result."""
+  permutation = tuple(permutation)
+  if permutation == tuple(range(len(permutation))):
+    return x
+  if not isinstance(x, Val) or x.layout is None:
+    return None   # the writer refuses it
+  before = None
+  if not isinstance(x.layout, L.Blocked):
+    inverse = tuple(int(d) for d in np.argsort(permutation))
+    before = L.permuted(L.blocked(ctx.out.shape, x.dtype), inverse)
+    x = ctx.a.convert(x, before)
+  after = L.permuted(x.layout, permutation)
+  ctx.facts((before, after))
+  return Val(tuple(ctx.out.shape), x.dtype, after)

@@ -87,15 +87,18 @@ def static_branch(index: ex.Expr, n: int) -> int | None:
   return None
 
 
-def cond(gen, index: ex.Expr, branches, ops, avals_out, each_branch=contextlib.nullcontext) -> list:
+def cond(gen, index: ex.Expr, branches, ops, avals_out, each_branch=contextlib.nullcontext,
+         results=None) -> list:
   """``results = branches[index](*ops)`` as an ``if``/``elif``/``else`` chain over fresh result
   variables (a branch that writes nothing is ``pass``; an empty ``else``, as ``pl.when``'s, is
   left out). A known index lowers its branch alone. ``each_branch()``: a context manager around
-  the writing of each branch (for a backend that follows some state along the code it writes)."""
+  the writing of each branch (for a backend that follows some state along the code it writes);
+  ``results``: the result variables, where the backend made them (with facts of its own)."""
   k = static_branch(index, len(branches))
   if k is not None:
     return gen.lower_jaxpr(branches[k], list(ops))
-  results = [gen.fresh_name("r", a.dtype, a.shape) for a in avals_out]
+  if results is None:
+    results = [gen.fresh_name("r", a.dtype, a.shape) for a in avals_out]
   if index.dtype == BOOL:
     index = ex.method(index, "to", ex.Token(ex.dtype_name(I32, gen.render.ns)), dtype=I32)
   order = branch_order(len(branches))
