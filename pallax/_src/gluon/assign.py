@@ -47,6 +47,7 @@ class Val:
   tentative: bool = False
   used: bool = False   # some operation takes it as it is (not rebuilt in another layout): a
                        # splat or an iota nothing takes as it is is not written (``unused``)
+  free: bool = False   # a load from SMEM, which reads in any layout: its first user's (``convert``)
 
 
 def val(aval, layout=None, rebuild=None) -> Val:
@@ -214,6 +215,7 @@ class Assigner:
     self._live: set = set()
     self._eqns: list = []
     self._rebuilt_here: set = set()   # ids of the operands the running rule rebuilt
+    self._origins: dict = {}          # id of a free Val -> (its scope, its variable)
 
   def result(self) -> Assignment:
     return Assignment(self.top, self.conversions, self.buffers, self.hoisted)
@@ -241,6 +243,8 @@ class Assigner:
         env.update(zip(eqn.outvars, outs))
         scope.layouts.update((v, o.layout) for v, o in zip(eqn.outvars, outs) if isinstance(o, Val))
         scope.values.update((v, o) for v, o in zip(eqn.outvars, outs) if isinstance(o, Val))
+        self._origins.update((id(o), (scope, v)) for v, o in zip(eqn.outvars, outs)
+                             if isinstance(o, Val) and o.free)
       outs = [read(a) for a in jaxpr.outvars]
       for o in outs:   # what the caller does with them is not tracked: taken as they are
         self.take_as_is(o)
@@ -302,7 +306,13 @@ class Assigner:
     return self.convert(v, layout)
 
   def convert(self, v: Val, layout) -> Val:
-    """``v`` in ``layout``: rebuilt in it where it can be, else converted."""
+    """``v`` in ``layout``: read in it (an SMEM load no one took yet), rebuilt in it where it
+    can be, else converted."""
+    if v.free and not v.used and id(v) in self._origins:
+      scope, var = self._origins.pop(id(v))
+      v.layout, v.free = layout, False
+      scope.layouts[var] = layout
+      return v
     if v.rebuild is not None:
       new = self._rebuilt(v, layout)
       if new is not None:
@@ -327,11 +337,12 @@ class Assigner:
   @staticmethod
   def leading(*vals) -> Val | None:
     """The tile whose layout ``vals`` meet in: the first computed one (not one rebuilt more
-    cheaply, nor a carry whose layout is undecided); None: no tile has a layout."""
+    cheaply, a carry whose layout is undecided, nor an SMEM load, which reads in any); None: no
+    tile has a layout."""
     tiles = [v for v in vals if isinstance(v, Val) and v.shape and v.layout is not None]
     if not tiles:
       return None
-    return next((v for v in tiles if v.rebuild is None and not v.tentative), tiles[0])
+    return next((v for v in tiles if v.rebuild is None and not v.tentative and not v.free), tiles[0])
 
   def common(self, *vals) -> tuple[list, L.Layout | None]:
     """``vals`` in one layout (``leading``'s), the others converted to it or rebuilt in it."""

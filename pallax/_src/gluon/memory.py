@@ -448,8 +448,9 @@ def _get_layouts(ctx, *invals, **_):
     shape = (size, *view.shape[1:])
     return Val(shape, ref.dtype, L.blocked(shape, ref.dtype))
   view = register_view_layouts(ref, a.transforms)
-  layout = vector_layout(ctx, view.shape) or L.blocked(view.shape, view.dtype)
-  return Val(view.shape, view.dtype, layout)
+  vector = vector_layout(ctx, view.shape)
+  layout = vector or L.blocked(view.shape, view.dtype)
+  return Val(view.shape, view.dtype, layout, free=vector is None and len(view.shape) == 2)
 
 
 @layout_rule(ji.swap_p)
