@@ -1,6 +1,7 @@
 """Waits for wgmmas in generated Gluon: an accumulator is waited for where it is read only if a
 wgmma into it may still be in flight there, followed along loops (a wgmma of one iteration may be
-in flight when the next begins) and branches (either branch may have run). Checked through the
+in flight when the next begins) and branches (either branch may have run); a full wait right
+after a wgmma replaces the wgmma's own. Checked through the
 waits the backend records (``gluon/events.MmaWait``), and on a Hopper GPU against the
 interpreter: a wait left out where one is needed reads a half-written accumulator."""
 import jax
@@ -97,12 +98,15 @@ def _in_a_branch_kernel(a, b, interpret=False):
                       interpret=interpret)(a, b)
 
 
+# Each kernel, and the waits its code makes in order (how many wgmmas each lets stay in flight):
+# a wgmma is followed by a wait that lets it run on (1), or, where the full wait comes next
+# anyway, by the full wait itself (0, in its place).
 KERNELS = {
-    "waited_in_loop": (_kernel(_waited_in_loop), 1),
-    "not_waited_in_loop": (_kernel(_not_waited_in_loop), 1),
-    "read_in_loop": (_kernel(_read_in_loop), 2),
-    "in_a_branch": (_in_a_branch_kernel, 1),
-    "no_wgmma": (_kernel(_no_wgmma), 0),
+    "waited_in_loop": (_kernel(_waited_in_loop), [0]),
+    "not_waited_in_loop": (_kernel(_not_waited_in_loop), [1, 0]),
+    "read_in_loop": (_kernel(_read_in_loop), [0, 1, 0]),
+    "in_a_branch": (_in_a_branch_kernel, [1, 0]),
+    "no_wgmma": (_kernel(_no_wgmma), []),
 }
 
 
@@ -113,14 +117,15 @@ def _inputs(seed):
 
 @pytest.mark.parametrize("name", KERNELS)
 def test_reads_wait_only_for_wgmmas_that_may_be_in_flight(name):
-  fn, full_waits = KERNELS[name]
+  fn, waits = KERNELS[name]
   s = jax.ShapeDtypeStruct((T, T), jnp.float16)
   (k,) = plgpu.lower(fn, s, s)
-  waits = [e for e in k.generated.partitions[0].events if isinstance(e, ev.MmaWait)]
-  wgmmas = [e for e in k.generated.partitions[0].events if isinstance(e, ev.Wgmma)]
-  # Each wgmma returns with at most itself in flight; a read waits for all only where needed.
-  assert [w.outstanding for w in waits].count(1) == len(wgmmas)
-  assert [w.outstanding for w in waits].count(0) == full_waits
+  events = [e for e in k.generated.partitions[0].events if isinstance(e, (ev.MmaWait, ev.Wgmma))]
+  assert [e.outstanding for e in events if isinstance(e, ev.MmaWait)] == waits
+  # Each wgmma is followed at once by a wait (so that at most it stays in flight).
+  for i, e in enumerate(events):
+    if isinstance(e, ev.Wgmma):
+      assert isinstance(events[i + 1], ev.MmaWait)
 
 
 @pytest.mark.parametrize("name", KERNELS)

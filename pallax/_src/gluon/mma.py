@@ -7,10 +7,10 @@ from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Conversion, Smem, layout_rule
-from pallax._src.gluon.events import MmaWait, Wgmma
+from pallax._src.gluon.events import Wgmma
 from pallax._src.gluon.memory import smem_view, smem_view_layouts
 from pallax._src.gluon.smem_views import indexed_lead
-from pallax._src.gluon.values import i32, masked, wait_all
+from pallax._src.gluon.values import i32, masked, wait_all, wgmma_issued
 from pallax._src.gluon.writer import AccRef, SmemRef, rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import call
@@ -60,13 +60,7 @@ def _wgmma(ctx, *invals, trees):
   acc = gen.acc(acc_ref)
   gen.emit_scalar(f"{acc} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc}, is_async=True)")
   # plgpu.wgmma returns with at most this wgmma in flight.
-  # The operands stay alive (and unwritten) while the wgmma may read them.
-  gen.emit(f"{acc}, _, _ = hopper.warpgroup_mma_wait(1, deps=[{acc}, {a_view.text}, "
-           f"{b_view.text}])")
-  gen.events.append(MmaWait(1, (gen.accs.index(acc_ref),)))
-  pending = gen.pending_accs
-  if acc_ref not in pending:
-    pending.append(acc_ref)
+  wgmma_issued(gen, acc_ref, f"{a_view.text}, {b_view.text}")
   return []
 
 

@@ -10,10 +10,14 @@ zeros), so a wgmma whose K is padded adds nothing from it.
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.events import MmaWait
+from pallax._src.gluon.statements import Binding
 from pallax._src.gpu import control
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import Lit, binary, call, method
@@ -159,14 +163,58 @@ def to_layout(gen, v, layout, shape, dtype):
 
 
 
+@dataclasses.dataclass(frozen=True)
+class IssuedWait:
+  """The ``warpgroup_mma_wait(1, ...)`` a wgmma was written with: where it is (the function's
+  lines, its index, the block depth), the accumulator, the operands it keeps alive."""
+  lines: list
+  index: int
+  depth: int
+  acc: Any
+  deps: str
+
+
+def wgmma_issued(gen, acc_ref, deps: str):
+  """After a wgmma into ``acc_ref``: the wait that leaves at most it in flight, keeping its
+  operands (``deps``) alive while it may read them."""
+  name = gen.acc(acc_ref)
+  gen.emit(f"{name}, _, _ = hopper.warpgroup_mma_wait(1, deps=[{name}, {deps}])")
+  gen.issued_wait = IssuedWait(gen.lines, len(gen.lines) - 1, gen.depth, acc_ref, deps)
+  gen.events.append(MmaWait(1, (gen.accs.index(acc_ref),)))
+  if acc_ref not in gen.pending_accs:
+    gen.pending_accs.append(acc_ref)
+
+
+def _waits_just_issued(gen, waited: list) -> bool:
+  """Whether the wgmma's own wait (``wgmma_issued``) is the last statement before this one, in
+  the same block, with only comments and pure bindings since (no loop or branch boundary):
+  then that wait becomes the full one."""
+  w = gen.issued_wait
+  if w is None or w.lines is not gen.lines or w.depth != gen.depth or waited != [w.acc]:
+    return False
+  return all(isinstance(line, Binding) or line.lstrip().startswith("#")
+             for line in gen.lines[w.index + 1:])
+
+
 def wait_all(gen, accs):
   """Waits for every wgmma into ``accs`` that may be in flight (reading an accumulator, or
   wgmma_wait(0)): one wait for them all; an accumulator no wgmma wrote since its last wait
-  needs none (``gen.pending_accs``, followed along loops and branches by ``mma.py``)."""
+  needs none (``gen.pending_accs``, followed along loops and branches by ``mma.py``). Right
+  after the wgmma's own wait, that wait waits for all instead."""
   waited = [acc for acc in accs if acc in gen.pending_accs]
   if not waited:
     return
-  names = ", ".join(gen.acc(acc) for acc in waited)
-  gen.emit_scalar(f"{names} = hopper.warpgroup_mma_wait(0, deps=[{names}])")
-  gen.events.append(MmaWait(0, tuple(gen.accs.index(acc) for acc in waited)))
+  k = tuple(gen.accs.index(acc) for acc in waited)
+  if _waits_just_issued(gen, waited):
+    w = gen.issued_wait
+    name = gen.acc(w.acc)
+    gen.lines[w.index] = ("    " * w.depth
+                          + f"{name}, _, _ = hopper.warpgroup_mma_wait(0, deps=[{name}, {w.deps}])")
+    last = max(i for i, e in enumerate(gen.events) if isinstance(e, MmaWait))
+    gen.events[last] = MmaWait(0, k)
+  else:
+    names = ", ".join(gen.acc(acc) for acc in waited)
+    gen.emit_scalar(f"{names} = hopper.warpgroup_mma_wait(0, deps=[{names}])")
+    gen.events.append(MmaWait(0, k))
+  gen.issued_wait = None
   gen.pending_accs = [acc for acc in gen.pending_accs if acc not in waited]

@@ -151,6 +151,7 @@ class Writer(src.Source):
     self.registers = None                    # the running thread's set_max_registers
     self.pending_accs: list = []             # accumulators with a wgmma maybe in flight
     self.accs: list = []                     # the accumulators made so far in the function
+    self.issued_wait = None                  # the last wgmma's own wait (values.wgmma_issued)
     self.thread_name = None                  # the thread axis of a kernel with several threads
     self.register_tensors = False            # a register-tensor layout or an SMEM allocation
                                              # (zeroed from registers) was asked for
