@@ -1,8 +1,10 @@
 """Gluon rules of Blackwell's tensor cores for sm_100a (``plgpu.lower(...,
-compute_capability=100)``): TMEM scratch, ``tcgen05_mma`` with SMEM operands, its barrier and
+compute_capability=100)``): TMEM scratch, ``tcgen05_mma`` with SMEM operands (block-scaled:
+``tcgen05_mma_scaled``, float8 operands with e8m0 scales), its barrier and
 ``tcgen05_commit_arrive``, ``async_load_tmem`` and its wait. Compiled on any machine; never run
-on Blackwell hardware here. What is not written yet (per-warp code, TMEM stores and copies,
-scales, dynamic TMEM slices) is refused by name (``codegen._refuse_blackwell``, ``unsupported``).
+on Blackwell hardware here. What is not written yet (collective MMAs, float4 operands, dynamic
+TMEM slices not proven aligned) is refused by name (``codegen._refuse_blackwell``,
+``unsupported``).
 
 The model is Gluon's: ``blackwell.tcgen05_mma(a, b, acc, use_acc=..., mbarriers=[bar])`` arrives
 on ``bar`` when the MMA completes (as ``plgpu.tcgen05_mma(..., barrier)`` does); without a
@@ -18,6 +20,7 @@ import numpy as np
 
 from pallax._src import jax_internals as ji
 from pallax._src.gluon import layouts as L
+from pallax._src.gluon import scales
 from pallax._src.gluon.assign import Smem, Val, layout_rule
 from pallax._src.gluon.copies import barrier_name
 from pallax._src.gluon.events import BarrierOp
@@ -28,6 +31,7 @@ from pallax._src.gluon.writer import SmemRef, rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.source import Unsupported
 from pallax._src.gpu.expr import call, method
+from pallax._src.mosaic_gpu import core as mc
 from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu import tcgen05 as tc
 
@@ -46,6 +50,16 @@ class TmemLayout(L.Layout):
 
   def text(self, name) -> str:
     return f"blackwell.TensorMemoryLayout(block={self.block}, col_stride={self.col_stride})"
+
+
+@dataclasses.dataclass(frozen=True)
+class TmemScales(L.Layout):
+  """The TMEM layout of MMA scales (``plgpu.TMEMLayout.SCALES_LAYOUT``): (rows, k) bytes as
+  the tensor core reads them, which Gluon places itself."""
+  registers = False
+
+  def text(self, name) -> str:
+    return "blackwell.TensorMemoryScalesLayout()"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +88,7 @@ def allocate_tmem(gen, kind, aval) -> TmemRef:
   if kind.collective:
     _refuse_collective(gen, "collective TMEM (plgpu.TMEM(..., collective=True))")
   if kind.layout is not None:
-    _refuse(gen, f"TMEM with layout {kind.layout} (MMA scales or sparsity metadata) for sm_100a")
+    return _allocate_scales(gen, kind, shape, dtype)
   if len(shape) != 2 or shape[0] not in (64, 128) or not L.is_pow2(shape[1]):
     _refuse(gen, f"TMEM of shape {list(shape)} for sm_100a (128 or 64 rows, a power-of-two "
                     "number of columns)")
@@ -85,6 +99,25 @@ def allocate_tmem(gen, kind, aval) -> TmemRef:
   gen.declared(layout)
   gen.emit_scalar(f"{name} = blackwell.allocate_tensor_memory({ex.dtype_name(dtype, 'gl')}, "
            f"{list(shape)}, {gen.layout(layout)})")
+  return TmemRef(name, shape, dtype, layout)
+
+
+def _allocate_scales(gen, kind, shape, dtype) -> TmemRef:
+  """TMEM for MMA scales: float8_e8m0fnu (held as bytes, ``scales.py``), (rows, k) with rows a
+  multiple of 128."""
+  if getattr(kind.layout, "layout_cls", kind.layout) is not mc.TMEMLayout.SCALES_LAYOUT:
+    _refuse(gen, f"TMEM with layout {kind.layout} (sparsity metadata or two-block layouts) "
+                 "for sm_100a")
+  if not scales.is_bits(dtype) or len(shape) != 2 or shape[0] % 128:
+    _refuse(gen, f"MMA scales in TMEM of type {dtype.name}{list(shape)} for sm_100a (Gluon "
+                 "3.6 scales fp8 operands by float8_e8m0fnu scales, (rows, k) with rows a "
+                 "multiple of 128)")
+  layout = TmemScales()
+  gen.blackwell = True
+  name = gen.fresh("scales_tmem")
+  gen.declared(layout)
+  gen.emit_scalar(f"{name} = blackwell.allocate_tensor_memory({ex.dtype_name(dtype, 'gl')}, "
+                  f"{list(shape)}, {gen.layout(layout)})")
   return TmemRef(name, shape, dtype, layout)
 
 
@@ -106,6 +139,9 @@ def tmem_view(gen, ref, transforms) -> tuple[str, tuple]:
   """(the source of a TMEM view, its shape): whole rows, static column slices."""
   if not isinstance(ref, TmemRef):
     gen.unsupported(f"a TMEM operation on {type(ref).__name__}")
+  if isinstance(ref.layout, TmemScales):
+    gen.unsupported("TMEM loads, stores and views of MMA scales (TMEMLayout.SCALES_LAYOUT) for "
+                    "sm_100a (written: plgpu.async_copy_scales_to_tmem into a whole buffer)")
   text, shape = ref.name, ref.shape
   for t in transforms:
     if not isinstance(t, ji.NDIndexer) or len(t.indices) != 2:
@@ -161,20 +197,56 @@ def _arrival(gen, bar) -> str:
 @rule(tc.tcgen05_mma_p)
 def _tcgen05_mma(ctx, *invals, trees, collective_axis, scaled):
   gen = ctx.gen
-  (acc, a, b, bar, _, _), (accumulate,) = mp.split_refs(invals, trees)
+  (acc, a, b, bar, a_scale, b_scale), (accumulate,) = mp.split_refs(invals, trees)
   if collective_axis is not None:
     _refuse_collective(gen, f"tcgen05_mma(collective_axis={collective_axis!r})")
-  if scaled:
-    gen.unsupported("block-scaled tcgen05_mma (a_scale, b_scale) for sm_100a")
   _refuse_operands(gen, acc[0], a, b)
+  scaling = _scaling(gen, ctx.eqn, trees, a, a_scale, b_scale) if scaled else ""
   acc_text, _ = tmem_view(gen, *acc)
   a_text = _tmem_operand(gen, a) if isinstance(a[0], TmemRef) else smem_view(
       gen, *a, k_last=not _transposed(a)).text
   b_view = smem_view(gen, *b, k_last=_transposed(b))
   barriers = "" if bar is None else f", mbarriers=[{_arrival(gen, bar)}]"
-  gen.emit(f"blackwell.tcgen05_mma({a_text}, {b_view.text}, {acc_text}, "
+  mma = "tcgen05_mma_scaled" if scaled else "tcgen05_mma"
+  gen.emit(f"blackwell.{mma}({a_text}, {b_view.text}, {acc_text}{scaling}, "
            f"use_acc={gen.render(accumulate)}{barriers})")
   return []
+
+
+# Gluon's names of the operand types its block-scaled MMA takes with e8m0 scales, one scale per
+# 32 elements of K (``kind::mxf8f6f4``, ``scale_vec::1X``): the float8 types of the interpreter's.
+_SCALED_FORMATS = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+_SCALE_BLOCK = 32
+
+
+def _scaling(gen, eqn, trees, a, a_scale, b_scale) -> str:
+  """The scale arguments of ``tcgen05_mma_scaled`` (``, a_scale, b_scale, "e4m3", "e5m2"``)
+  where Gluon 3.6's block-scaled MMA computes what the interpreter does: float8 operands, a
+  from SMEM, a float32 accumulator of 128 rows, whole TMEM scale buffers of float8_e8m0fnu,
+  a_scale (M, K/32) and b_scale (N, K/32); anything else is refused by name."""
+  (acc, acc_dt), (a_shape, a_dt), (b_shape, b_dt) = mp.ref_shapes(
+      [v.aval for v in eqn.invars], trees)[:3]
+  (m, n), k = acc, a_shape[1]
+  types = [np.dtype(a_dt).name, np.dtype(b_dt).name]
+  if not all(t in _SCALED_FORMATS for t in types):
+    gen.unsupported(f"block-scaled tcgen05_mma of {types[0]} x {types[1]} operands for sm_100a "
+                    "(written: float8_e4m3fn and float8_e5m2 operands scaled by float8_e8m0fnu "
+                    "per 32 elements of K; pallax's Gluon backend holds no float4 in SMEM)")
+  if isinstance(a[0], TmemRef) or np.dtype(acc_dt) != np.float32 or m != 128:
+    gen.unsupported(f"block-scaled tcgen05_mma with a in {type(a[0]).__name__}, an "
+                    f"{np.dtype(acc_dt).name} accumulator of {m} rows for sm_100a (Gluon 3.6's "
+                    "tcgen05_mma_scaled reads a from SMEM into a float32 accumulator of 128 rows)")
+  want = ((m, k // _SCALE_BLOCK), (n, k // _SCALE_BLOCK))
+  for ref, role, shape in ((a_scale, "a_scale", want[0]), (b_scale, "b_scale", want[1])):
+    if not isinstance(ref[0], TmemRef) or not isinstance(ref[0].layout, TmemScales) or ref[1] or (
+        tuple(ref[0].shape) != shape or k % _SCALE_BLOCK):
+      gen.unsupported(
+          f"block-scaled tcgen05_mma with {role} of shape {list(getattr(ref[0], 'shape', ()))} "
+          f"for sm_100a (written: a whole plgpu.TMEM{list(shape)} scale buffer of "
+          f"TMEMLayout.SCALES_LAYOUT, one scale per {_SCALE_BLOCK} elements of K: Gluon 3.6 "
+          "scales B by exactly N rows)")
+  formats = ", ".join(f'"{_SCALED_FORMATS[t]}"' for t in types)
+  return f", {a_scale[0].name}, {b_scale[0].name}, {formats}"
 
 
 def _refuse_operands(gen, acc, a, b):

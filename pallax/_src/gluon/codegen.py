@@ -26,7 +26,7 @@ from pallax._src.gluon import copies, memory, mma_sync, warps  # noqa: F401 (the
 from pallax._src.gluon import atomics, reshapes  # noqa: F401 (their rules register)
 from pallax._src.gluon import blackwell, clusters, scheduling, tmem_copies
 from pallax._src.gluon import layouts as L
-from pallax._src.gluon import order, peers, subbyte
+from pallax._src.gluon import order, peers, scales, subbyte
 from pallax._src.gluon import threads as warp_specialize
 from pallax._src.gluon.allocation import allocate, allocate_layouts, hoist_nested
 from pallax._src.gluon.assign import Assigner, Assignment, Gmem, Val
@@ -77,12 +77,9 @@ def _refuse_blackwell(params, target: int):
   for eqn in jaxpr_util.equations(params.jaxpr):
     tmem = any(getattr(t, "memory_space", None) is tcgen05.TMEM
                for t in eqn.params.get("scratch_types") or ())
-    scaled = eqn.params.get("scaled", False) and eqn.primitive is tcgen05.tcgen05_mma_p
-    if (eqn.primitive.name in names and (eqn.primitive not in allowed or scaled)) or (
-        tmem and target < 100):
+    if (eqn.primitive.name in names and eqn.primitive not in allowed) or (tmem and target < 100):
       line = ji.user_frame(eqn.source_info)
       what = "plgpu.TMEM scratch" if tmem and target < 100 else names[eqn.primitive.name]
-      what = f"block-scaled {what} (a_scale=, b_scale=)" if scaled else what
       raise src.Unsupported(
           f"pallas_call {params.name}: {what}{f' (at {line})' if line else ''} is Blackwell's "
           f"(sm_100a), and pallax's Gluon backend {_REFUSAL[target >= 100]}: run the kernel in "
@@ -99,7 +96,7 @@ def _refuse_unknown_operands(params):
   their bytes: ``subbyte.py``)."""
   for bm in params.grid_mapping.block_mappings:
     dtype = np.dtype(bm.array_aval.dtype)
-    if dtype.name not in ex.SIGNATURE and not subbyte.is_packed(dtype):
+    if dtype.name not in ex.SIGNATURE and not subbyte.is_packed(dtype) and not scales.is_bits(dtype):
       raise NotImplementedError(
           f"pallas_call {params.name}: {bm.origin} is {dtype.name}, which pallax's Gluon "
           "backend does not read or write; convert it outside the kernel, or run it in the "
@@ -114,6 +111,7 @@ def generate(params, target: int = 90) -> GluonSource:
   _refuse_unplaced_buffers(params)
   _refuse_blackwell(params, target)
   _refuse_unknown_operands(params)
+  scales.refuse_scale_math(params)
   name = src.kernel_identifier(params.name)
   gen = Writer(name)
   gen.target = target
@@ -253,7 +251,8 @@ def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
     boxes.setdefault(d.ptr, []).append(d)
   for ref in refs:
     packed = subbyte.is_packed(ref.dtype)
-    dtype = subbyte.signature_type(ref.dtype) if packed else ex.SIGNATURE[ref.dtype.name]
+    dtype = (subbyte.signature_type(ref.dtype) if packed else scales.signature_type(ref.dtype)
+             if scales.is_bits(ref.dtype) else ex.SIGNATURE[ref.dtype.name])
     uses = boxes.get(ref.ptr, [])
     if len(uses) != 1 or ref.ptr in gen.pointer_uses:
       signature[ref.ptr] = "*" + dtype

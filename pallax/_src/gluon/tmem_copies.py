@@ -1,4 +1,5 @@
-"""``plgpu.async_copy_smem_to_tmem`` for sm_100a: an SMEM view copied into a TMEM view.
+"""``plgpu.async_copy_smem_to_tmem`` for sm_100a: an SMEM view copied into a TMEM view; and
+``plgpu.async_copy_scales_to_tmem``: MMA scales into their TMEM buffer.
 
 Written as a register round trip, ``tmem.store(smem.load(layout))`` in TMEM's own register
 layout, not as Gluon 3.6's ``blackwell.tcgen05_copy``: that one takes 32-bit elements only,
@@ -10,12 +11,13 @@ the TMEM at once, anything else after ``tcgen05_commit_arrive`` and a wait, as b
 from __future__ import annotations
 
 from pallax._src.gluon.assign import Smem, layout_rule
-from pallax._src.gluon.blackwell import TmemRef, tmem_registers, tmem_view
+from pallax._src.gluon import layouts as L
+from pallax._src.gluon.blackwell import TmemRef, TmemRegisters, TmemScales, tmem_registers, tmem_view
 from pallax._src.gluon.events import Access
 from pallax._src.gluon.memory import register_view, register_view_layouts
 from pallax._src.gluon.writer import SmemRef, rule
 from pallax._src.gpu import expr as ex
-from pallax._src.gpu.expr import method
+from pallax._src.gpu.expr import call, method
 from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu import tcgen05 as tc
 
@@ -28,8 +30,8 @@ def _copy_smem_to_tmem(ctx, *invals, trees, what, collective_axis):
   (src, dst), _ = mp.split_refs(invals, trees)
   if not isinstance(src[0], SmemRef) or not isinstance(dst[0], TmemRef):
     gen.unsupported(f"plgpu.{what} from {type(src[0]).__name__} to {type(dst[0]).__name__}")
-  if what == "async_copy_scales_to_tmem":   # (their TMEM and MMAs are refused before this)
-    gen.unsupported(f"plgpu.{what} (MMA scales) for sm_100a")
+  if what == "async_copy_scales_to_tmem":
+    return _copy_scales(gen, src, dst)
   text, shape = tmem_view(gen, *dst)
   view = register_view(gen, *src)
   regs = tmem_registers(gen, dst[0], shape)
@@ -46,3 +48,45 @@ def _copy_smem_to_tmem_layouts(ctx, *invals, trees, what, collective_axis):
   if isinstance(src[0], Smem):
     register_view_layouts(*src)
   return None
+
+
+def _copy_scales(gen, src, dst) -> list:
+  """MMA scales into their TMEM buffer (``TensorMemoryScalesLayout``), from SMEM of the same
+  (rows, k) shape or in the tensor core's tiles (``tc.scales_tiles``: per 128 rows and 4
+  scales of K a (32, 16) tile, row r and scale c at [r % 32, (r // 32) * 4 + c % 4]), which
+  are untiled in registers (``tc.untile_scales``'s reshape, permute and reshape)."""
+  ref = dst[0]
+  if not isinstance(ref.layout, TmemScales) or dst[1]:
+    gen.unsupported("plgpu.async_copy_scales_to_tmem into TMEM other than a whole buffer of "
+                    "TMEMLayout.SCALES_LAYOUT for sm_100a")
+  view = register_view(gen, *src)
+  shape, tiles = tuple(ref.shape), tc.scales_tiles(ref.shape)
+  if tuple(view.shape) not in (shape, tiles):
+    gen.unsupported(f"plgpu.async_copy_scales_to_tmem from SMEM of shape {list(view.shape)} "
+                    f"into {list(shape)} for sm_100a")
+  regs = gen.declared(TmemRegisters(ex.dtype_name(ref.dtype, "gl"), shape, TmemScales()))
+  gen.events.append(Access("load", gen.smem_view(view), view.shape))
+  smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
+  if tuple(view.shape) == shape:
+    value = gen.value(method(smem, "load", ex.Token(gen.layout(regs))), regs, "scales")
+  else:
+    value = _untiled(gen, smem, shape, regs)
+  gen.emit(f"{ref.name}.store({gen.render(value)})")
+  return []
+
+
+def _untiled(gen, smem, shape, regs):
+  """The (rows, k) scales of SMEM tiles ``smem``, in the register layout ``regs``."""
+  dtype, (blocks, chunks, _, _) = smem.dtype, smem.shape
+  tiled = gen.value(method(smem, "load", ex.Token(gen.layout(gen.declared(
+      L.blocked(smem.shape, dtype))))), gen.declared(L.blocked(smem.shape, dtype)), "scale_tiles")
+  split = [blocks, chunks, 32, 4, 4]   # (row block, chunk of 4 scales, row % 32, row // 32 % 4, scale % 4)
+  x = gen.bind(method(tiled, "reshape", ex.Token(str(split)), dtype=dtype, shape=tuple(split)),
+               "scale_tiles")
+  order = (0, 3, 2, 1, 4)
+  x = gen.bind(method(x, "permute", ex.Token(str(order)), dtype=dtype,
+                      shape=tuple(split[d] for d in order)), "scale_tiles")
+  x = gen.bind(method(x, "reshape", ex.Token(str(list(shape))), dtype=dtype, shape=shape),
+               "scale_rows")
+  return gen.value(call("gl.convert_layout", x, ex.Token(gen.layout(regs)), dtype=dtype,
+                        shape=shape), regs, "scales")

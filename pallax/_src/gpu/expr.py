@@ -283,8 +283,15 @@ SIGNATURE = {
 }
 
 
+# Types the Gluon backend holds as their bits only, in memory and in registers between a load
+# and a store (MMA scales: gluon/scales.py refuses any other use of their values).
+GLUON_BITS = {"float8_e8m0fnu": "uint8"}
+
+
 def dtype_name(dtype, ns: str = "tl") -> str:
   name = np.dtype(dtype).name
+  if ns == "gl" and name in GLUON_BITS:
+    return f"gl.{GLUON_BITS[name]}"
   if name not in DTYPE_NAMES:
     raise NotImplementedError(f"dtype {name} is not supported by the GPU backends")
   return f"{ns}.{DTYPE_NAMES[name]}"
