@@ -183,3 +183,56 @@ def test_refuses_arithmetic_on_e8m0_values():
     o_ref[...] = s_ref[...].astype(F32)
 
   assert "float8_e8m0fnu values" in refusal(kernel, scales(5, 128, 128))
+
+
+def pipelined_kernel(m, n, k, a_dt, b_dt):
+  """One block-scaled MMA whose operands and scale tiles come in as the SMEM blocks of a
+  one-step ``plgpu.emit_pipeline`` (JAX's own scaled-matmul tests run so): each scale block is a
+  slot of a pipeline buffer, stored with its leading dimensions flattened."""
+  kk = k // BLOCK
+  swizzled = lambda dt: plgpu.BlockSpec(transforms=(   # noqa: E731
+      plgpu.TilingTransform((8, 128 // np.dtype(dt).itemsize)), plgpu.SwizzleTransform(128)))
+
+  @plgpu.kernel(out_shape=S((m, n), F32), scratch_shapes=[
+      plgpu.Barrier(orders_tensor_core=True), plgpu.TMEM((m, n), F32),
+      plgpu.TMEM((m, kk), E8M0, layout=plgpu.TMEMLayout.SCALES_LAYOUT),
+      plgpu.TMEM((n, kk), E8M0, layout=plgpu.TMEMLayout.SCALES_LAYOUT)])
+  def kernel(a_ref, b_ref, sa_ref, sb_ref, o_ref, done, acc, sa_tmem, sb_tmem):
+    def step(_, a_smem, b_smem, sa_smem, sb_smem, o_smem):
+      plgpu.async_copy_scales_to_tmem(sa_smem, sa_tmem)
+      plgpu.async_copy_scales_to_tmem(sb_smem, sb_tmem)
+      plgpu.tcgen05_mma(acc, a_smem, plgpu.transpose_ref(b_smem, (1, 0)), a_scale=sa_tmem,
+                        b_scale=sb_tmem, accumulate=False)
+      plgpu.tcgen05_commit_arrive(done)
+      plgpu.barrier_wait(done)
+      o_smem[...] = plgpu.async_load_tmem(acc)
+
+    in_specs = [swizzled(a_dt), swizzled(b_dt), plgpu.BlockSpec(), plgpu.BlockSpec()]
+    plgpu.emit_pipeline(step, grid=(), in_specs=in_specs, out_specs=[swizzled(F32)])(
+        a_ref, b_ref, sa_ref, sb_ref, o_ref)
+
+  return kernel
+
+
+PIPELINED = [(128, 128, 256, E4M3, E4M3), (128, 256, 128, E5M2, E4M3)]
+
+
+@pytest.mark.parametrize("m,n,k,a_dt,b_dt", PIPELINED)
+def test_pipelined_scale_tiles_interpreter(m, n, k, a_dt, b_dt):
+  args, want = operands(m, n, k, a_dt, b_dt)
+  got = pipelined_kernel(m, n, k, a_dt, b_dt)(*args)
+  np.testing.assert_array_equal(np.asarray(got, np.float64), want)
+
+
+@pytest.mark.parametrize("m,n,k,a_dt,b_dt", PIPELINED)
+def test_pipelined_scale_tiles_lower_as_rows(m, n, k, a_dt, b_dt):
+  """A pipeline slot's scale tiles are read as rows of 16 bytes (the buffer's layout has a lower
+  rank than the tiles), then untiled in registers as scratch tiles are."""
+  args, _ = operands(m, n, k, a_dt, b_dt)
+  (c,) = plgpu.lower(pipelined_kernel(m, n, k, a_dt, b_dt), *args, compute_capability=100)
+  for rows in (m // 4 * k // 128, n // 4 * k // 128):   # 32 rows of 16 scales per 128 x 128
+    assert f"._reinterpret(gl.uint8, [{rows}, 16], " in c.source
+  assert ".permute((0, 3, 2, 1, 4))" in c.source
+  mma = [line for line in c.ptx.splitlines() if "tcgen05.mma" in line]
+  assert mma and all("kind::mxf8f6f4.block_scale.scale_vec::1X" in line for line in mma)
+  assert "tcgen05.st" in c.ptx

@@ -139,7 +139,7 @@ def allocate_layouts(a, kind, aval):
     return a.accs[-1]
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
     lead, stored = stored_shape(shape)
-    a.buffers.append(Buffer(stored, dtype))
+    a.buffers.append(Buffer(stored, dtype, len(shape) if lead else 0))
     return Smem(a.buffers[-1], shape, dtype, L.swizzle(shape[-2:], dtype), lead=lead)
   return Opaque()   # a barrier (or what the writer refuses)
 

@@ -68,9 +68,12 @@ class Conversion:
 class Buffer:
   """An SMEM buffer: the shape it is allocated with (a buffer of rank > 3 has its leading
   dimensions flattened into one), its element type, and the ranks of its views (``registers``:
-  of those that registers read or write, which need a layout of exactly their rank)."""
+  of those that registers read or write, which need a layout of exactly their rank).
+  ``declared``: the rank it was declared with, up to which views of a buffer stored flattened
+  may go (each is reinterpreted in a layout of its own rank: ``smem_views.flat_index``)."""
   shape: tuple
   dtype: np.dtype
+  declared: int = 0
   ranks: set = dataclasses.field(default_factory=set)
   registers: set = dataclasses.field(default_factory=set)
 
@@ -103,7 +106,8 @@ class Buffer:
   def problem(self) -> str | None:
     """Why no one layout serves every view (None: one does)."""
     rank = min(self.ranks | {len(self.shape)})
-    if rank < len(self.shape) - 1 or max(self.ranks | {rank}) > rank + 1 or self.registers - {rank}:
+    top = max(rank + 1, self.declared)
+    if rank < len(self.shape) - 1 or max(self.ranks | {rank}) > top or self.registers - {rank}:
       return (f"SMEM views of ranks {sorted(self.ranks)} of one buffer of shape {list(self.shape)}, "
               f"register loads or stores of rank {sorted(self.registers)} among them")
     return None

@@ -10,11 +10,13 @@ the TMEM at once, anything else after ``tcgen05_commit_arrive`` and a wait, as b
 """
 from __future__ import annotations
 
+import numpy as np
+
 from pallax._src.gluon.assign import Smem, layout_rule
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.blackwell import TmemRef, TmemRegisters, TmemScales, tmem_registers, tmem_view
 from pallax._src.gluon.events import Access
-from pallax._src.gluon.memory import register_view, register_view_layouts
+from pallax._src.gluon.memory import register_view, register_view_layouts, smem_view_layouts
 from pallax._src.gluon.writer import SmemRef, rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import call, method
@@ -45,9 +47,19 @@ def _copy_smem_to_tmem(ctx, *invals, trees, what, collective_axis):
 @layout_rule(tc.async_copy_smem_to_tmem_p)
 def _copy_smem_to_tmem_layouts(ctx, *invals, trees, what, collective_axis):
   (src, _), _ = mp.split_refs(invals, trees)
-  if isinstance(src[0], Smem):
-    register_view_layouts(*src)
+  if not isinstance(src[0], Smem):
+    return None
+  if what == "async_copy_scales_to_tmem" and reads_rows(smem_view_layouts(*src)):
+    return None   # read as rows of 16 bytes (``_tile_rows``): no layout of the view's rank
+  register_view_layouts(*src)
   return None
+
+
+def reads_rows(view) -> bool:
+  """Whether scale tiles are read through a view of their rows (``_tile_rows``): a rank-4 view
+  that is part of a buffer (a pipeline's slot), whose layout has a lower rank (a buffer of rank
+  > 3 is stored with its leading dimensions flattened), not the whole buffer (a reshape)."""
+  return len(view.shape) == 4 and not view.whole and not view.reshaped
 
 
 def _copy_scales(gen, src, dst) -> list:
@@ -70,14 +82,29 @@ def _copy_scales(gen, src, dst) -> list:
   if tuple(view.shape) == shape:
     value = gen.value(method(smem, "load", ex.Token(gen.layout(regs))), regs, "scales")
   else:
-    value = _untiled(gen, smem, shape, regs)
+    value = _untiled(gen, _tile_rows(gen, view) if reads_rows(view) else smem, tiles, shape,
+                     regs)
   gen.emit(f"{ref.name}.store({gen.render(value)})")
   return []
 
 
-def _untiled(gen, smem, shape, regs):
-  """The (rows, k) scales of SMEM tiles ``smem``, in the register layout ``regs``."""
-  dtype, (blocks, chunks, _, _) = smem.dtype, smem.shape
+def _tile_rows(gen, view: SmemRef):
+  """Scale tiles ``view`` (a rank-4 view) seen as their rows of 16 bytes, one after another: the
+  same bytes in an unswizzled layout of rank 2, as in the buffer's unswizzled layout of any rank
+  (an NVMMA layout without swizzle keeps 16-byte rows in order, leading dimensions outermost)."""
+  rows = (int(np.prod(view.shape[:-1])), view.shape[-1])
+  if view.buffer.layout.swizzle or view.shape[-1] * view.dtype.itemsize != 16:
+    gen.unsupported(f"plgpu.async_copy_scales_to_tmem from swizzled SMEM tiles of shape "
+                    f"{list(view.shape)} for sm_100a")
+  layout = gen.layout(L.shared(rows, view.dtype))
+  text = f"{view.text}._reinterpret({ex.dtype_name(view.dtype, 'gl')}, {list(rows)}, {layout})"
+  return ex.Name(text, dtype=view.dtype, shape=rows)
+
+
+def _untiled(gen, smem, tiles, shape, regs):
+  """The (rows, k) scales of SMEM tiles ``smem`` of shape ``tiles`` (or of their rows:
+  ``_tile_rows``), in the register layout ``regs``."""
+  dtype, (blocks, chunks, _, _) = smem.dtype, tiles
   tiled = gen.value(method(smem, "load", ex.Token(gen.layout(gen.declared(
       L.blocked(smem.shape, dtype))))), gen.declared(L.blocked(smem.shape, dtype)), "scale_tiles")
   split = [blocks, chunks, 32, 4, 4]   # (row block, chunk of 4 scales, row % 32, row // 32 % 4, scale % 4)
