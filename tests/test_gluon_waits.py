@@ -17,9 +17,10 @@ from pallax._src.gluon import events as ev
 T = 64   # one 64x64 tile: a, b and the output
 
 
-def _kernel(body):
+def _kernel(body, named_grid: bool = False):
   """A kernel loading a (T, T) tile of ``a`` and of ``b`` into SMEM, running ``body(acc_ref,
-  a_smem, b_smem, o_smem)`` in the scope of an accumulator, and storing ``o_smem``."""
+  a_smem, b_smem, o_smem)`` in the scope of an accumulator, and storing ``o_smem``;
+  ``named_grid``: in a grid of one program named x (its index known only at run time)."""
   def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, o_smem, bar):
     plgpu.copy_gmem_to_smem(a_ref, a_smem, bar)
     plgpu.copy_gmem_to_smem(b_ref, b_smem, bar)
@@ -31,10 +32,11 @@ def _kernel(body):
 
   def call(a, b, interpret=False):
     tile = lambda: plgpu.SMEM((T, T), jnp.float16)
+    grid = {"grid": (1,), "grid_names": ("x",)} if named_grid else {}
     return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((T, T), jnp.float32),
                         scratch_types=[tile(), tile(), plgpu.SMEM((T, T), jnp.float32),
                                        plgpu.Barrier(num_arrivals=2)],
-                        interpret=interpret)(a, b)
+                        interpret=interpret, **grid)(a, b)
   return call
 
 
@@ -80,24 +82,6 @@ def _no_wgmma(acc, a, b, o):
   o[...] = acc[...] + a[...].astype(jnp.float32)
 
 
-def _in_a_branch_kernel(a, b, interpret=False):
-  """``_in_a_branch`` in a grid of one program named x (its index decided at run time)."""
-  def kernel(a_ref, b_ref, o_ref, a_smem, b_smem, o_smem, bar):
-    plgpu.copy_gmem_to_smem(a_ref, a_smem, bar)
-    plgpu.copy_gmem_to_smem(b_ref, b_smem, bar)
-    plgpu.barrier_wait(bar)
-    pl.run_scoped(lambda acc: _in_a_branch(acc, a_smem, b_smem, o_smem), plgpu.ACC((T, T)))
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_ref)
-    plgpu.wait_smem_to_gmem(0)
-  tile = lambda: plgpu.SMEM((T, T), jnp.float16)
-  return plgpu.kernel(kernel, out_type=jax.ShapeDtypeStruct((T, T), jnp.float32), grid=(1,),
-                      grid_names=("x",),
-                      scratch_types=[tile(), tile(), plgpu.SMEM((T, T), jnp.float32),
-                                     plgpu.Barrier(num_arrivals=2)],
-                      interpret=interpret)(a, b)
-
-
 # Each kernel, and the waits its code makes in order (how many wgmmas each lets stay in flight):
 # a wgmma is followed by a wait that lets it run on (1), or, where the full wait comes next
 # anyway, by the full wait itself (0, in its place).
@@ -105,7 +89,7 @@ KERNELS = {
     "waited_in_loop": (_kernel(_waited_in_loop), [0]),
     "not_waited_in_loop": (_kernel(_not_waited_in_loop), [1, 0]),
     "read_in_loop": (_kernel(_read_in_loop), [0, 1, 0]),
-    "in_a_branch": (_in_a_branch_kernel, [1, 0]),
+    "in_a_branch": (_kernel(_in_a_branch, named_grid=True), [1, 0]),
     "no_wgmma": (_kernel(_no_wgmma), []),
 }
 
