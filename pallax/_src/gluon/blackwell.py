@@ -94,11 +94,16 @@ def allocate_tmem(gen, kind, aval) -> TmemRef:
                     "number of columns)")
   layout = TmemLayout((shape[0], min(shape[1], 256)),
                       1 if kind.packing > 1 else 32 // (dtype.itemsize * 8))
+  return _allocated(gen, "tmem", shape, dtype, layout)
+
+
+def _allocated(gen, hint: str, shape, dtype, layout) -> TmemRef:
+  """A new TMEM allocation of ``shape`` in ``layout``."""
   gen.blackwell = True
-  name = gen.fresh("tmem")
+  name = gen.fresh(hint)
   gen.declared(layout)
   gen.emit_scalar(f"{name} = blackwell.allocate_tensor_memory({ex.dtype_name(dtype, 'gl')}, "
-           f"{list(shape)}, {gen.layout(layout)})")
+                  f"{list(shape)}, {gen.layout(layout)})")
   return TmemRef(name, shape, dtype, layout)
 
 
@@ -112,13 +117,7 @@ def _allocate_scales(gen, kind, shape, dtype) -> TmemRef:
     _refuse(gen, f"MMA scales in TMEM of type {dtype.name}{list(shape)} for sm_100a (Gluon "
                  "3.6 scales fp8 operands by float8_e8m0fnu scales, (rows, k) with rows a "
                  "multiple of 128)")
-  layout = TmemScales()
-  gen.blackwell = True
-  name = gen.fresh("scales_tmem")
-  gen.declared(layout)
-  gen.emit_scalar(f"{name} = blackwell.allocate_tensor_memory({ex.dtype_name(dtype, 'gl')}, "
-                  f"{list(shape)}, {gen.layout(layout)})")
-  return TmemRef(name, shape, dtype, layout)
+  return _allocated(gen, "scales_tmem", shape, dtype, TmemScales())
 
 
 def _refuse_collective(gen, what: str):
