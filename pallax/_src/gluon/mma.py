@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import contextlib
 
+import numpy as np
+
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Conversion, Smem, layout_rule
-from pallax._src.gluon.events import Wgmma
+from pallax._src.gluon.events import MmaWait, Wgmma
 from pallax._src.gluon.memory import smem_view, smem_view_layouts
 from pallax._src.gluon.smem_views import indexed_lead
 from pallax._src.gluon.values import i32, masked, wait_all, wgmma_issued
@@ -30,6 +32,9 @@ def _wgmma(ctx, *invals, trees):
       gen.unsupported("wgmma of a view that indexes part of the leading dimensions of an SMEM "
                       "buffer of rank 4 or more, then indexes it again (a_ref.at[0] of a pipeline "
                       "slot of 3-D blocks): use 2-D blocks")
+  if np.issubdtype(ctx.eqn.invars[0].aval.dtype, np.integer) and ex.pow2(acc_ref.shape[1]) > 128:
+    gen.unsupported(f"an int8 wgmma {acc_ref.shape[1]} wide (Triton 3.6 writes int8 wgmmas up to "
+                    "N=128, and pads N to a power of two: split the accumulator's columns)")
   # K is the last dimension of a's buffer unless a is transposed, of b's only if b is.
   transposed = lambda ref: any(isinstance(t, ji.TransposeRef) for t in ref[1])
   b_view = smem_view(gen, *b, k_last=transposed(b))
@@ -58,6 +63,14 @@ def _wgmma(ctx, *invals, trees):
   gen.events.append(Wgmma(tuple(acc_ref.shape), "registers" if a is None else gen.smem_view(a_view),
                           gen.smem_view(b_view)))
   acc = gen.acc(acc_ref)
+  if a is None and bits == 8:
+    # Triton 3.6 cannot keep 8-bit register operands alive through warpgroup_mma_wait ("Unexpected
+    # bitwidth in WGMMAWaitGroupOp"): such a wgmma completes before the next statement.
+    gen.emit_scalar(f"{acc} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc})")
+    waited = [r for r in gen.pending_accs if r is not acc_ref] + [acc_ref]
+    gen.events.append(MmaWait(0, tuple(gen.accs.index(r) for r in waited)))
+    gen.pending_accs, gen.issued_wait = [], None   # a synchronous wgmma waits for all before it
+    return []
   gen.emit_scalar(f"{acc} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc}, is_async=True)")
   # plgpu.wgmma returns with at most this wgmma in flight.
   wgmma_issued(gen, acc_ref, f"{a_view.text}, {b_view.text}")
