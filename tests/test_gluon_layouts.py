@@ -97,11 +97,22 @@ def stacked(x, interpret=False):
                       interpret=interpret)(x)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16])
-@pytest.mark.parametrize("rows,cols", [(64, 32), (24, 48)], ids=["powers_of_two", "padded"])
+# Registers reading the whole buffer at once see it through a layout of rank 3, which orders
+# rows wider than the swizzle (48 float32, padded to 256 bytes) otherwise than its rank-2 layout.
+_WIDE = pytest.mark.gluon_refuses("rows wider than its 128-byte swizzle")
+
+
+@pytest.mark.parametrize("dtype,rows,cols", [
+    (jnp.float32, 64, 32), (jnp.float16, 64, 32), (jnp.float16, 24, 48),
+    pytest.param(jnp.float32, 24, 48, marks=_WIDE)],
+    ids=["powers_of_two-float32", "powers_of_two-float16", "padded-float16", "padded-float32"])
 def test_an_smem_buffer_takes_the_rank_of_its_views(dtype, rows, cols):
   x = jax.random.normal(jax.random.key(rows + cols), (2, rows, cols), dtype)
   o, t = stacked(x, interpret=True)
+  if 4 * cols > 128 and dtype == jnp.float32:
+    with pytest.raises(NotImplementedError, match=r"registers reading or writing a whole SMEM buffer"):
+      plgpu.lower(stacked, S(x.shape, dtype))
+    return
   xs = np.asarray(x, np.float32)
   np.testing.assert_allclose(np.asarray(o, np.float32), (xs[0] * 2 + xs[1]).astype(dtype).astype(np.float32),
                              rtol=1e-3, atol=1e-3)

@@ -103,6 +103,16 @@ class Buffer:
     layout = L.shared(self.shape, self.dtype, rank)
     return dataclasses.replace(layout, swizzle=0) if self.rank == 1 else layout
 
+  def wide_rows(self, rank: int) -> bool:
+    """Whether the buffer's bytes seen through a layout of ``rank`` are in another order than
+    its own layout's: NVMMA layouts of ranks 2 and 3 place the swizzle-wide column chunks of
+    rows wider than the swizzle differently (per plane, or across the planes). On an H200 a
+    (2, 64, 64) float32 buffer written by a rank-3 TMA box and read through ``.at[0]`` was
+    wrong from column 32 on."""
+    row_bytes = L.padded(self.shape)[-1] * np.dtype(self.dtype).itemsize
+    swizzle = self.layout.swizzle
+    return rank != self.rank and bool(swizzle) and row_bytes > swizzle
+
   def problem(self) -> str | None:
     """Why no one layout serves every view (None: one does)."""
     rank = min(self.ranks | {len(self.shape)})

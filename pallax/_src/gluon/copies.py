@@ -148,11 +148,39 @@ def _box_pieces(box, padded, gmem_shape, smem: SmemRef, swizzle: int) -> list[li
   return out
 
 
+def _planes(smem: SmemRef, box) -> list[tuple[int, SmemRef]]:
+  """A TMA box of a whole 3-D buffer stored with a layout of rank 2 whose rows are wider than
+  its swizzle: the box copied plane by plane, each ``(plane, smem.index(plane))`` through a
+  box of one plane, so that TMA places the bytes as the buffer's own layout does
+  (``Buffer.wide_rows``). Otherwise ``[]``: the box as it is."""
+  buffer = smem.buffer
+  if buffer is None or smem.lead or len(box) != 3 or tuple(box) != tuple(smem.shape) or \
+      buffer.rank != 2 or not buffer.wide_rows(3):
+    return []
+  return [(p, dataclasses.replace(smem, text=f"{smem.text}.index({p})", shape=tuple(smem.shape[1:]),
+                                  steps=smem.steps + (("index", i32(p)),), whole=False,
+                                  layout=buffer.layout))
+          for p in range(box[0])]
+
+
 def _tma(gen, smem_ref, gmem_ref, direction: str, barrier=None) -> tuple[list, int]:
   """The boxes of a copy, each (the SMEM side's expression, the descriptor, the coordinates,
-  the box as data: ``events.Copy``), and their bytes (see ``_box_pieces``)."""
+  the box as data: ``events.Copy``), and their bytes (see ``_box_pieces``; ``_planes``)."""
   smem = smem_view(gen, *smem_ref)
   starts, box = _gmem_coords(gen, *gmem_ref)
+  planes = _planes(smem, box)
+  if not planes:
+    return _tma_box(gen, smem, starts, box, gmem_ref, direction, barrier)
+  boxes, nbytes = [], 0
+  for p, plane in planes:
+    at = [gen.bind(ex.add(starts[0], i32(p)), "c"), *starts[1:]]
+    more, n = _tma_box(gen, plane, at, (1, *box[1:]), gmem_ref, direction, barrier)
+    boxes, nbytes = boxes + more, nbytes + n
+  return boxes, nbytes
+
+
+def _tma_box(gen, smem: SmemRef, starts, box, gmem_ref, direction: str, barrier):
+  """``_tma`` of one box: its pieces."""
   text, layout = _box_view(gen, smem, box)
   padded = L.padded(box)
   pieces, nbytes = [], 0

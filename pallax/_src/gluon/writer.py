@@ -375,6 +375,11 @@ class Writer(src.Source):
     buffer, k = ref.buffer, len(ref.shape)
     if k == buffer.rank:
       return ref.text
+    if buffer.wide_rows(k):
+      self.unsupported(f"registers reading or writing a whole SMEM buffer of shape "
+                       f"{list(buffer.shape)} at once, its other views of rank {buffer.rank}, its "
+                       f"rows wider than its {buffer.layout.swizzle}-byte swizzle (read or write "
+                       "it slot by slot, smem.at[i])")
     return (f"{ref.text}._reinterpret({ex.dtype_name(buffer.dtype, 'gl')}, {list(buffer.stored)}, "
             f"{self.layout(buffer.seen_with(k))})")
 
