@@ -27,7 +27,8 @@ def _broadcast_tile(ctx, x, shape, broadcast_dimensions):
   gen = ctx.gen
   new_dims = [d for d in range(len(shape)) if d not in broadcast_dimensions]
   if len(new_dims) != 1 or len(shape) != 2:
-    gen.unsupported("broadcasts of register tiles other than vectors to 2-D tiles")
+    return _broadcast_any(gen, x, shape, broadcast_dimensions,
+                          gen.declared(gen.assigned(ctx.eqn.outvars[0])))
   (dim,), parent = new_dims, gen.assigned(ctx.eqn.outvars[0])
   # Where every use broadcasts again in its own layout, the tile is not written here (the
   # vector's conversion is: the uses broadcast from it).
@@ -38,6 +39,25 @@ def _broadcast_tile(ctx, x, shape, broadcast_dimensions):
   if gen.layout_of(x) != L.Slice(dim, parent):
     x = gen.convert(x, slice_layout(gen, parent, dim))
   return unwritten or expand(gen, x, shape, dim, parent)
+
+
+def _broadcast_any(gen, x, shape, broadcast_dimensions, layout):
+  """Any other broadcast of a tile: its dimensions put where ``broadcast_dimensions`` says
+  among dimensions of one (a reshape that only adds ones, which padding does not disturb), in
+  the result's layout, then broadcast against a tile of the result's shape."""
+  ones = [1] * len(shape)
+  for i, d in enumerate(broadcast_dimensions):
+    ones[d] = x.shape[i]
+  placed = gen.bind(ex.method(x, "reshape", ex.Token(str(list(L.padded(ones)))), dtype=x.dtype,
+                              shape=tuple(ones)), "placed")
+  placed = call("gl.convert_layout", placed, ex.Token(gen.layout(layout)), dtype=x.dtype,
+                shape=tuple(ones))
+  full = call("gl.full", ex.Token(str(list(L.padded(shape)))), i32(0), ex.Token(
+      ex.dtype_name(x.dtype, "gl")), layout=ex.Token(gen.layout(layout)), dtype=x.dtype,
+      shape=tuple(shape))
+  pair = gen.fresh("pair")
+  gen.emit_scalar(f"{pair} = gl.broadcast({gen.render(placed)}, {gen.render(full)})")
+  return gen.value(ex.Subscript(ex.Name(pair), (i32(0),), dtype=x.dtype, shape=tuple(shape)), layout)
 
 
 @rule(lax.broadcast_in_dim_p)
@@ -171,8 +191,10 @@ def _broadcast_layouts(ctx, x, *, shape, broadcast_dimensions, **_):
   if not getattr(x, "shape", ()):
     return Val(shape, x.dtype, L.blocked(shape, x.dtype), ("splat",))
   new_dims = [d for d in range(len(shape)) if d not in broadcast_dimensions]
-  if len(new_dims) != 1 or len(shape) != 2 or not isinstance(x, Val):
+  if not isinstance(x, Val):
     return None   # the writer refuses it
+  if len(new_dims) != 1 or len(shape) != 2:   # placed among ones, then broadcast (_broadcast_any)
+    return Val(shape, x.dtype, L.blocked(shape, x.dtype))
   (dim,) = new_dims
   if isinstance(x.layout, L.Slice) and x.layout.dim == dim:
     parent = x.layout.parent
