@@ -87,6 +87,16 @@ class DotOperand(Layout):
 
 
 @dataclasses.dataclass(frozen=True)
+class RowMajorShared(Layout):
+  """An unswizzled row-major SMEM layout of ``rank`` dimensions (slices start anywhere)."""
+  rank: int
+  registers = False
+
+  def text(self, name=None) -> str:
+    return f"gl.SwizzledSharedLayout(1, 1, 1, order={list(reversed(range(self.rank)))})"
+
+
+@dataclasses.dataclass(frozen=True)
 class Shared(Layout):
   """The NVMMA (swizzled) layout of an SMEM matrix, written for ``rank`` dimensions."""
   swizzle: int

@@ -2,7 +2,8 @@
 tile of one element made a scalar, and reshapes between shapes whose dimensions are all powers
 of two (Gluon's reshape; pallax pads other shapes, and padding does not reshape); and of
 ``lax.transpose`` (Gluon's permute: padding lies at the end of each dimension, so a padded
-tile's permute is the padded tile of its transpose)."""
+tile's permute is the padded tile of its transpose); and of ``lax.concatenate`` (through a
+row-major SMEM scratch: Gluon has no concatenation of register tiles)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +11,7 @@ from jax import lax
 
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Val, layout_rule
+from pallax._src.gluon.values import I32, i32, iota_in
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import call
@@ -97,3 +99,54 @@ def _transpose_layouts(ctx, x, *, permutation):
   after = L.permuted(x.layout, permutation)
   ctx.facts((before, after))
   return Val(tuple(ctx.out.shape), x.dtype, after)
+
+
+def _aligned_offsets(sizes) -> list[int]:
+  """Where each operand's padded tile starts in the scratch: after the one before, at a
+  multiple of its own padded size (Gluon slices shared memory there only)."""
+  offsets, end = [], 0
+  for n in sizes:
+    p = L.pow2(n)
+    offsets.append(-(-end // p) * p)
+    end = offsets[-1] + p
+  return offsets
+
+
+@rule(lax.concatenate_p)
+def _concatenate(ctx, *xs, dimension):
+  """The operands stored into an unswizzled SMEM scratch along ``dimension``, each at a multiple
+  of its padded size (``_aligned_offsets``), read back whole, and gathered along ``dimension``
+  into the result (index ``j`` of the result reads the scratch where ``j``'s operand put it).
+  Triton's barrier analysis orders the stores and the load."""
+  gen, shape, dtype = ctx.gen, tuple(ctx.out.shape), np.dtype(ctx.out.dtype)
+  if any(not x.shape for x in xs):
+    gen.unsupported("concatenations of scalars")
+  sizes = [x.shape[dimension] for x in xs]
+  aligned = _aligned_offsets(sizes)
+  stored = list(L.padded(shape))
+  stored[dimension] = L.pow2(aligned[-1] + L.pow2(sizes[-1]))
+  scratch = gen.fresh("concat")
+  gen.emit_scalar(f"{scratch} = gl.allocate_shared_memory({ex.dtype_name(dtype, 'gl')}, {stored}, "
+                  f"{gen.layout(L.RowMajorShared(len(shape)))})")
+  for a, n, x in zip(aligned, sizes, xs):
+    gen.emit(f"{scratch}.slice({a}, {L.pow2(n)}, dim={dimension}).store({gen.render(x)})")
+  layout = gen.declared(gen.assigned(ctx.eqn.outvars[0]))
+  loaded = gen.bind(ex.method(ex.Name(scratch), "load", ex.Token(gen.layout(layout)), dtype=dtype,
+                              shape=tuple(stored)), "whole")
+  j = iota_in(gen, I32, shape, dimension, layout)
+  index, start = j, 0   # j - start + aligned, for the operand j falls in
+  for a, n in zip(aligned, sizes):
+    moved = ex.add(j, i32(a - start)) if a != start else j
+    index = moved if start == 0 else call(
+        "gl.where", ex.binary(">=", j, i32(start), dtype=np.dtype(np.bool_)), moved, index,
+        dtype=I32, shape=shape)
+    start += n
+  index = gen.bind(index, "source")
+  return gen.value(call("gl.gather", loaded, index, i32(dimension), dtype=dtype, shape=shape),
+                   layout)
+
+
+@layout_rule(lax.concatenate_p)
+def _concatenate_layouts(ctx, *xs, dimension):
+  shape, dtype = tuple(ctx.out.shape), np.dtype(ctx.out.dtype)
+  return Val(shape, dtype, L.blocked(shape, dtype))
