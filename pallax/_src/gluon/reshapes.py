@@ -141,6 +141,9 @@ def _concatenate(ctx, *xs, dimension):
         "gl.where", ex.binary(">=", j, i32(start), dtype=np.dtype(np.bool_)), moved, index,
         dtype=I32, shape=shape)
     start += n
+  if L.padded(shape)[dimension] > start:   # padding lanes read the first element, never past the end
+    index = call("gl.where", ex.binary("<", j, i32(start), dtype=np.dtype(np.bool_)), index, i32(0),
+                 dtype=I32, shape=shape)
   index = gen.bind(index, "source")
   return gen.value(call("gl.gather", loaded, index, i32(dimension), dtype=dtype, shape=shape),
                    layout)
