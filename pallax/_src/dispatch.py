@@ -7,7 +7,7 @@ import functools
 import jax
 
 from pallax._src import backends
-from pallax._src.interpret import devices, interpreter
+from pallax._src.interpret import devices, interpreter, symbolic
 from pallax._src import jax_internals as ji
 from pallax._src import remote
 from pallax._src.call_primitive import Params, pallas_call_p
@@ -43,6 +43,8 @@ def _refuse_callbacks(ctx, params: Params, eager: bool):
 
 
 def _lowering(ctx, *args, params: Params, platform: str):
+  if symbolic.symbolic(params):
+    return _symbolic_lowering(ctx, *args, params=params, platform=platform)
   backend = backends.choose(params, platform)
   if backend is None:
     _refuse_callbacks(ctx, params, backends.needs_eager_interpreter(params))
@@ -61,6 +63,21 @@ def _lowering(ctx, *args, params: Params, platform: str):
     return backend.lowering(ctx, *args, params=params)
   fn = functools.partial(interpreter.run, params=params, raise_errors="callback")
   return ji.mlir.lower_fun(fn, multiple_results=True)(ctx, *args)
+
+
+def _symbolic_lowering(ctx, *args, params: Params, platform: str):
+  """Symbolic sizes (jax.export): the interpreter's plain path, or JAX's GPU refusal."""
+  if platform in ("cuda", "rocm") and not params.interpret:
+    symbolic.refuse_on_gpu(params, "Mosaic GPU" if backends.is_mosaic_gpu(params) else "Triton")
+  why = _without_host_callbacks(ctx)
+  if why is not None and symbolic.checks_requested(params):
+    raise NotImplementedError(
+        f"pallas_call {params.name}: pallax's interpreter reports failed run-time checks through "
+        f"host callbacks, which {why}; pass interpret=pl.InterpretParams(check_bounds=False) to "
+        "lower the kernel with symbolic sizes without them (debug checks and race detection must "
+        "be off too)")
+  return ji.mlir.lower_fun(functools.partial(symbolic.run, params=params),
+                           multiple_results=True)(ctx, *args)
 
 
 for _platform in ("cpu", "cuda", "rocm", "tpu"):

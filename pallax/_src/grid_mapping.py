@@ -107,7 +107,7 @@ class GridMapping:
     assert not kwargs and len(args) >= len(self.grid)
     for a in self.index_map_avals[:len(self.grid)]:
       assert a.shape == () and a.dtype == np.int32, a
-    assert all(isinstance(g, int) and g > 0 for g in self.grid), self.grid
+    assert all(ji.is_symbolic_dim(g) or isinstance(g, int) and g > 0 for g in self.grid), self.grid
     assert all(0 <= d < len(self.grid) for d in self.vmapped_dims)
     if self.grid_names is not None:
       assert len(self.grid_names) == len(self.grid)
@@ -203,13 +203,11 @@ def _as_tuple_grid(grid, name) -> tuple[int, ...]:
     if isinstance(g, tuple):
       raise TypeError(f"pallas_call {name}: grid {grid!r} mixes named and unnamed axes; name "
                       "every axis, grid=((\"i\", 2), (\"j\", 4)), or none")
-    if ji.is_symbolic_dim(g):   # jax.export's shape polymorphism: JAX Pallas supports it
-      raise NotImplementedError(
-          f"pallas_call {name}: grid={grid!r} has symbolic sizes (shape polymorphism, jax.export); "
-          "pallax's grids are static: export the kernel for concrete shapes")
-    if not isinstance(g, (int, np.integer)):
+    if not isinstance(g, (int, np.integer)) and not ji.is_symbolic_dim(g):
       raise TypeError(f"pallas_call {name}: grid sizes must be static Python ints, got {grid!r}; "
                       "dynamic grids are not supported")
+  if any(ji.is_symbolic_dim(g) for g in grid):   # jax.export's shape polymorphism
+    return tuple(g if ji.is_symbolic_dim(g) else int(g) for g in grid)   # (interpret/symbolic.py)
   if any(g < 0 for g in grid):
     raise ValueError(f"pallas_call {name}: grid sizes must be positive, got grid={tuple(grid)}")
   if any(g == 0 for g in grid):
