@@ -138,3 +138,15 @@ def test_vmap_over_a_symbolic_batch():
   for shape in ((3, 16, 16), (2, 20, 40)):
     x, y = (jnp.asarray(rng.uniform(-1, 1, shape), jnp.float32) for _ in range(2))
     np.testing.assert_array_equal(np.asarray(exp.call(x, y)), np.asarray(x) + np.asarray(y))
+
+
+def test_an_exported_kernel_survives_serialization():
+  """``Exported.serialize`` and ``export.deserialize`` (the module a user stores or ships), then
+  calls at two shapes."""
+  w, h = export.symbolic_shape("w, h")
+  exp = export.export(jax.jit(copy_plus_one), platforms=["cpu"])(
+      jax.ShapeDtypeStruct((w, h), jnp.int32))
+  again = export.deserialize(exp.serialize())
+  for shape in ((9, 130), (24, 128)):
+    x = jnp.asarray(np.random.default_rng(shape[0]).integers(-50, 50, shape), jnp.int32)
+    np.testing.assert_array_equal(np.asarray(again.call(x)), np.asarray(x) + 1)

@@ -15,6 +15,7 @@ import jax
 from pallax._src import backends
 from pallax._src import jax_internals as ji
 from pallax._src.grid_mapping import GridMapping
+from pallax._src.interpret import symbolic
 
 
 # --- the primitive ---------------------------------------------------------------------------
@@ -53,6 +54,8 @@ def _effects(params: Params) -> set:
   reports a failed callback as a ValueError that no hook can give its class back (errors.py);
   calls go through Python instead (some microseconds a call). A kernel a GPU backend runs has no
   effect. Cheap: choosing a backend traces nothing."""
+  if symbolic.symbolic(params):   # interpreted without host callbacks (interpret/symbolic.py)
+    return set()
   if backends.choose(params, jax.default_backend()) is not None:
     return set()
   return {ji.debug_effect}
