@@ -72,6 +72,10 @@ def _box_view(gen, smem: SmemRef, box) -> tuple[str, L.Layout]:
     layout = gen.declared(_shared(smem, len(box)))
     if gen.is_whole(smem):
       return gen.whole_view(smem), layout
+    if smem.buffer is not None and smem.buffer.wide_rows(len(box)):
+      gen.unsupported(f"a TMA box {tuple(box)} of a view of an SMEM buffer stored with a layout "
+                      f"of rank {smem.buffer.rank}, its rows wider than the swizzle (copy it "
+                      "slot by slot, smem.at[i])")
     return (f"{smem.text}._reinterpret({ex.dtype_name(smem.dtype, 'gl')}, {list(L.padded(box))}, "
             f"{gen.layout(layout)})", layout)
   if tuple(d for d in box if d != 1) != tuple(d for d in smem.shape if d != 1):
