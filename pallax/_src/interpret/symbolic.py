@@ -75,14 +75,6 @@ def _starts(bm, ids, index_vals):
   return [jnp.asarray(i, jnp.int32) * b for i, b in zip(idx, bm.full_block_shape)]
 
 
-def _unravel(t, grid):
-  ids = []
-  for g in reversed(grid):
-    ids.append(t % g)
-    t = t // g
-  return list(reversed(ids))
-
-
 def run(*args, params):
   """The kernel's outputs (see the module docstring)."""
   _check_supported(params)
@@ -106,7 +98,7 @@ def run(*args, params):
 
   def program(t, state):
     index_vals, ins, outs, scratch = state
-    ids = _unravel(t, grid)
+    ids = list(jnp.unravel_index(t, grid)) if grid else []
     starts = [_starts(bm, ids, index_vals) for bm in gm.block_mappings]
     blocks = [lax.dynamic_slice(x, s, bm.full_block_shape).reshape(bm.ref_aval.shape)
               for x, bm, s in zip([*ins, *outs], gm.block_mappings, starts)]
