@@ -13,7 +13,8 @@ from jax import lax
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Val, layout_rule
 from pallax._src.gluon.events import Halve
-from pallax._src.gluon.values import (convert_layout, expand, i32, iota_in, slice_layout, to_layout,
+from pallax._src.gluon.values import (broadcast_to, convert_layout, expand, i32, iota_in,
+                                      slice_layout, to_layout,
                                       wgmma_vector_of)
 from pallax._src.gluon.writer import rule
 from pallax._src.gpu import expr as ex
@@ -52,12 +53,7 @@ def _broadcast_any(gen, x, shape, broadcast_dimensions, layout):
                               shape=tuple(ones)), "placed")
   placed = call("gl.convert_layout", placed, ex.Token(gen.layout(layout)), dtype=x.dtype,
                 shape=tuple(ones))
-  full = call("gl.full", ex.Token(str(list(L.padded(shape)))), i32(0), ex.Token(
-      ex.dtype_name(x.dtype, "gl")), layout=ex.Token(gen.layout(layout)), dtype=x.dtype,
-      shape=tuple(shape))
-  pair = gen.fresh("pair")
-  gen.emit_scalar(f"{pair} = gl.broadcast({gen.render(placed)}, {gen.render(full)})")
-  return gen.value(ex.Subscript(ex.Name(pair), (i32(0),), dtype=x.dtype, shape=tuple(shape)), layout)
+  return broadcast_to(gen, placed, shape, layout)
 
 
 @rule(lax.broadcast_in_dim_p)

@@ -71,12 +71,7 @@ def expand(gen, x, shape, dim: int, layout: L.Layout):
   """Vector ``x`` (in ``layout``'s slice along ``dim``) broadcast along ``dim`` to ``shape``."""
   e = call("gl.expand_dims", x, i32(dim), dtype=x.dtype,
            shape=tuple(1 if d == dim else n for d, n in enumerate(shape)))
-  full = call("gl.full", shape_token(shape), i32(0), dtype_token(x.dtype),
-              layout=ex.Token(gen.layout(layout)),
-              dtype=x.dtype, shape=tuple(shape))
-  pair = gen.fresh("pair")
-  gen.emit_scalar(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
-  v = gen.value(ex.Subscript(ex.Name(pair), (i32(0),), dtype=x.dtype, shape=tuple(shape)), layout)
+  v = broadcast_to(gen, e, shape, layout)
   def again(new):   # broadcast again from the vector in the new layout's slice
     if new.kind == "other":
       return None
@@ -84,6 +79,16 @@ def expand(gen, x, shape, dim: int, layout: L.Layout):
   gen.remat[v.name] = again
   return v
 
+
+
+def broadcast_to(gen, e, shape, layout: L.Layout):
+  """``e`` (dimensions of one where ``shape`` has more) broadcast to ``shape`` in ``layout``:
+  against a tile of zeros of that shape (Gluon's broadcast takes two tensors)."""
+  full = call("gl.full", shape_token(shape), i32(0), dtype_token(e.dtype),
+              layout=ex.Token(gen.layout(layout)), dtype=e.dtype, shape=tuple(shape))
+  pair = gen.fresh("pair")
+  gen.emit_scalar(f"{pair} = gl.broadcast({gen.render(e)}, {gen.render(full)})")
+  return gen.value(ex.Subscript(ex.Name(pair), (i32(0),), dtype=e.dtype, shape=tuple(shape)), layout)
 
 
 def iota_in(gen, dtype, shape, dimension: int, layout: L.Layout):
