@@ -111,7 +111,9 @@ def main():
            f"{d[2] / d[1]:.3f}x | {same[0]:.1e}, {same[1]:.1e} |")
     print(row, flush=True)
     lines.append(row)
-  tvp.write_table(lines, opts.out)
+  if opts.out:
+    with open(opts.out, "w") as f:
+      f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -100,3 +100,23 @@ def test_gluon_kernels_come_back_from_the_disk_cache(monkeypatch):
 def test_the_gluon_kernel_runs_in_the_interpreter():
   x = jax.random.normal(jax.random.key(0), (128, 64), jnp.float16)
   np.testing.assert_array_equal(np.asarray(scale(x), np.float32), np.asarray(x * 2, np.float32))
+
+
+def test_kernels_link_the_libdevice_xla_links(tmp_path, monkeypatch):
+  """Both toolchains compile against XLA's libdevice (found where XLA looks, the
+  ``--xla_gpu_cuda_data_dir`` flag first), and the cache key follows its content."""
+  found = tmp_path / "nvvm" / "libdevice" / "libdevice.10.bc"
+  found.parent.mkdir(parents=True)
+  found.write_bytes(b"one release")
+  monkeypatch.setenv("XLA_FLAGS", f"--xla_gpu_autotune_level=0 --xla_gpu_cuda_data_dir={tmp_path}")
+  gpu_compile.xla_libdevice.cache_clear()
+  try:
+    key = lambda: gpu_compile.cache_key(triton_compile.TOOLCHAIN, "src", {"x": "*fp32"}, 90, {})  # noqa: E731
+    first = key()
+    assert gpu_compile.xla_libdevice()[0] == str(found)
+    assert gpu_compile.compile_options(triton_compile.TOOLCHAIN, {})["extern_libs"] == {"libdevice": str(found)}
+    found.write_bytes(b"another release")
+    gpu_compile.xla_libdevice.cache_clear()
+    assert key() != first
+  finally:
+    gpu_compile.xla_libdevice.cache_clear()

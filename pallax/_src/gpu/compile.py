@@ -11,11 +11,15 @@ file, so the generated module lives in the entry too.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import glob
 import hashlib
 import importlib
 import importlib.util
 import json
 import os
+import shlex
+import sysconfig
 import tempfile
 
 # Shared memory a block may use, by compute capability (bytes).
@@ -75,15 +79,50 @@ def atomic_write(path: str, text: str):
   os.replace(tmp, path)
 
 
-def _options(tc: Toolchain, options: dict) -> dict:
-  return {**options, **dict(tc.options)}
+_LIBDEVICE = os.path.join("nvvm", "libdevice", "libdevice.10.bc")
+
+
+def _cuda_roots() -> list[str]:
+  """Where XLA looks for CUDA's files, in its order: ``--xla_gpu_cuda_data_dir`` in
+  ``XLA_FLAGS``, the CUDA wheels beside JAX (``nvidia/cu13``, ``nvidia/cuda_nvcc``),
+  ``$CUDA_HOME``, ``$CUDA_PATH``, ``/usr/local/cuda``."""
+  roots = [a.split("=", 1)[1] for a in shlex.split(os.environ.get("XLA_FLAGS", ""))
+           if a.startswith("--xla_gpu_cuda_data_dir=")]
+  site = sysconfig.get_paths()["purelib"]
+  roots += sorted(glob.glob(os.path.join(site, "nvidia", "cu1*")), reverse=True)
+  roots += [os.path.join(site, "nvidia", "cuda_nvcc")]
+  roots += [os.environ[v] for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+  return roots + ["/usr/local/cuda"]
+
+
+@functools.cache
+def xla_libdevice() -> tuple[str, str] | None:
+  """(path, content hash) of the libdevice XLA links into its kernels, or None (then Triton's
+  own copy). Triton bundles libdevice of another CUDA release, whose float32 ``powf`` is 1 ulp
+  from XLA's on a third of random inputs (``benchmarks/probes/libdevice_pow_vs_xla.py``): both
+  GPU backends link XLA's, so that a libdevice function gives XLA's bits."""
+  for root in _cuda_roots():
+    path = os.path.join(root, _LIBDEVICE)
+    if os.path.isfile(path):
+      with open(path, "rb") as f:
+        return path, hashlib.sha256(f.read()).hexdigest()[:16]
+  return None
+
+
+def compile_options(tc: Toolchain, options: dict) -> dict:
+  """The options ``triton.compile`` gets: the kernel's, the toolchain's, XLA's libdevice."""
+  found = xla_libdevice()
+  libdevice = {"extern_libs": {"libdevice": found[0]}} if found else {}
+  return {**options, **dict(tc.options), **libdevice}
 
 
 def cache_key(tc: Toolchain, source: str, signature: dict, cc: int, options: dict) -> str:
   import triton
   h = hashlib.sha256()
+  found = xla_libdevice()
   for part in (tc.name, source, json.dumps(list(signature.items())), str(cc),
-               json.dumps(_options(tc, options), sort_keys=True), triton.__version__):
+               json.dumps(compile_options(tc, options), sort_keys=True), triton.__version__,
+               found[1] if found else ""):
     h.update(part.encode())
     h.update(b"\0")
   return h.hexdigest()[:32]
@@ -147,4 +186,4 @@ def _compile(tc: Toolchain, name: str, source: str, signature: dict, cc: int, op
   attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values())
            if t.startswith("*")}
   src = tc.ast_source(getattr(module, name), dict(signature), attrs)
-  return triton.compile(src, target=GPUTarget("cuda", cc, 32), options=_options(tc, options))
+  return triton.compile(src, target=GPUTarget("cuda", cc, 32), options=compile_options(tc, options))

@@ -11,9 +11,10 @@ same inputs (``benchmarks/probes/probe_math_xla.py``, on an H200):
   constant and the product rounded to the operand's type, ``logistic(x) = 1 / (1 + exp(-x))``;
 - for float32 ``sqrt`` and ``rsqrt`` the GPU's ``sqrt.approx.f32`` and ``rsqrt.approx.f32``, which
   XLA's are (its ``sqrt`` is not the correctly rounded ``sqrt.rn``).
-Where XLA computes a function its own way (``tanh``, ``erf``, ``pow``, the inverse trigonometric
-and hyperbolic functions but ``atanh``, ``cbrt``), libdevice's, as JAX Pallas's Triton lowering
-does: a few ulps from XLA (``tests/test_math_gpu.py`` measures how far).
+libdevice is the copy XLA links (``gpu/compile.py``), so its functions give XLA's bits where XLA
+calls them (the inverse trigonometric and hyperbolic functions and ``cbrt`` too). Where XLA
+computes a function its own way (``tanh``, ``erf``, ``erfc``, ``pow``), libdevice's, as JAX Pallas's
+Triton lowering does: a few ulps from XLA (``tests/test_math_gpu.py`` measures how far).
 
 Approximate (``approx_math=True`` in ``pallax.triton.CompilerParams`` or ``plgpu.CompilerParams``):
 float32 ``exp``, ``exp2``, ``log``, ``log2``, ``sin``, ``cos``, ``tanh`` and ``logistic`` become the
