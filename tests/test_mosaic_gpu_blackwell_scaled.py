@@ -1,7 +1,8 @@
 """Block-scaled ``plgpu.tcgen05_mma`` (``a_scale=``, ``b_scale=``): the interpreter against
 NumPy (operands dequantized with their scales, then multiplied), and the Gluon backend's
 sm_100a code (``blackwell.tcgen05_mma_scaled``, PTX ``tcgen05.mma ... kind::mxf8f6f4
-.block_scale``), and what it refuses by name.
+.block_scale`` for float8, ``kind::mxf4`` for float4 held two a byte in SMEM), and what it refuses
+by name.
 
 Inputs are chosen so that every product and partial sum is exact in float32 (operands small
 integers or halves, scales powers of two in [2^-3, 2^3]), so the interpreter's result must equal
@@ -24,7 +25,8 @@ BLOCK = 32   # elements of K per scale (e8m0 scales of float8 operands)
 
 
 def exact_operand(seed, shape, dtype):
-  """Values in {-2, -1.5, ..., 2}: exact in float8 and in float32 products and sums."""
+  """Values in {-2, -1.5, ..., 2}: exact in float8 and float4 (e2m1), and in float32 products
+  and sums."""
   x = np.random.default_rng(seed).integers(-4, 5, size=shape) / 2
   return jnp.asarray(x.astype(np.float32)).astype(dtype)
 
@@ -98,14 +100,18 @@ def operands(m, n, k, a_dt, b_dt, tiled=True, b_k_major=True):
   return args, dequantized_product(a, sa, b_nk, sb)
 
 
-E4M3, E5M2 = jnp.float8_e4m3fn, jnp.float8_e5m2
+E4M3, E5M2, F4 = jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.float4_e2m1fn
 CASES = [
     (128, 128, 128, E4M3, E4M3, True, True),
     (128, 256, 128, E5M2, E5M2, True, True),
     (128, 128, 256, E4M3, E5M2, True, True),
     (128, 128, 128, E5M2, E4M3, False, True),
     (128, 128, 128, E4M3, E4M3, True, False),
+    (128, 128, 256, F4, F4, True, True),
+    (128, 256, 256, F4, F4, True, True),
 ]
+# Gluon's operand formats, and the PTX MMA kind each pair compiles to
+FORMATS = {np.dtype(E4M3): "e4m3", np.dtype(E5M2): "e5m2", np.dtype(F4): "e2m1"}
 
 
 @pytest.mark.parametrize("m,n,k,a_dt,b_dt,tiled,b_k_major", CASES)
@@ -125,12 +131,22 @@ def ptx_and_source(m, n, k, a_dt, b_dt, tiled=True, b_k_major=True):
 @pytest.mark.parametrize("m,n,k,a_dt,b_dt,tiled,b_k_major", CASES)
 def test_lowers_to_block_scaled_tcgen05_mma(m, n, k, a_dt, b_dt, tiled, b_k_major):
   ptx, source = ptx_and_source(m, n, k, a_dt, b_dt, tiled, b_k_major)
-  fmt = {np.dtype(E4M3): "e4m3", np.dtype(E5M2): "e5m2"}
-  assert (f'"{fmt[np.dtype(a_dt)]}", "{fmt[np.dtype(b_dt)]}"') in source
+  assert (f'"{FORMATS[np.dtype(a_dt)]}", "{FORMATS[np.dtype(b_dt)]}"') in source
   assert "blackwell.TensorMemoryScalesLayout()" in source
+  kind = "kind::mxf4.block_scale.scale_vec::2X" if np.dtype(a_dt) == np.dtype(F4) else \
+      "kind::mxf8f6f4.block_scale.scale_vec::1X"
   mma = [line for line in ptx.splitlines() if "tcgen05.mma" in line]
-  assert mma and all("kind::mxf8f6f4.block_scale.scale_vec::1X" in line for line in mma)
+  assert mma and all(kind in line for line in mma)
   assert "tcgen05.st" in ptx   # the scales stored into TMEM
+
+
+def test_float4_operands_are_copied_as_their_bytes():
+  """float4 SMEM holds two values a byte, as GMEM does: the buffers are rows of k/2 bytes and
+  TMA moves those (a barrier expects each operand's bytes once)."""
+  m, n, k = 128, 128, 256
+  _, source = ptx_and_source(m, n, k, F4, F4)
+  assert source.count(f"gl.allocate_shared_memory(gl.uint8, [{m}, {k // 2}]") == 2
+  assert source.count(f"mbarrier.expect(bar2.index(0), {m * k // 2})") == 2
 
 
 def refusal(kernel, *args):
@@ -139,13 +155,14 @@ def refusal(kernel, *args):
   return str(e.value)
 
 
-def scratch_kernel(n, b_scale_rows, dtype, k=128):
-  """One block-scaled MMA of SMEM and TMEM scratch (nothing read from GMEM but the result)."""
-  m, kk = 128, k // BLOCK
+def scratch_kernel(n, b_scale_rows, dtype, k=128, block=BLOCK, b_dtype=None, scaled=True):
+  """One block-scaled MMA of SMEM and TMEM scratch (nothing read from GMEM but the result);
+  ``scaled=False``: the same MMA without its scales."""
+  m, kk = 128, k // block
   sa_tiles, sb_tiles = (1, kk // 4, 32, 16), (b_scale_rows // 128, kk // 4, 32, 16)
 
   @plgpu.kernel(out_shape=S((m, n), F32), scratch_shapes=dict(
-      a_smem=plgpu.SMEM((m, k), dtype), b_smem=plgpu.SMEM((n, k), dtype),
+      a_smem=plgpu.SMEM((m, k), dtype), b_smem=plgpu.SMEM((n, k), b_dtype or dtype),
       sa_smem=plgpu.SMEM(sa_tiles, E8M0), sb_smem=plgpu.SMEM(sb_tiles, E8M0),
       acc=plgpu.TMEM((m, n), F32),
       sa_tmem=plgpu.TMEM((m, kk), E8M0, layout=plgpu.TMEMLayout.SCALES_LAYOUT),
@@ -154,19 +171,29 @@ def scratch_kernel(n, b_scale_rows, dtype, k=128):
   def kernel(o_ref, a_smem, b_smem, sa_smem, sb_smem, acc, sa_tmem, sb_tmem, done):
     plgpu.async_copy_scales_to_tmem(sa_smem, sa_tmem)
     plgpu.async_copy_scales_to_tmem(sb_smem, sb_tmem)
-    plgpu.tcgen05_mma(acc, a_smem, plgpu.transpose_ref(b_smem, (1, 0)), done, a_scale=sa_tmem,
-                      b_scale=sb_tmem, accumulate=False)
+    scales = dict(a_scale=sa_tmem, b_scale=sb_tmem) if scaled else {}
+    plgpu.tcgen05_mma(acc, a_smem, plgpu.transpose_ref(b_smem, (1, 0)), done, accumulate=False,
+                      **scales)
     plgpu.barrier_wait(done)
     o_ref[...] = plgpu.async_load_tmem(acc)
 
   return kernel
 
 
-def test_refuses_float4_operands_by_name():
-  """Gluon holds float4 two a byte in SMEM; pallax's Gluon backend writes no float4 SMEM (its
-  buffers are refused before the MMA, whose rule refuses such operands too)."""
-  assert "dtype float4_e2m1fn is not supported" in refusal(
-      scratch_kernel(128, 128, jnp.float4_e2m1fn, k=256))
+@pytest.mark.gluon_refuses("one scale per 16 elements of K")
+def test_refuses_float4_blocks_of_16():
+  """Scales per 16 float4 values (nvfp4 blocks) run in the interpreter; Gluon 3.6's float4 MMA
+  always reads one scale per 32 (``scale_vec::2X``), so that is refused, not miscomputed."""
+  kernel = scratch_kernel(128, 128, F4, k=256, block=16)
+  o = kernel(*[])
+  assert o.shape == (128, 128)   # (the interpreter runs it; the scratch is uninitialized)
+  assert "one scale per 16 elements of K" in refusal(kernel)
+
+
+def test_refuses_float4_beside_float8_and_without_scales():
+  assert "float4_e2m1fn x float8_e4m3fn" in refusal(scratch_kernel(128, 128, F4, k=256, b_dtype=E4M3))
+  assert "float4_e2m1fn operands without scales" in refusal(scratch_kernel(128, 128, F4, k=256,
+                                                                           scaled=False))
 
 
 def test_refuses_b_scales_with_more_rows_than_n():

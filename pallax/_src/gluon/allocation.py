@@ -78,16 +78,27 @@ def allocate(gen, kind, aval, phases: bool = True):
     gen.cluster_barriers += isinstance(kind, mc.ClusterBarrier)
     return BarrierRef(name, phase, n, id=gen.barriers - 1)
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
-    if subbyte.is_packed(dtype):
-      gen.unsupported(subbyte.UNWRITTEN.format("an SMEM buffer", dtype.name))
+    shape, dtype, packed = _bytes_of(gen, shape, dtype)
     lead, stored = stored_shape(shape)
     name = gen.fresh("smem")
     layout, buffer = gen.allocate_smem(name, stored, dtype)
     return SmemRef(name, shape, dtype, layout, layout.swizzle and L.swizzle(shape[-2:], dtype),
-                   lead=lead, buffer=buffer, whole=True)
+                   lead=lead, buffer=buffer, whole=True, packed=packed)
   if isinstance(kind, mc.TMEMType) and getattr(gen, "target", 90) >= 100:
     return blackwell.allocate_tmem(gen, kind, aval)
   gen.unsupported(f"scratch of type {kind}")
+
+
+def _bytes_of(gen, shape, dtype) -> tuple[tuple, np.dtype, np.dtype | None]:
+  """(shape, dtype, the packed type or None) an SMEM buffer is allocated with: a sub-byte type's
+  bytes (subbyte.py)."""
+  if not subbyte.in_bytes(dtype):
+    return shape, dtype, None
+  stored = subbyte.byte_shape(shape, dtype)
+  if stored is None:
+    gen.unsupported(f"an SMEM buffer of shape {list(shape)} of {dtype.name}, its rows not a whole "
+                    "number of bytes")
+  return stored, subbyte.BYTES, dtype
 
 
 @rule(ji.run_state_p)
@@ -138,9 +149,12 @@ def allocate_layouts(a, kind, aval):
     a.accs.append(Acc(shape, L.wgmma(shape[1], a.gen.mma_bits)))
     return a.accs[-1]
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
+    packed = dtype if subbyte.in_bytes(dtype) and subbyte.byte_shape(shape, dtype) else None
+    if packed is not None:
+      shape, dtype = subbyte.byte_shape(shape, dtype), subbyte.BYTES
     lead, stored = stored_shape(shape)
     a.buffers.append(Buffer(stored, dtype, len(shape) if lead else 0))
-    return Smem(a.buffers[-1], shape, dtype, L.swizzle(shape[-2:], dtype), lead=lead)
+    return Smem(a.buffers[-1], shape, dtype, L.swizzle(shape[-2:], dtype), lead=lead, packed=packed)
   return Opaque()   # a barrier (or what the writer refuses)
 
 

@@ -134,6 +134,7 @@ class Smem:
   lead: tuple = ()
   whole: bool = True
   reshaped: bool = False
+  packed: np.dtype | None = None   # the sub-byte type its bytes hold (subbyte.py)
 
 
 @dataclasses.dataclass(eq=False)

@@ -200,6 +200,11 @@ def _tcgen05_mma(ctx, *invals, trees, collective_axis, scaled):
   if collective_axis is not None:
     _refuse_collective(gen, f"tcgen05_mma(collective_axis={collective_axis!r})")
   _refuse_operands(gen, acc[0], a, b)
+  packed = [getattr(r[0], "packed", None) for r in (a, b)]
+  if not scaled and any(p is not None for p in packed):
+    gen.unsupported(f"tcgen05_mma of {next(p for p in packed if p is not None).name} operands "
+                    "without scales for sm_100a (Gluon 3.6 multiplies float4 in block-scaled "
+                    "MMAs only: pass a_scale= and b_scale=)")
   scaling = _scaling(gen, ctx.eqn, trees, a, a_scale, b_scale) if scaled else ""
   acc_text, _ = tmem_view(gen, *acc)
   a_text = _tmem_operand(gen, a) if isinstance(a[0], TmemRef) else smem_view(
@@ -213,8 +218,10 @@ def _tcgen05_mma(ctx, *invals, trees, collective_axis, scaled):
 
 
 # Gluon's names of the operand types its block-scaled MMA takes with e8m0 scales, one scale per
-# 32 elements of K (``kind::mxf8f6f4``, ``scale_vec::1X``): the float8 types of the interpreter's.
-_SCALED_FORMATS = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+# 32 elements of K: float8 (``kind::mxf8f6f4``, ``scale_vec::1X``) and float4, both operands,
+# held packed two a byte in SMEM (``kind::mxf4``, ``scale_vec::2X``; Gluon 3.6 writes no other
+# scale vector, so float4 blocks of 16 are not written).
+_SCALED_FORMATS = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2", "float4_e2m1fn": "e2m1"}
 _SCALE_BLOCK = 32
 
 
@@ -227,14 +234,21 @@ def _scaling(gen, eqn, trees, a, a_scale, b_scale) -> str:
       [v.aval for v in eqn.invars], trees)[:3]
   (m, n), k = acc, a_shape[1]
   types = [np.dtype(a_dt).name, np.dtype(b_dt).name]
-  if not all(t in _SCALED_FORMATS for t in types):
+  float4 = [t == "float4_e2m1fn" for t in types]
+  if not all(t in _SCALED_FORMATS for t in types) or float4[0] != float4[1]:
     gen.unsupported(f"block-scaled tcgen05_mma of {types[0]} x {types[1]} operands for sm_100a "
-                    "(written: float8_e4m3fn and float8_e5m2 operands scaled by float8_e8m0fnu "
-                    "per 32 elements of K; pallax's Gluon backend holds no float4 in SMEM)")
+                    "(written: float8_e4m3fn and float8_e5m2 operands, or float4_e2m1fn ones "
+                    "(both), scaled by float8_e8m0fnu per 32 elements of K; Gluon 3.6 reads a "
+                    "float4 operand beside a float8 one in a padded layout pallax does not write)")
   if isinstance(a[0], TmemRef) or np.dtype(acc_dt) != np.float32 or m != 128:
     gen.unsupported(f"block-scaled tcgen05_mma with a in {type(a[0]).__name__}, an "
                     f"{np.dtype(acc_dt).name} accumulator of {m} rows for sm_100a (Gluon 3.6's "
                     "tcgen05_mma_scaled reads a from SMEM into a float32 accumulator of 128 rows)")
+  cols = getattr(a_scale[0], "shape", (0, 0))[-1]
+  if cols and k % cols == 0 and k // cols != _SCALE_BLOCK:
+    gen.unsupported(f"block-scaled tcgen05_mma with one scale per {k // cols} elements of K for "
+                    f"sm_100a (Gluon 3.6 writes block-scaled MMAs with one scale per "
+                    f"{_SCALE_BLOCK} elements only: scale_vec::1X for float8, ::2X for float4)")
   want = ((m, k // _SCALE_BLOCK), (n, k // _SCALE_BLOCK))
   for ref, role, shape in ((a_scale, "a_scale", want[0]), (b_scale, "b_scale", want[1])):
     if not isinstance(ref[0], TmemRef) or not isinstance(ref[0].layout, TmemScales) or ref[1] or (

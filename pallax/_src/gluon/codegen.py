@@ -92,11 +92,11 @@ _REFUSAL = ("compiles Mosaic GPU kernels for Hopper (sm_90a) only so far (plgpu.
 
 
 def _refuse_unknown_operands(params):
-  """Operands of types that have no Triton pointer type (sub-byte integers are read through
-  their bytes: ``subbyte.py``)."""
+  """Operands of types that have no Triton pointer type (sub-byte types are passed as their
+  bytes: ``subbyte.py``)."""
   for bm in params.grid_mapping.block_mappings:
     dtype = np.dtype(bm.array_aval.dtype)
-    if dtype.name not in ex.SIGNATURE and not subbyte.is_packed(dtype) and not scales.is_bits(dtype):
+    if dtype.name not in ex.SIGNATURE and not subbyte.in_bytes(dtype) and not scales.is_bits(dtype):
       raise NotImplementedError(
           f"pallas_call {params.name}: {bm.origin} is {dtype.name}, which pallax's Gluon "
           "backend does not read or write; convert it outside the kernel, or run it in the "
@@ -250,15 +250,16 @@ def _signature(gen: Writer, refs) -> tuple[dict, tuple]:
   for d in gen.descriptors.values():
     boxes.setdefault(d.ptr, []).append(d)
   for ref in refs:
-    packed = subbyte.is_packed(ref.dtype)
-    dtype = (subbyte.signature_type(ref.dtype) if packed else scales.signature_type(ref.dtype)
-             if scales.is_bits(ref.dtype) else ex.SIGNATURE[ref.dtype.name])
+    dtype = subbyte.signature_type(ref.dtype) if subbyte.in_bytes(ref.dtype) else \
+        scales.signature_type(ref.dtype) if scales.is_bits(ref.dtype) else ex.SIGNATURE[ref.dtype.name]
     uses = boxes.get(ref.ptr, [])
     if len(uses) != 1 or ref.ptr in gen.pointer_uses:
       signature[ref.ptr] = "*" + dtype
       host.append(None)
       continue
     (d,) = uses
+    if subbyte.in_bytes(ref.dtype):   # a descriptor of the packed bytes (copies._gmem_bytes)
+      dtype = ex.SIGNATURE[subbyte.BYTES.name]
     signature[d.name] = f"tensordesc<{dtype}[{', '.join(map(str, d.box))}],{d.layout.text(module='')}>"
     host.append((d.shape, d.strides))
   return signature, tuple(host)

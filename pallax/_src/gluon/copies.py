@@ -21,8 +21,9 @@ from pallax._src.gluon.assign import Gmem, Smem, layout_rule
 from pallax._src.gluon.events import Access, BarrierOp, Copy, SmemView
 from pallax._src.gluon.memory import (barrier_view, gmem_pointers, register_view, register_view_layouts,
                                       row_slice, smem_view, smem_view_layouts)
+from pallax._src.gluon.multiples import known_multiple
 from pallax._src.gluon.values import I32, i32, iota_in
-from pallax._src.gluon import peers
+from pallax._src.gluon import peers, subbyte
 from pallax._src.gluon.writer import GmemRef, SmemRef, rule
 
 
@@ -172,6 +173,8 @@ def _tma(gen, smem_ref, gmem_ref, direction: str, barrier=None) -> tuple[list, i
   the box as data: ``events.Copy``), and their bytes (see ``_box_pieces``; ``_planes``)."""
   smem = smem_view(gen, *smem_ref)
   starts, box = _gmem_coords(gen, *gmem_ref)
+  if smem.packed is not None or subbyte.in_bytes(gmem_ref[0].dtype):
+    starts, box, gmem_ref = _gmem_bytes(gen, smem, gmem_ref, starts, box)
   planes = _planes(smem, box)
   if not planes:
     return _tma_box(gen, smem, starts, box, gmem_ref, direction, barrier)
@@ -181,6 +184,25 @@ def _tma(gen, smem_ref, gmem_ref, direction: str, barrier=None) -> tuple[list, i
     more, n = _tma_box(gen, plane, at, (1, *box[1:]), gmem_ref, direction, barrier)
     boxes, nbytes = boxes + more, nbytes + n
   return boxes, nbytes
+
+
+def _gmem_bytes(gen, smem: SmemRef, gmem_ref, starts, box):
+  """A TMA copy of packed values (subbyte.py) as one of their bytes: (starts, box, GMEM ref)
+  along the last dimension in bytes, the operand seen as bytes."""
+  ref, transforms = gmem_ref
+  if smem.packed != ref.dtype:
+    gen.unsupported(f"a TMA copy between {ref.origin} of {ref.dtype.name} and an SMEM buffer of "
+                    f"{getattr(smem.packed, 'name', smem.dtype.name)}")
+  per = subbyte.values_per_byte(ref.dtype)
+  shape = subbyte.byte_shape(ref.shape, ref.dtype)
+  last = starts[-1]
+  if shape is None or box[-1] % per or known_multiple(last, gen.multiples) % per:
+    gen.unsupported(f"a TMA copy of {ref.origin} ({ref.dtype.name}, {per} values a byte) whose "
+                    "rows do not start and end on a byte")
+  start = i32(last.value // per) if isinstance(last, ex.Lit) else gen.bind(
+      ex.binary("//", last, i32(per)), "c")
+  as_bytes = dataclasses.replace(ref, dtype=subbyte.BYTES, shape=shape)
+  return [*starts[:-1], start], (*box[:-1], box[-1] // per), (as_bytes, transforms)
 
 
 def _tma_box(gen, smem: SmemRef, starts, box, gmem_ref, direction: str, barrier):

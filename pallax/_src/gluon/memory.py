@@ -30,7 +30,7 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
   last dimension is K, which may be sliced inside a swizzle atom, as wgmma itself steps
   through it)."""
   text, shape, permuted, steps = ref.text, list(ref.shape), False, list(ref.steps)
-  transforms = compose_slices(transforms)
+  transforms = _bytes_view(gen, ref, compose_slices(transforms))
   if ref.lead:   # a buffer of rank > 3, stored with its leading dimensions flattened
     if not transforms:   # used whole: the flattened dimension split again
       return dataclasses.replace(ref, text=f"{ref.text}.reshape({list(L.padded(ref.shape))})",
@@ -81,7 +81,18 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
         gen.unsupported("gathers from SMEM")
     shape = new_shape
   return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle, buffer=ref.buffer,
-                 steps=tuple(steps), whole=whole)
+                 steps=tuple(steps), whole=whole, packed=ref.packed)
+
+
+def _bytes_view(gen, ref: SmemRef, transforms) -> list:
+  """``transforms`` of a buffer of packed values (subbyte.py) as views of its bytes."""
+  if ref.packed is None:
+    return transforms
+  view = subbyte.byte_view(transforms, ref.shape, subbyte.values_per_byte(ref.packed))
+  if view is None:
+    gen.unsupported(f"a view of an SMEM buffer of {ref.packed.name} that splits a byte (its "
+                    "values are packed: slice its rows at whole bytes)")
+  return view
 
 
 def _check_smem_slice(gen, ref: SmemRef, start: int, size: int, from_end: int, k_last: bool):
@@ -236,6 +247,7 @@ def _get(ctx, *invals, **_):
     return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape, **masks), layout)
   if not isinstance(a.ref, SmemRef):
     gen.unsupported(f"register loads from {a.ref}")
+  _refuse_packed(gen, a.ref, "a register load")
   if (rows := unaligned_rows(a.ref, a.transforms)) is not None:
     return _load_rows_in_pieces(gen, a.ref, a.transforms[0], *rows)
   view = register_view(gen, a.ref, a.transforms)
@@ -243,6 +255,11 @@ def _get(ctx, *invals, **_):
   gen.events.append(Access("load", gen.smem_view(view), view.shape))
   smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
   return gen.value(method(smem, "load", ex.Token(gen.layout(layout))), layout)
+
+
+def _refuse_packed(gen, ref: SmemRef, what: str):
+  if ref.packed is not None:
+    gen.unsupported(subbyte.UNWRITTEN.format(f"{what} of an SMEM buffer", ref.packed.name))
 
 
 def register_view(gen, ref: SmemRef, transforms) -> SmemRef:
@@ -330,6 +347,7 @@ def _swap(ctx, ref, value, *leaves, **_):
     return None
   if not isinstance(a.ref, SmemRef):
     gen.unsupported(f"register stores to {a.ref}")
+  _refuse_packed(gen, a.ref, "a register store")
   view = register_view(gen, a.ref, a.transforms)
   if not value.shape:
     layout = gen.declared(L.blocked(view.shape, view.dtype))
@@ -347,6 +365,9 @@ def smem_view_layouts(ref: Smem, transforms) -> Smem:
   """``smem_view`` as the assignment sees it: the view's shape, whether it is still the whole
   buffer; its rank noted on the buffer."""
   shape, transforms, whole = list(ref.shape), compose_slices(transforms), True
+  if ref.packed is not None:   # (a view splitting a byte: the writer refuses it)
+    transforms = subbyte.byte_view(transforms, ref.shape,
+                                   subbyte.values_per_byte(ref.packed)) or transforms
   if ref.lead:
     if not transforms:
       return dataclasses.replace(ref, lead=(), whole=False, reshaped=True)
@@ -369,7 +390,7 @@ def smem_view_layouts(ref: Smem, transforms) -> Smem:
         whole = False
     shape = new_shape
   ref.buffer.ranks.add(len(shape))
-  return Smem(ref.buffer, tuple(shape), ref.dtype, ref.swizzle, whole=whole)
+  return Smem(ref.buffer, tuple(shape), ref.dtype, ref.swizzle, whole=whole, packed=ref.packed)
 
 
 def register_view_layouts(ref: Smem, transforms) -> Smem:

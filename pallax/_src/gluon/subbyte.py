@@ -1,16 +1,24 @@
-"""Sub-byte integers (int4, uint4, int2, uint2) in generated Gluon.
+"""Sub-byte types (int4, uint4, int2, uint2, float4_e2m1fn) in generated Gluon.
 
 In GMEM, XLA packs them: element i of an int4 array is bits 4*(i%2) .. 4*(i%2)+3 of byte i//2
-(the even element in the low nibble). In registers a value takes a byte (``gpu/subbyte.py``):
-int8 for the signed types, uint8 for the unsigned ones. A register load of GMEM reads the byte
-of each element and shifts its bits down; a conversion to a sub-byte type keeps the type's low
-bits, sign-extended for the signed types, as lax's conversion wraps. What the backend does not
-read or write packed (register stores into GMEM, SMEM buffers, TMA copies) is refused by name.
+(the even element in the low nibble). In registers a sub-byte integer takes a byte
+(``gpu/subbyte.py``): int8 for the signed types, uint8 for the unsigned ones. A register load of
+GMEM reads the byte of each element and shifts its bits down; a conversion to a sub-byte type
+keeps the type's low bits, sign-extended for the signed types, as lax's conversion wraps.
+
+SMEM holds them packed as in GMEM: a buffer is allocated as the bytes of its rows (uint8, the
+last dimension divided by the values a byte), TMA copies move those bytes, and Blackwell's
+block-scaled MMA reads float4 operands so (``blackwell.tcgen05_mma_scaled``, ``"e2m1"``).
+Views of such a buffer index bytes (``byte_view``). What the backend does not read or write
+packed (register stores into GMEM, register loads and stores of SMEM, float4 in registers) is
+refused by name.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
+from pallax._src import jax_internals as ji
 from pallax._src.gluon.values import I32, dtype_token, i32
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import subbyte
@@ -18,13 +26,66 @@ from pallax._src.gpu.expr import binary, call, method
 
 
 # The refusal of what the backend does not read or write packed: (what, its type).
-UNWRITTEN = ("{0} of {1}, packed two or four values a byte: pallax's Gluon backend reads "
-             "sub-byte values from GMEM into registers only; use int8 there "
-             "(x.astype(jnp.int8)) and convert in registers, or run the kernel in the interpreter")
+UNWRITTEN = ("{0} of {1}, packed two or four values a byte: pallax's Gluon backend moves "
+             "packed SMEM by TMA and MMAs only, and reads sub-byte integers into registers from "
+             "GMEM only; use int8 where registers need the values (x.astype(jnp.int8)), or run "
+             "the kernel in the interpreter")
+
+
+FLOAT4 = np.dtype(ml_dtypes.float4_e2m1fn)
+BYTES = np.dtype(np.uint8)   # what SMEM buffers and TMA descriptors of packed types hold
 
 
 def is_packed(dtype) -> bool:
+  """A sub-byte integer (registers hold it in a byte)."""
   return subbyte.is_subbyte(dtype)
+
+
+def in_bytes(dtype) -> bool:
+  """Held packed in GMEM and SMEM: the sub-byte integers and float4."""
+  return is_packed(dtype) or (dtype is not None and np.dtype(dtype) == FLOAT4)
+
+
+def values_per_byte(dtype) -> int:
+  return 2 if np.dtype(dtype) == FLOAT4 else per_byte(dtype)
+
+
+def byte_shape(shape, dtype) -> tuple | None:
+  """The bytes of an array of ``shape`` packed (the last dimension divided), or None where
+  its rows do not end on a byte."""
+  k = values_per_byte(dtype)
+  if not shape or shape[-1] % k:
+    return None
+  return (*shape[:-1], shape[-1] // k)
+
+
+def byte_view(transforms, shape: tuple, per: int) -> list | None:
+  """``transforms`` of a view of packed bytes of ``shape`` (bytes), ``per`` values a byte along
+  the last dimension, made to index the bytes: slices of that dimension (wherever transposes
+  moved it) in bytes. None where one does not start and end on a byte, or indexes one value."""
+  shape, dim, out = list(shape), len(shape) - 1, []
+  for t in transforms:
+    if isinstance(t, ji.TransposeRef):
+      dim, shape = list(t.permutation).index(dim), [shape[p] for p in t.permutation]
+      out.append(t)
+      continue
+    if not isinstance(t, ji.NDIndexer):
+      out.append(t)
+      continue
+    indices, new_shape, new_dim = list(t.indices), [], None
+    for k, idx in enumerate(indices):
+      if k == dim:
+        start = getattr(idx, "start", None)
+        start = getattr(start, "value", start)
+        if not isinstance(idx, ji.Slice) or not isinstance(start, (int, np.integer)) or \
+            start % per or idx.size % per or idx.stride != 1:
+          return None
+        indices[k], new_dim = ji.Slice(int(start) // per, idx.size // per, 1), len(new_shape)
+      if isinstance(indices[k], ji.Slice):
+        new_shape.append(indices[k].size)
+    out.append(ji.NDIndexer(tuple(indices), tuple(shape), t.int_indexer_shape))
+    shape, dim = new_shape, new_dim
+  return out
 
 
 def holds(dtype, new) -> bool:
@@ -38,7 +99,7 @@ def per_byte(dtype) -> int:
 
 def signature_type(dtype) -> str:
   """The kernel parameter's type: a packed array is passed as a pointer to its bytes."""
-  return ex.SIGNATURE[subbyte.storage(dtype).name]
+  return ex.SIGNATURE[(subbyte.storage(dtype) if is_packed(dtype) else BYTES).name]
 
 
 def _as_i32(x: ex.Expr) -> ex.Expr:

@@ -48,6 +48,7 @@ class SmemRef:
   buffer: Buffer | None = None   # what the layout assignment found for the buffer
   steps: tuple = ()       # the view's steps from the buffer (see events.SmemView)
   whole: bool = False     # the buffer itself, unindexed
+  packed: np.dtype | None = None   # the sub-byte type its bytes hold (shape, dtype: the bytes')
 
 
 @dataclasses.dataclass
@@ -394,7 +395,7 @@ class Writer(src.Source):
     return self.layouts.get(e.name) if isinstance(e, ex.Name) else None
 
   def descriptor(self, ref: GmemRef, box: tuple, smem_layout: L.Layout) -> str:
-    if subbyte.is_packed(ref.dtype):
+    if subbyte.in_bytes(ref.dtype):   # (copies._gmem_bytes sees it as its bytes first)
       raise NotImplementedError(subbyte.UNWRITTEN.format(f"a TMA copy of {ref.origin}", ref.dtype.name))
     key = (ref.ptr, box)
     itemsize = ref.dtype.itemsize
