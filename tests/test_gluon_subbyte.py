@@ -161,9 +161,10 @@ def test_stores_and_smem_of_sub_byte_types_run_in_the_interpreter(dtype):
 
 @pytest.mark.parametrize("make, shape, what", [
     (_store_kernel, (8, 64), "a store or atomic into out[0] from registers of int4"),
-    (_smem_kernel, (64, 128), "an SMEM buffer of int4")], ids=["gmem_store", "smem"])
+    (_smem_kernel, (64, 128), "a register load of an SMEM buffer of int4")],
+    ids=["gmem_store", "smem"])
 def test_gluon_refuses_what_it_does_not_write_packed(make, shape, what):
   with pytest.raises(NotImplementedError, match=re.escape(
-      f"{what}, packed two or four values a byte: pallax's Gluon backend reads sub-byte values "
-      "from GMEM into registers only")):
+      f"{what}, packed two or four values a byte: pallax's Gluon backend moves packed SMEM by "
+      "TMA and MMAs only, and reads sub-byte integers into registers from GMEM only")):
     plgpu.lower(make(jnp.int4), jax.ShapeDtypeStruct(shape, jnp.int4))
