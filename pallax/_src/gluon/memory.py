@@ -147,7 +147,7 @@ def gmem_pointers(gen, ref: GmemRef, transforms, packed: bool = False) -> tuple:
   views; the interpreter checks their bounds. ``packed``: the view's element offsets instead of
   pointers (a sub-byte array, whose elements share bytes: ``subbyte.py``)."""
   ref, transforms = peers.resolve(gen, ref, transforms)
-  if subbyte.is_packed(ref.dtype) and not packed:
+  if subbyte.in_bytes(ref.dtype) and not packed:
     gen.unsupported(subbyte.UNWRITTEN.format(f"a store or atomic into {ref.origin} from registers", ref.dtype.name))
   gen.pointer_uses.add(ref.ptr)
   rank = len(ref.shape)
@@ -239,6 +239,8 @@ def _get(ctx, *invals, **_):
   if isinstance(a.ref, GmemRef):
     ref, transforms = peers.resolve(gen, a.ref, a.transforms)
     packed = subbyte.is_packed(ref.dtype)
+    if subbyte.in_bytes(ref.dtype) and not packed:   # float4
+      gen.unsupported(subbyte.UNWRITTEN.format(f"a register load of {ref.origin}", ref.dtype.name))
     ptrs, shape, layout, mask, offset = gmem_pointers(gen, ref, transforms, packed)
     gen.events.append(Access("load", ref.origin, shape, offset))
     if packed:
