@@ -31,9 +31,9 @@ def exact_operand(seed, shape, dtype):
   return jnp.asarray(x.astype(np.float32)).astype(dtype)
 
 
-def scales(seed, rows, k):
-  """Powers of two 2^-3 .. 2^3 as e8m0 (biased exponents 124 .. 130)."""
-  bits = np.random.default_rng(seed).integers(124, 131, size=(rows, k // BLOCK), dtype=np.uint8)
+def scales(seed, rows, k, block=BLOCK):
+  """Powers of two 2^-3 .. 2^3 as e8m0 (biased exponents 124 .. 130), one per ``block`` of K."""
+  bits = np.random.default_rng(seed).integers(124, 131, size=(rows, k // block), dtype=np.uint8)
   return jnp.asarray(bits.view(ml_dtypes.float8_e8m0fnu))
 
 
@@ -52,14 +52,14 @@ def tiles(s):
 def dequantized_product(a, sa, b_nk, sb):
   """(a * sa) @ (b * sb).T in float64, the scales repeated over their blocks of K."""
   f = lambda x: np.asarray(x.astype(F32), np.float64)   # noqa: E731
-  wide = lambda s: np.repeat(f(s), BLOCK, axis=1)   # noqa: E731
+  wide = lambda s: np.repeat(f(s), a.shape[1] // s.shape[1], axis=1)   # noqa: E731
   return (f(a) * wide(sa)) @ (f(b_nk) * wide(sb)).T
 
 
-def scaled_kernel(m, n, k, a_dt, b_dt, tiled=True, b_k_major=True):
+def scaled_kernel(m, n, k, a_dt, b_dt, tiled=True, b_k_major=True, block=BLOCK):
   """One block-scaled MMA: a (m, k), b given (n, k) (K-major, as a transposed view) or (k, n),
-  scales passed in SMEM (tiled or as (rows, k)) and copied to TMEM."""
-  kk = k // BLOCK
+  scales (one per ``block`` of K) passed in SMEM (tiled or as (rows, k)) and copied to TMEM."""
+  kk = k // block
   sa_smem = (m // 128, kk // 4, 32, 16) if tiled else (m, kk)
   sb_smem = (n // 128, kk // 4, 32, 16) if tiled else (n, kk)
 
@@ -92,9 +92,9 @@ def scaled_kernel(m, n, k, a_dt, b_dt, tiled=True, b_k_major=True):
   return kernel
 
 
-def operands(m, n, k, a_dt, b_dt, tiled=True, b_k_major=True):
+def operands(m, n, k, a_dt, b_dt, tiled=True, b_k_major=True, block=BLOCK):
   a, b_nk = exact_operand(1, (m, k), a_dt), exact_operand(2, (n, k), b_dt)
-  sa, sb = scales(3, m, k), scales(4, n, k)
+  sa, sb = scales(3, m, k, block), scales(4, n, k, block)
   args = (a, b_nk if b_k_major else b_nk.T, tiles(sa) if tiled else sa,
           tiles(sb) if tiled else sb)
   return args, dequantized_product(a, sa, b_nk, sb)
@@ -155,10 +155,10 @@ def refusal(kernel, *args):
   return str(e.value)
 
 
-def scratch_kernel(n, b_scale_rows, dtype, k=128, block=BLOCK, b_dtype=None, scaled=True):
+def scratch_kernel(n, b_scale_rows, dtype, k=128, b_dtype=None, scaled=True):
   """One block-scaled MMA of SMEM and TMEM scratch (nothing read from GMEM but the result);
   ``scaled=False``: the same MMA without its scales."""
-  m, kk = 128, k // block
+  m, kk = 128, k // BLOCK
   sa_tiles, sb_tiles = (1, kk // 4, 32, 16), (b_scale_rows // 128, kk // 4, 32, 16)
 
   @plgpu.kernel(out_shape=S((m, n), F32), scratch_shapes=dict(
@@ -181,13 +181,14 @@ def scratch_kernel(n, b_scale_rows, dtype, k=128, block=BLOCK, b_dtype=None, sca
 
 
 @pytest.mark.gluon_refuses("one scale per 16 elements of K")
-def test_refuses_float4_blocks_of_16():
-  """Scales per 16 float4 values (nvfp4 blocks) run in the interpreter; Gluon 3.6's float4 MMA
-  always reads one scale per 32 (``scale_vec::2X``), so that is refused, not miscomputed."""
-  kernel = scratch_kernel(128, 128, F4, k=256, block=16)
-  o = kernel(*[])
-  assert o.shape == (128, 128)   # (the interpreter runs it; the scratch is uninitialized)
-  assert "one scale per 16 elements of K" in refusal(kernel)
+def test_float4_blocks_of_16_run_in_the_interpreter_only():
+  """Scales per 16 float4 values run in the interpreter (exactly the dequantized product);
+  Gluon 3.6's float4 MMA always reads one scale per 32 (``scale_vec::2X``), so for sm_100a
+  that is refused, not miscomputed."""
+  args, want = operands(128, 128, 256, F4, F4, block=16)
+  kernel = scaled_kernel(128, 128, 256, F4, F4, block=16)
+  np.testing.assert_array_equal(np.asarray(kernel(*args), np.float64), want)
+  assert "one scale per 16 elements of K" in refusal(kernel, *args)
 
 
 def test_refuses_float4_beside_float8_and_without_scales():
