@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.interpreter]
 
 # What the Gluon backend refuses for sm_100a (each kernel here that it lowers, it compiles to
 # sm_100a PTX holding the tcgen05 instructions of its operations: gluon_check.py).
-FLOAT4 = "a register store of an SMEM buffer of float4_e2m1fn"
+FLOAT4 = "of float4_e2m1fn, packed two or four values a byte"
 COLLECTIVE = "collective (two-block) MMAs over a cluster for sm_100a"
 S = jax.ShapeDtypeStruct
 CLOSE = dict(rtol=1e-5, atol=1e-5)
