@@ -192,18 +192,21 @@ def test_check_collective_axes_name_cluster_axes():
     f(rand(5, (64, 64), jnp.float32))
 
 
-# (Leader-tracked copies run: tests/test_mosaic_gpu_blackwell_compat.py.)
-@pytest.mark.parametrize("size,error,message", [
+# (Leader-tracked copies run: tests/test_mosaic_gpu_blackwell_compat.py.) A cluster axis may be
+# named by any hashable, a tuple too, looked up whole as JAX looks it up.
+@pytest.mark.parametrize("size,error,message,name", [
     (127, ValueError, r"Expected source shape to be \(16,\), but got \(127,\). Dim 0 is "
-                      r"partitioned over an axis of size 2")])
-def test_partitioned_copies_are_checked_as_jax_checks_them(size, error, message):
+                      r"partitioned over an axis of size 2", "c"),
+    (64, ValueError, r"Expected source shape to be \(16,\), but got \(64,\). Dim 0 is "
+                     r"partitioned over an axis of size 2", ("c", "d"))])
+def test_partitioned_copies_are_checked_as_jax_checks_them(size, error, message, name):
   def kernel(x_ref, o_ref, smem, bar):
-    plgpu.copy_gmem_to_smem(x_ref, smem, bar, collective_axes="c",
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar, collective_axes=(name,),
                             leader_tracked=plgpu.CopyPartition.PARTITIONED(0))
     plgpu.barrier_wait(bar)
     o_ref[...] = smem[...]
 
-  f = plgpu.kernel(kernel, out_shape=S((8,), jnp.float32), cluster=(2,), cluster_names=("c",),
+  f = plgpu.kernel(kernel, out_shape=S((8,), jnp.float32), cluster=(2,), cluster_names=(name,),
                    scratch_shapes=[plgpu.SMEM((8,), jnp.float32), plgpu.Barrier()])
   with pytest.raises(error, match=message):
     f(rand(12, (size,), jnp.float32))

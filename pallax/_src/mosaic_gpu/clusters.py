@@ -49,9 +49,11 @@ def block_name(block) -> str:
 
 
 def _dims(th, axes, what: str) -> list[tuple]:
-  """``axes`` as a list of dimensions, each a tuple of cluster axis names."""
+  """``axes`` as a list of dimensions, each a tuple of cluster axis names (a tuple in ``axes``:
+  several axes as one dimension, unless it names a cluster axis itself, as JAX looks it up)."""
   cluster = sizes(th.block)
-  dims = [tuple(a) if isinstance(a, (tuple, list)) else (a,) for a in axes]
+  dims = [tuple(a) if isinstance(a, (tuple, list)) and tuple(a) not in cluster else (a,)
+          for a in axes]
   for dim in dims:
     for name in dim:
       if name not in cluster:

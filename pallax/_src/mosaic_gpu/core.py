@@ -503,11 +503,6 @@ class Mesh:
 
   def as_pallas_mesh(self):
     """(the grid as a pl.Mesh, the cluster and thread axes) for pl.kernel."""
-    for n in self.cluster_names:
-      if not isinstance(n, str):
-        raise NotImplementedError(
-            f"plgpu.Mesh: cluster_names={self.cluster_names}: composite cluster axis names are "
-            "not supported by pallax yet; name each cluster axis with a string")
     threads = ThreadInfo(tuple(zip(self.cluster_names, self.cluster)), self.num_threads or 1,
                          self.thread_name)
     return pc.Mesh(self.grid, self.grid_names), threads
