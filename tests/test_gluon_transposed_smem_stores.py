@@ -47,3 +47,30 @@ def test_stores_through_a_view_land_where_they_were_read(view, dtype, swizzle):
   kernel, shape = doubled_through(view, dtype, swizzle)
   x = jnp.asarray(np.random.default_rng(swizzle).uniform(-4, 4, shape), dtype)
   np.testing.assert_array_equal(np.asarray(kernel(x), np.float32), np.asarray(x, np.float32) * 2)
+
+
+def copied_into_transposed_view(perm, shape):
+  """A TMA copy of ``x`` into ``transpose_ref(smem, perm)``, the buffer then copied out in its own
+  order: the result is ``x`` transposed by the inverse of ``perm``."""
+  buf = tuple(shape[p] for p in np.argsort(perm))
+
+  @plgpu.kernel(out_shape=jax.ShapeDtypeStruct(buf, jnp.float32),
+                scratch_shapes=[plgpu.SMEM(buf, jnp.float32), plgpu.Barrier()])
+  def kernel(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, plgpu.transpose_ref(smem, perm), bar)
+    plgpu.barrier_wait(bar)
+    plgpu.copy_smem_to_gmem(smem, o_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+  return kernel
+
+
+@pytest.mark.gluon_refuses("whose dimensions plgpu.transpose_ref reordered")
+@pytest.mark.parametrize("perm,shape", [((1, 0, 2), (2, 32, 128)), ((1, 0), (64, 32))], ids=str)
+def test_tma_into_a_transposed_view_runs_in_the_interpreter_only(perm, shape):
+  """The interpreter lands each element where the view puts it. Gluon would drop the view's
+  permutation (a TMA box lands in the buffer's own order), so its backend refuses the copy by
+  name instead of giving the untransposed array."""
+  x = jnp.asarray(np.random.default_rng(7).uniform(-1, 1, shape), jnp.float32)
+  got = copied_into_transposed_view(perm, shape)(x)
+  np.testing.assert_array_equal(got, np.transpose(np.asarray(x), np.argsort(perm)))

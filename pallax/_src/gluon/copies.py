@@ -67,6 +67,7 @@ def _box_view(gen, smem: SmemRef, box) -> tuple[str, L.Layout]:
   with more dimensions than the buffer (unit ones) sees it through a reshape."""
   if tuple(box) == tuple(smem.shape) and smem.reshaped:   # Gluon infers the reshape's layout
     return smem.text, gen.declared(_shared(smem, len(box)))
+  _refuse_permuted(gen, smem, box)
   if tuple(box) == tuple(smem.shape):   # the buffer's layout may have a lower rank (its views')
     if len(box) <= 2 and not gen.is_whole(smem):
       return smem.text, smem.layout
@@ -83,6 +84,18 @@ def _box_view(gen, smem: SmemRef, box) -> tuple[str, L.Layout]:
     gen.unsupported(f"a TMA box {tuple(box)} for an SMEM buffer of shape {smem.shape}")
   layout = gen.declared(_shared(smem, len(box)))
   return f"{smem.text}.reshape({list(L.padded(box))})", layout
+
+
+def _refuse_permuted(gen, smem: SmemRef, box):
+  """TMA writes and reads a box in the GMEM array's order of dimensions. Into a view whose
+  dimensions a transpose reordered, the box would land in the buffer's own order (Gluon's
+  reinterpretation of a view drops its permutation; a TMA copy into a transposed 2-D view was
+  never checked on a GPU), so that is refused."""
+  perms = [s[1] for s in smem.steps if s[0] == "permute" and tuple(s[1]) != tuple(range(len(s[1])))]
+  if perms:
+    gen.unsupported(f"a TMA box {tuple(box)} into a view of SMEM whose dimensions "
+                    f"plgpu.transpose_ref reordered {tuple(perms[0])} (copy into the buffer's own "
+                    "order and transpose in registers, or copy slice by slice)")
 
 
 # --- copies and barriers ---------------------------------------------------------------------
