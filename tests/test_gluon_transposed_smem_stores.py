@@ -65,12 +65,22 @@ def copied_into_transposed_view(perm, shape):
   return kernel
 
 
-@pytest.mark.gluon_refuses("whose dimensions plgpu.transpose_ref reordered")
-@pytest.mark.parametrize("perm,shape", [((1, 0, 2), (2, 32, 128)), ((1, 0), (64, 32))], ids=str)
-def test_tma_into_a_transposed_view_runs_in_the_interpreter_only(perm, shape):
-  """The interpreter lands each element where the view puts it. Gluon would drop the view's
-  permutation (a TMA box lands in the buffer's own order), so its backend refuses the copy by
-  name instead of giving the untransposed array."""
+def _transposed_copy(perm, shape):
   x = jnp.asarray(np.random.default_rng(7).uniform(-1, 1, shape), jnp.float32)
   got = copied_into_transposed_view(perm, shape)(x)
   np.testing.assert_array_equal(got, np.transpose(np.asarray(x), np.argsort(perm)))
+
+
+@pytest.mark.parametrize("perm,shape", [((1, 0, 2), (2, 32, 128)), ((2, 0, 1, 3), (4, 2, 8, 64))],
+                         ids=str)
+def test_tma_into_a_view_with_leading_dimensions_reordered(perm, shape):
+  """Each element lands where the transposed view has it: on the GPU the copy is issued in the
+  buffer's order over the GMEM operand seen with its dimensions reordered (copies.py)."""
+  _transposed_copy(perm, shape)
+
+
+@pytest.mark.gluon_refuses("TMA keeps the innermost dimension innermost")
+def test_tma_into_a_transposed_2d_view_runs_in_the_interpreter_only():
+  """A transpose that moves the innermost dimension: TMA reads rows of consecutive elements, so
+  the Gluon backend refuses the copy by name."""
+  _transposed_copy((1, 0), (64, 32))

@@ -87,10 +87,9 @@ def _box_view(gen, smem: SmemRef, box) -> tuple[str, L.Layout]:
 
 
 def _refuse_permuted(gen, smem: SmemRef, box):
-  """TMA writes and reads a box in the GMEM array's order of dimensions. Into a view whose
-  dimensions a transpose reordered, the box would land in the buffer's own order (Gluon's
-  reinterpretation of a view drops its permutation; a TMA copy into a transposed 2-D view was
-  never checked on a GPU), so that is refused."""
+  """A transpose that is not the view's last step (``_tma`` handles those): the box would land
+  in the buffer's own order (Gluon's reinterpretation of a view drops its permutation), so that
+  is refused."""
   perms = [s[1] for s in smem.steps if s[0] == "permute" and tuple(s[1]) != tuple(range(len(s[1])))]
   if perms:
     gen.unsupported(f"a TMA box {tuple(box)} into a view of SMEM whose dimensions "
@@ -184,8 +183,11 @@ def _planes(smem: SmemRef, box) -> list[tuple[int, SmemRef]]:
 def _tma(gen, smem_ref, gmem_ref, direction: str, barrier=None) -> tuple[list, int]:
   """The boxes of a copy, each (the SMEM side's expression, the descriptor, the coordinates,
   the box as data: ``events.Copy``), and their bytes (see ``_box_pieces``; ``_planes``)."""
-  smem = smem_view(gen, *smem_ref)
+  transforms, perm = _trailing_permutation(smem_ref[1])
+  smem = smem_view(gen, smem_ref[0], transforms)
   starts, box = _gmem_coords(gen, *gmem_ref)
+  if perm is not None:
+    starts, box, gmem_ref = _gmem_reordered(gen, gmem_ref, starts, box, perm)
   if smem.packed is not None or subbyte.in_bytes(gmem_ref[0].dtype):
     starts, box, gmem_ref = _gmem_bytes(gen, smem, gmem_ref, starts, box)
   planes = _planes(smem, box)
@@ -197,6 +199,35 @@ def _tma(gen, smem_ref, gmem_ref, direction: str, barrier=None) -> tuple[list, i
     more, n = _tma_box(gen, plane, at, (1, *box[1:]), gmem_ref, direction, barrier)
     boxes, nbytes = boxes + more, nbytes + n
   return boxes, nbytes
+
+
+def _trailing_permutation(transforms) -> tuple[list, tuple | None]:
+  """(``transforms`` without the transposes at their end, the permutation those make; None if
+  none or the identity)."""
+  transforms, perm = list(transforms), None
+  while transforms and isinstance(transforms[-1], ji.TransposeRef):
+    p = tuple(transforms.pop().permutation)
+    perm = p if perm is None else tuple(p[i] for i in perm)
+  return transforms, None if perm is None or perm == tuple(range(len(perm))) else perm
+
+
+def _gmem_reordered(gen, gmem_ref, starts, box, perm):
+  """A TMA copy into (or out of) ``transpose_ref(view, perm)``: issued in the SMEM view's own
+  order of dimensions, over the GMEM operand seen with its dimensions reordered to match (a
+  descriptor with permuted shape and strides), so that TMA places every element where the
+  transposed view has it. The operand's innermost dimension must stay innermost (TMA reads
+  rows of consecutive elements)."""
+  ref, transforms = gmem_ref
+  rank = len(ref.shape)
+  inv = tuple(int(i) for i in np.argsort(perm))   # buffer dimension -> operand dimension
+  if len(perm) != rank or inv[-1] != rank - 1:
+    gen.unsupported(f"a TMA box {tuple(box)} into a view of SMEM whose dimensions "
+                    f"plgpu.transpose_ref reordered {perm} (TMA keeps the innermost dimension "
+                    "innermost: transpose in registers instead)")
+  strides = ref.strides or tuple(int(np.prod(ref.shape[k + 1:])) for k in range(rank))
+  seen = dataclasses.replace(ref, shape=tuple(ref.shape[i] for i in inv),
+                             strides=tuple(strides[i] for i in inv))
+  return [starts[i] for i in inv], tuple(box[i] for i in inv), (seen, transforms)
 
 
 def _gmem_bytes(gen, smem: SmemRef, gmem_ref, starts, box):

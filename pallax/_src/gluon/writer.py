@@ -33,6 +33,7 @@ class GmemRef:
   dtype: np.dtype
   origin: str
   pre: tuple = ()
+  strides: tuple | None = None   # in elements (None: row-major; copies.py reorders dimensions)
 
 
 @dataclasses.dataclass
@@ -397,20 +398,20 @@ class Writer(src.Source):
   def descriptor(self, ref: GmemRef, box: tuple, smem_layout: L.Layout) -> str:
     if subbyte.in_bytes(ref.dtype):   # (copies._gmem_bytes sees it as its bytes first)
       raise NotImplementedError(subbyte.UNWRITTEN.format(f"a TMA copy of {ref.origin}", ref.dtype.name))
-    key = (ref.ptr, box)
+    strides = ref.strides or tuple(int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape)))
+    key = (ref.ptr, box, strides)
     itemsize = ref.dtype.itemsize
     for k in range(len(ref.shape) - 1):
-      if int(np.prod(ref.shape[k + 1:])) * itemsize % 16:
+      if strides[k] * itemsize % 16:
         raise NotImplementedError(
             f"TMA needs GMEM strides that are multiples of 16 bytes, but {ref.origin} of shape "
-            f"{ref.shape} has a stride of {int(np.prod(ref.shape[k + 1:])) * itemsize} bytes")
+            f"{ref.shape} has a stride of {strides[k] * itemsize} bytes")
     _check_padded_box(ref, box)
     padded = L.padded(box)
     if padded[-1] * itemsize < 16 or max(padded) > 256:
       raise NotImplementedError(f"the TMA box {box} of {ref.origin}: at most 256 elements a "
                                 "dimension and rows of at least 16 bytes")
     if key not in self.descriptors:
-      strides = tuple(int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape)))
       self._named(smem_layout)   # named with the descriptor
       self.descriptors[key] = Descriptor(self.fresh(f"{ref.ptr}_desc"), ref.ptr, tuple(ref.shape),
                                          strides, padded, smem_layout)
