@@ -84,3 +84,22 @@ def test_tma_into_a_transposed_2d_view_runs_in_the_interpreter_only():
   """A transpose that moves the innermost dimension: TMA reads rows of consecutive elements, so
   the Gluon backend refuses the copy by name."""
   _transposed_copy((1, 0), (64, 32))
+
+
+def test_tma_into_transposed_slots_of_a_buffer_with_two_leading_dimensions():
+  """``smem.at[s].at[i]`` of a (2, 2, 32, 2, 128) buffer: the two integer indices of its leading
+  dimensions are taken together (one slot of the flattened dimension), and each copy from
+  ``x.at[s]`` into the slot's transposed view lands transposed."""
+  @plgpu.kernel(out_shape=jax.ShapeDtypeStruct((2, 2, 32, 2, 128), jnp.float32),
+                scratch_shapes=[plgpu.SMEM((2, 2, 32, 2, 128), jnp.float32), plgpu.Barrier()])
+  def kernel(x_ref, o_ref, smem, bar):
+    for s in range(2):
+      for i in range(2):
+        plgpu.copy_gmem_to_smem(x_ref.at[s], plgpu.transpose_ref(smem.at[s].at[i], (1, 0, 2)), bar)
+        plgpu.barrier_wait(bar)
+    plgpu.copy_smem_to_gmem(smem, o_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+  x = jnp.asarray(np.random.default_rng(8).uniform(-1, 1, (2, 2, 32, 128)), jnp.float32)
+  want = np.stack([np.stack([np.asarray(x[s]).transpose(1, 0, 2)] * 2) for s in range(2)])
+  np.testing.assert_array_equal(kernel(x), want)

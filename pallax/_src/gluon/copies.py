@@ -218,7 +218,9 @@ def _gmem_reordered(gen, gmem_ref, starts, box, perm):
   transposed view has it. The operand's innermost dimension must stay innermost (TMA reads
   rows of consecutive elements)."""
   ref, transforms = gmem_ref
-  rank = len(ref.shape)
+  rank, extra = len(ref.shape), len(ref.shape) - len(perm)
+  if extra > 0 and all(b == 1 for b in box[:extra]):   # leading dimensions indexed away
+    perm = (*range(extra), *(p + extra for p in perm))
   inv = tuple(int(i) for i in np.argsort(perm))   # buffer dimension -> operand dimension
   if len(perm) != rank or inv[-1] != rank - 1:
     gen.unsupported(f"a TMA box {tuple(box)} into a view of SMEM whose dimensions "

@@ -16,6 +16,7 @@ from pallax._src.gluon.assign import Acc, Closed, Gmem, Smem, Val, layout_rule
 from pallax._src.gluon.events import Access
 from pallax._src.gluon.shapes import halve_all, halvings
 from pallax._src.gluon.smem_views import (compose_slices, dynamic_piece, flat_index, indexed_lead,
+                                          merge_lead_indices,
                                           static_slice, unstored)
 from pallax._src.gluon.values import (I32, dtype_token, i32, masked, shape_token, slice_layout,
                                       to_layout, valid_lanes, wait_all, wgmma_vector_of)
@@ -31,6 +32,8 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
   through it)."""
   text, shape, permuted, steps = ref.text, list(ref.shape), False, list(ref.steps)
   transforms = _bytes_view(gen, ref, compose_slices(transforms))
+  if ref.lead:
+    transforms = merge_lead_indices(transforms, ref.lead)
   if ref.lead:   # a buffer of rank > 3, stored with its leading dimensions flattened
     if not transforms:   # used whole: the flattened dimension split again
       return dataclasses.replace(ref, text=f"{ref.text}.reshape({list(L.padded(ref.shape))})",
@@ -370,6 +373,8 @@ def smem_view_layouts(ref: Smem, transforms) -> Smem:
   if ref.packed is not None:   # (a view splitting a byte: the writer refuses it)
     transforms = subbyte.byte_view(transforms, ref.shape,
                                    subbyte.values_per_byte(ref.packed)) or transforms
+  if ref.lead:
+    transforms = merge_lead_indices(transforms, ref.lead)
   if ref.lead:
     if not transforms:
       return dataclasses.replace(ref, lead=(), whole=False, reshaped=True)

@@ -65,6 +65,23 @@ def compose_slices(transforms) -> list:
   return out
 
 
+def merge_lead_indices(transforms, lead) -> list:
+  """``transforms`` with an indexer that takes integers at the first leading dimensions and the
+  rest whole merged with the indexer after it (``smem.at[slot].at[i]`` is ``smem.at[slot, i]``),
+  so that ``flat_index`` sees every integer index of the leading dimensions at once."""
+  out = list(transforms)
+  while len(out) > 1 and isinstance(out[0], ji.NDIndexer) and isinstance(out[1], ji.NDIndexer):
+    t, nxt = out[0], out[1]
+    ints = [not isinstance(i, ji.Slice) and not getattr(i, "shape", ()) for i in t.indices]
+    k = ints.index(False) if False in ints else len(ints)
+    whole = all(isinstance(i, ji.Slice) and (_static(i.start), i.size, i.stride) == (0, n, 1)
+                for i, n in zip(t.indices[k:], t.shape[k:]))
+    if not 0 < k < len(lead) or not whole or len(nxt.indices) != len(t.indices) - k:
+      break
+    out[:2] = [ji.NDIndexer((*t.indices[:k], *nxt.indices), t.shape, ())]
+  return out
+
+
 def flat_index(gen, ref: SmemRef, t):
   """(text, shape, the rest of indexer ``t``, the flat index) after indexing every leading
   dimension of a flattened buffer at once (Gluon's SMEM layouts describe at most one leading
