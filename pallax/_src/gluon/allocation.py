@@ -92,13 +92,11 @@ def allocate(gen, kind, aval, phases: bool = True):
 def _bytes_of(gen, shape, dtype) -> tuple[tuple, np.dtype, np.dtype | None]:
   """(shape, dtype, the packed type or None) an SMEM buffer is allocated with: a sub-byte type's
   bytes (subbyte.py)."""
-  if not subbyte.in_bytes(dtype):
-    return shape, dtype, None
-  stored = subbyte.byte_shape(shape, dtype)
-  if stored is None:
+  stored, as_dtype, packed = subbyte.as_bytes(shape, dtype)
+  if subbyte.in_bytes(dtype) and packed is None:
     gen.unsupported(f"an SMEM buffer of shape {list(shape)} of {dtype.name}, its rows not a whole "
                     "number of bytes")
-  return stored, subbyte.BYTES, dtype
+  return stored, as_dtype, packed
 
 
 @rule(ji.run_state_p)
@@ -149,9 +147,7 @@ def allocate_layouts(a, kind, aval):
     a.accs.append(Acc(shape, L.wgmma(shape[1], a.gen.mma_bits)))
     return a.accs[-1]
   if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
-    packed = dtype if subbyte.in_bytes(dtype) and subbyte.byte_shape(shape, dtype) else None
-    if packed is not None:
-      shape, dtype = subbyte.byte_shape(shape, dtype), subbyte.BYTES
+    shape, dtype, packed = subbyte.as_bytes(shape, dtype)   # (rows not of whole bytes: refused)
     lead, stored = stored_shape(shape)
     a.buffers.append(Buffer(stored, dtype, len(shape) if lead else 0))
     return Smem(a.buffers[-1], shape, dtype, L.swizzle(shape[-2:], dtype), lead=lead, packed=packed)

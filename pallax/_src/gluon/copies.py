@@ -379,8 +379,8 @@ def _copy_smem_to_gmem(ctx, *invals, **params):
   (src, dst, _), rest = _refs(ctx, invals)
   if not isinstance(src[0], SmemRef) or not isinstance(dst[0], GmemRef):
     raise ValueError("copy_smem_to_gmem copies from SMEM to GMEM")
-  through_registers = params["reduction_op"] is not None or _dynamic_rows(*src) is not None
-  if through_registers and src[0].packed is not None:
+  rows = _dynamic_rows(*src)
+  if (params["reduction_op"] is not None or rows is not None) and src[0].packed is not None:
     gen.unsupported(subbyte.UNWRITTEN.format("a copy through registers (a reduction, or rows from "
                                              "a run-time start) of an SMEM buffer", src[0].packed.name))
   if params["reduction_op"] is not None:
@@ -388,7 +388,6 @@ def _copy_smem_to_gmem(ctx, *invals, **params):
     _reduce_through_registers(gen, src, dst, params["reduction_op"])
     _end(gen, opened)
     return []
-  rows = _dynamic_rows(*src)
   if rows is not None:
     opened = _predicated(gen, ctx.eqn, rest)
     _store_rows_through_registers(gen, src[0], *rows, dst[0], dst[1])

@@ -59,6 +59,13 @@ def byte_shape(shape, dtype) -> tuple | None:
   return (*shape[:-1], shape[-1] // k)
 
 
+def as_bytes(shape, dtype) -> tuple[tuple, np.dtype, np.dtype | None]:
+  """(shape, dtype, the packed type or None) an SMEM buffer of ``shape`` and ``dtype`` is
+  allocated with: a packed type's bytes, where its rows end on a byte; else as it is."""
+  stored = byte_shape(shape, dtype) if in_bytes(dtype) else None
+  return (stored, BYTES, np.dtype(dtype)) if stored else (shape, dtype, None)
+
+
 def byte_view(transforms, shape: tuple, per: int) -> list | None:
   """``transforms`` of a view of packed bytes of ``shape`` (bytes), ``per`` values a byte along
   the last dimension, made to index the bytes: slices of that dimension (wherever transposes
