@@ -12,6 +12,7 @@ from pallax._src.mosaic_gpu import sync as _sync  # noqa: F401 (registers the ru
 from pallax._src.mosaic_gpu import warp_semantics as _warp_semantics  # noqa: F401 (registers the rules)
 from pallax._src.mosaic_gpu import tcgen05_mma_rules as _tcgen05  # noqa: F401 (registers the rules)
 from pallax._src.mosaic_gpu import layout_checks as _layout_checks  # noqa: F401 (registers the checks)
+from pallax._src.mosaic_gpu import profile_record as _profile_record  # noqa: F401 (registers the hook)
 from pallax._src.mosaic_gpu.cross_device import SemaphoreSignal, semaphore_signal_parallel
 from pallax._src.remote import remote_ref
 from pallax._src.jax_internals import Transform

@@ -212,6 +212,13 @@ def user_frame(source_info):
   return None if where is None else f"{where[0]}:{where[1]} ({where[2]})"
 
 
+def named_scopes(source_info) -> tuple[str, ...]:
+  """The ``jax.named_scope`` names an equation was traced in, outermost first (relative to the
+  jaxpr holding it: a sub-jaxpr's equations leave out the scopes of the equation holding it)."""
+  return tuple(s.name for s in source_info.name_stack.stack
+               if isinstance(s, source_info_util.Scope))
+
+
 def current_user_frame():
   """Like ``user_frame`` for the code running now (at trace time)."""
   return user_frame(source_info_util.current())

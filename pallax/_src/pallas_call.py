@@ -19,6 +19,7 @@ from pallax._src import autodiff, batching, dispatch  # noqa: F401 (the primitiv
 from pallax._src import hi_types, kernel_errors, tracing
 from pallax._src.call_primitive import Params, pallas_call_p
 from pallax._src.grid_mapping import make_grid_mapping, operand_specs
+from pallax._src.mosaic_gpu import profiler
 
 
 # --- the user-facing entry point -----------------------------------------------------------
@@ -318,6 +319,30 @@ def _own_grid_spec(gs) -> pc.GridSpec:
                      int(getattr(gs, "num_scalar_prefetch", 0) or 0))
 
 
+def _grid_spec_of(name, grid_spec, grid, in_specs, out_specs, scratch_shapes) -> pc.GridSpec:
+  """The call's grid spec: ``grid_spec``, or one of the other arguments (never both)."""
+  if grid_spec is None:
+    grid_spec = pc.GridSpec(grid, in_specs, out_specs, scratch_shapes)
+  elif grid != () or in_specs is not pc.no_block_spec or out_specs is not pc.no_block_spec \
+      or scratch_shapes != ():
+    raise ValueError(f"pallas_call {name}: pass either grid_spec or grid/in_specs/out_specs/"
+                     "scratch_shapes, not both")
+  elif not isinstance(grid_spec, pc.GridSpec):
+    grid_spec = _own_grid_spec(grid_spec)
+  if isinstance(grid_spec.in_specs, pc.BlockSpec):   # as JAX Pallas, before any call
+    raise ValueError(f"pallas_call {name}: `in_specs` must be a tuple or a list with one entry "
+                     "per input, got a single BlockSpec; wrap it: in_specs=[spec]")
+  return grid_spec
+
+
+def _hashable(compiler_params):
+  """Compiler params given as a dict (JAX's older spelling) as a tuple of items."""
+  if isinstance(compiler_params, dict):
+    return tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
+                        for k, v in compiler_params.items()))
+  return compiler_params
+
+
 def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.GridSpec | None = None,
                 grid=(), in_specs=pc.no_block_spec, out_specs=pc.no_block_spec, scratch_shapes=(),
                 input_output_aliases: dict[int, int] | None = None, debug: bool = False,
@@ -334,23 +359,16 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
   name = kernel_errors.kernel_name(kernel, name)
   if isinstance(out_shape, list):   # as JAX Pallas: the results come back as a tuple
     out_shape = tuple(out_shape)
-  if grid_spec is None:
-    grid_spec = pc.GridSpec(grid, in_specs, out_specs, scratch_shapes)
-  elif grid != () or in_specs is not pc.no_block_spec or out_specs is not pc.no_block_spec \
-      or scratch_shapes != ():
-    raise ValueError(f"pallas_call {name}: pass either grid_spec or grid/in_specs/out_specs/"
-                     "scratch_shapes, not both")
-  elif not isinstance(grid_spec, pc.GridSpec):
-    grid_spec = _own_grid_spec(grid_spec)
-  if isinstance(grid_spec.in_specs, pc.BlockSpec):   # as JAX Pallas, before any call
-    raise ValueError(f"pallas_call {name}: `in_specs` must be a tuple or a list with one entry "
-                     "per input, got a single BlockSpec; wrap it: in_specs=[spec]")
+  grid_spec = _grid_spec_of(name, grid_spec, grid, in_specs, out_specs, scratch_shapes)
+  # plgpu.CompilerParams(profile_space=...): the profile is one more output (profiler.py)
+  profile, without_record, out_shape, grid_spec, _threads = profiler.augment(
+      name, compiler_params, grid_spec, out_shape, _threads)
+  if profile is not None:
+    kernel = without_record(kernel)
   flat_out_shapes, out_tree = jax.tree.flatten(
       out_shape, is_leaf=lambda s: s is None or hasattr(s, "dtype"))
   out_avals = tuple(out_aval(s, i, name) for i, s in enumerate(flat_out_shapes))
-  if isinstance(compiler_params, dict):
-    compiler_params = tuple(sorted((k, tuple(sorted(v.items())) if isinstance(v, dict) else v)
-                                   for k, v in compiler_params.items()))
+  compiler_params = _hashable(compiler_params)
   grid_names = tuple(_grid_names) or tuple(grid_spec.grid_names or ())
   _check_grid_names(grid_names, name)
   call = _Call(kernel, name, grid_spec, out_tree, out_avals,
@@ -375,6 +393,8 @@ def pallas_call(kernel: Callable[..., None], out_shape: Any, *, grid_spec: pc.Gr
       if len(traces) > _TRACES_PER_CALL:
         traces.popitem(last=False)
     outs = _bind(params, flat_args, in_avals, out_avals)
+    if profile is not None:
+      return profile.results(params, jax.tree.unflatten(out_tree, outs))
     return jax.tree.unflatten(out_tree, outs)
 
   return wrapped

@@ -26,7 +26,7 @@ from pallax._src.gluon import copies, memory, mma_sync, warps  # noqa: F401 (the
 from pallax._src.gluon import atomics, reshapes  # noqa: F401 (their rules register)
 from pallax._src.gluon import blackwell, clusters, scheduling, tmem_copies
 from pallax._src.gluon import layouts as L
-from pallax._src.gluon import order, peers, scales, subbyte
+from pallax._src.gluon import order, peers, profile, scales, subbyte
 from pallax._src.gluon import threads as warp_specialize
 from pallax._src.gluon.allocation import allocate, allocate_layouts, hoist_nested
 from pallax._src.gluon.assign import Assigner, Assignment, Gmem, Val
@@ -138,6 +138,7 @@ def generate(params, target: int = 90) -> GluonSource:
     ptr = src.identifier(f"{'in' if bm.origin.startswith('args') else 'out'}{k}_ptr")
     refs.append(GmemRef(ptr, tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), bm.origin,
                         _block_indexer(gen, bm, ids)))
+  gen.profile = profile.recording(params, refs, lanes)
   if params.peers is not None:
     peers.start(gen, params.peers, refs, jaxpr)
   main, parts, split = _lower_kernel(gen, jaxpr, [*ids, *refs], info, target)
@@ -181,7 +182,9 @@ def _lower_kernel(gen, jaxpr, args, info, target) -> tuple[Partition, list[Parti
     gen.lines = whole.lines
     return whole, [whole], False
   hoist_nested(jaxpr, lambda kind, aval: allocate(gen, kind, aval), gen.hoisted)
+  profile.start_thread(gen, 0)
   gen.lower_jaxpr(jaxpr, args)
+  profile.end_thread(gen)
   whole = _kernel_statements(gen, gen.events)
   return whole, [whole], False
 

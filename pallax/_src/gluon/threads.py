@@ -24,7 +24,7 @@ from pallax._src import primitives as prims
 from pallax._src.mosaic_gpu import core as mc
 from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu import warps as mw
-from pallax._src.gluon import statements
+from pallax._src.gluon import profile, statements
 from pallax._src.gluon.events import Partition
 from pallax._src.gluon.writer import BarrierRef, rule
 from pallax._src.gpu import expr as ex
@@ -208,7 +208,10 @@ def _lower_thread(gen, jaxpr, args, info, t, warp) -> Partition:
   gen.phases_read = set()
   gen.only_warp, gen.warp_mapped, gen.warp_body = warp, False, False
   gen.warp_written = set()
+  if warp in (None, 0):   # (a thread split into warps: its first warp's partition records it)
+    profile.start_thread(gen, t)
   gen.lower_jaxpr(jaxpr, args)
+  profile.end_thread(gen)
   gen.only_warp = None
   # Each thread tracks the phases of the collective barriers it waits on (only those).
   body, gen.lines = gen.lines, []

@@ -13,6 +13,7 @@ import numpy as np
 
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon import multiples
+from pallax._src.gluon import profile
 from pallax._src.gluon import statements
 from pallax._src.gluon import subbyte
 from pallax._src.gluon.assign import Buffer
@@ -165,6 +166,7 @@ class Writer(src.Source):
     self.warp_body = False                   # ... and its warp only_warp has a body there
     self.warp_written: set = set()           # ids of the lines and events warp bodies wrote
     self.peers = None                        # a kernel's peers and mesh axes (peers.py)
+    self.profile = None                      # a profiled kernel's record (profile.py)
 
   def emit(self, line: str):
     super().emit(line)
@@ -268,10 +270,16 @@ class Writer(src.Source):
     """Lowers ``jaxpr`` with what the layout assignment found for it (the next scope of the
     current one: rules lower sub-jaxprs in the order the assignment analysed them)."""
     outer, self.scope = self.scope, self.scope.take(jaxpr)
+    profile.enter_jaxpr(self)
     try:
-      return super().lower_jaxpr(jaxpr, args, unused_outputs)
+      outs = super().lower_jaxpr(jaxpr, args, unused_outputs)
     finally:
       self.scope = outer
+    profile.leave_jaxpr(self)
+    return outs
+
+  def at_equation(self, eqn) -> None:
+    profile.at_equation(self, eqn)   # (a profiled kernel: where its named scopes change)
 
   def assigned(self, var) -> L.Layout | None:
     """The layout the assignment gave ``var`` (a variable of the jaxpr being lowered)."""

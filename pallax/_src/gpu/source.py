@@ -209,11 +209,15 @@ class Source:
       if self.skips(eqn):
         continue
       self.comment_source(eqn)
+      self.at_equation(eqn)
       outs = self._lower_eqn(eqn, [read(a) for a in eqn.invars])
       env.update(zip(eqn.outvars, outs))
     result = [None if k in unused_outputs else read(a) for k, a in enumerate(jaxpr.outvars)]
     self._live, self._eqns = outer
     return result
+
+  def at_equation(self, eqn) -> None:
+    """Called before each equation is lowered (a backend may write something there)."""
 
   def uses(self, var) -> list:
     """The equations of the jaxpr being lowered that read ``var`` (a rule may choose how to

@@ -69,6 +69,8 @@ class Block:
   run: dict = dataclasses.field(default_factory=dict)     # shared by the call's blocks: "events"
   peers: list = dataclasses.field(default_factory=list)   # the blocks of its cluster, itself included
   device: dict = dataclasses.field(default_factory=dict)  # mesh axis -> index (under shard_map)
+  params: object = None      # the call's Params
+  buffers: list = dataclasses.field(default_factory=list)  # its GMEM: operands, then outputs
 
 
 @dataclasses.dataclass(eq=False)
@@ -150,9 +152,13 @@ def eval_jaxpr(th: Thread, jaxpr, consts, args):
     env[v] = x
   for v, x in zip(jaxpr.invars, args):
     env[v] = x
+  profile = th.state.get("profile")   # the thread's profile record (mosaic_gpu/profile_record.py)
+  base = profile.scope if profile is not None else ()
   for eqn in jaxpr.eqns:
     invals = [get(v) for v in eqn.invars]
     th.line = ji.user_frame(eqn.source_info) or th.line
+    if profile is not None:
+      profile.at(base + ji.named_scopes(eqn.source_info))
     fn = RULES.get(eqn.primitive)
     if fn is not None:
       try:
@@ -166,6 +172,8 @@ def eval_jaxpr(th: Thread, jaxpr, consts, args):
       outs = _bind(eqn, invals)
     for v, x in zip(eqn.outvars, outs):
       env[v] = x
+  if profile is not None:
+    profile.at(base)   # the scopes this jaxpr entered, left
   return [get(v) for v in jaxpr.outvars]
 
 
@@ -540,7 +548,7 @@ def _block(params, bufs, glob, track, run, axes, ids, device):
   on the device at mesh coordinates ``device``."""
   gm, info = params.grid_mapping, getattr(params, "threads", None)
   n_threads = info.num_threads if info else 1
-  block = Block(axes, params.name, track, run=run, device=device)
+  block = Block(axes, params.name, track, run=run, device=device, params=params, buffers=bufs)
   threads = [Thread(block, t, info.thread_name if info else None,
                     {**device, **axes, **({info.thread_name: t} if info and info.thread_name else {})})
              for t in range(n_threads)]
