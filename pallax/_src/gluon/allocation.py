@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import primitives as prims
@@ -12,8 +13,9 @@ from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Buffer, Closed, Opaque, Smem, Val, layout_rule
 from pallax._src.gluon.values import to_layout, wait_all
 from pallax._src.gluon import blackwell, subbyte
-from pallax._src.gluon.writer import AccRef, BarrierRef, SmemRef, ValueRef, rule
+from pallax._src.gluon.writer import AccRef, BarrierRef, GmemRef, SmemRef, ValueRef, rule
 from pallax._src.gpu import expr as ex
+from pallax._src.gpu.expr import call
 from pallax._src.mosaic_gpu import core as mc
 
 @rule(prims.run_scoped_p)
@@ -86,7 +88,24 @@ def allocate(gen, kind, aval, phases: bool = True):
                    lead=lead, buffer=buffer, whole=True, packed=packed)
   if isinstance(kind, mc.TMEMType) and getattr(gen, "target", 90) >= 100:
     return blackwell.allocate_tmem(gen, kind, aval)
+  if kind is mc.SemaphoreType.REGULAR or getattr(kind, "memory_space", None) is pc.MemorySpace.SEMAPHORE:
+    return _block_semaphores(gen, shape)
   gen.unsupported(f"scratch of type {kind}")
+
+
+def _block_semaphores(gen, shape) -> GmemRef:
+  """Semaphore scratch: the block's own slot of a GMEM buffer of every block's, which the
+  launch zeroes (one more operand of the kernel, after the outputs), as Mosaic GPU makes scratch
+  semaphores a buffer scaled by the grid. A scope that a loop enters again gets the same slot."""
+  if gen.peers is not None:
+    gen.unsupported("semaphore scratch in a kernel that reaches other devices (use pl.get_global)")
+  ptr = gen.fresh("sems_ptr")
+  whole = (gen.blocks, *shape)
+  gen.block_semaphores.append((ptr, whole))
+  block = call("gl.program_id", ex.Lit(0, dtype=np.dtype(np.int32)), dtype=np.dtype(np.int32), shape=())
+  mine = ji.NDIndexer((block, *[ji.Slice(0, n, 1) for n in shape]), whole, ())
+  return GmemRef(ptr, whole, np.dtype(np.int32), f"semaphore scratch #{len(gen.block_semaphores)}",
+                 (mine,))
 
 
 def _bytes_of(gen, shape, dtype) -> tuple[tuple, np.dtype, np.dtype | None]:

@@ -139,6 +139,7 @@ def generate(params, target: int = 90) -> GluonSource:
     refs.append(GmemRef(ptr, tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype), bm.origin,
                         _block_indexer(gen, bm, ids)))
   gen.profile = profile.recording(params, refs, lanes)
+  gen.blocks = lanes
   if params.peers is not None:
     peers.start(gen, params.peers, refs, jaxpr)
   main, parts, split = _lower_kernel(gen, jaxpr, [*ids, *refs], info, target)
@@ -147,6 +148,7 @@ def generate(params, target: int = 90) -> GluonSource:
   signature, host = _signature(gen, refs)
   if params.peers is not None:
     signature, host = peers.parameters(signature, host, params.peers)
+  signature.update((ptr, "*i32") for ptr, _ in gen.block_semaphores)   # after the outputs
   if split:
     source = _threaded_module(gen, name, list(signature), main, parts, launch_ids)
   else:
@@ -156,7 +158,8 @@ def generate(params, target: int = 90) -> GluonSource:
   return GluonSource(name, source, signature, (lanes, 1, 1), host_descriptors=host,
                      partitions=tuple(parts), buffers=tuple(gen.assignment.buffers),
                      layouts=tuple(gen.constexprs), conversions=tuple(gen.assignment.conversions),
-                     program_ids=tuple(ids))
+                     program_ids=tuple(ids),
+                     hidden=tuple((shape, np.dtype(np.int32), True) for _, shape in gen.block_semaphores))
 
 
 def _lower_kernel(gen, jaxpr, args, info, target) -> tuple[Partition, list[Partition], bool]:

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 
 import jax
+import numpy as np
 
 from pallax._src import backends
 from pallax._src.gluon.codegen import generate
@@ -39,6 +40,7 @@ class Compiled:
   host_descriptors: tuple = ()   # per operand: None (a pointer) or (shape, strides)
   tensordesc_meta: tuple = ()    # per host descriptor: its box, swizzle and element type
   generated: GluonSource | None = dataclasses.field(default=None, compare=False)   # its events
+  hidden: tuple = ()             # buffers after the outputs: (shape, dtype, zeroed) each
 
 
 def launchable_kernel(params):
@@ -58,7 +60,7 @@ def compile_source(gs: GluonSource, kernel_name: str, target: int = TARGET) -> C
                      f"memory but sm_90 offers {SHARED_MEMORY_LIMIT}; allocate less SMEM")
   return Compiled(gs.name, gs.source, b.ir, b.ptx, b.shared_mem_bytes, b.num_warps,
                   b.global_scratch_size, b.global_scratch_align, gs.grid, gs.host_descriptors,
-                  b.tensordesc_meta, gs)
+                  b.tensordesc_meta, gs, gs.hidden)
 
 
 def compile_params(params, target: int = TARGET) -> Compiled:
@@ -75,7 +77,7 @@ def gluon_lowering(ctx, *args, params):
   global LAUNCHES
   c = compile_params(params)
   k = gpu_launch.Launch(c.name, c.ptx, c.ttgir, TARGET, c.num_warps, c.shared_mem_bytes,
-                        c.global_scratch_size, c.global_scratch_align, c.grid)
+                        c.global_scratch_size, c.global_scratch_align, c.grid, c.hidden)
   LAUNCHES += 1
   aliases = dict(params.input_output_aliases)
   if params.peers is not None:   # the buffers made for its outputs (gpu/peers.py)
@@ -104,6 +106,9 @@ def _kernel_params(lib, c: Compiled) -> list:
                                                       list(m["block_size"]), 0))
     params += [lib.create_scalar_parameter(int(n), "i32") for n in shape]
     params += [lib.create_scalar_parameter(int(n), "i64") for n in strides]
+  for shape, dtype, zeroed in c.hidden:   # the launch zeroes those that must start at zero
+    params.append(lib.create_array_parameter(
+        int(np.prod(shape)) * np.dtype(dtype).itemsize if zeroed else 0, 16))
   return params
 
 

@@ -110,6 +110,8 @@ class GluonSource:
   layouts: tuple = ()
   conversions: tuple = ()
   program_ids: tuple = ()
+  # Buffers after the outputs (semaphore scratch): (shape, dtype, zeroed by the launch) each.
+  hidden: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +169,8 @@ class Writer(src.Source):
     self.warp_written: set = set()           # ids of the lines and events warp bodies wrote
     self.peers = None                        # a kernel's peers and mesh axes (peers.py)
     self.profile = None                      # a profiled kernel's record (profile.py)
+    self.blocks = 1                          # how many blocks the kernel launches
+    self.block_semaphores: list = []         # (pointer, shape) of semaphore scratch buffers
 
   def emit(self, line: str):
     super().emit(line)

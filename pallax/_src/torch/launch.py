@@ -84,7 +84,8 @@ def _gluon(params, cc, device):
   backend.check_compute_capability(cc, params.name, "call it with CPU tensors")
   compiled, c = gluon_compile.launchable_kernel(params)
   descriptors = [(k, host) for k, host in enumerate(c.host_descriptors) if host is not None]
-  return compiled, c.grid, [], [], descriptors
+  hidden = [(shape, torch_rules.torch_dtype(dtype), zeroed) for shape, dtype, zeroed in c.hidden]
+  return compiled, c.grid, [], hidden, descriptors
 
 
 class _Descriptor(typing.NamedTuple):
