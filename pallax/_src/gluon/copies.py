@@ -190,6 +190,8 @@ def _tma(gen, smem_ref, gmem_ref, direction: str, barrier=None) -> tuple[list, i
     starts, box, gmem_ref = _gmem_reordered(gen, gmem_ref, starts, box, perm)
   if smem.packed is not None or subbyte.in_bytes(gmem_ref[0].dtype):
     starts, box, gmem_ref = _gmem_bytes(gen, smem, gmem_ref, starts, box)
+  if len(box) > TMA_RANK:
+    starts, box, gmem_ref = _without_unit_dims(gen, gmem_ref, starts, box)
   planes = _planes(smem, box)
   if not planes:
     return _tma_box(gen, smem, starts, box, gmem_ref, direction, barrier)
@@ -199,6 +201,23 @@ def _tma(gen, smem_ref, gmem_ref, direction: str, barrier=None) -> tuple[list, i
     more, n = _tma_box(gen, plane, at, (1, *box[1:]), gmem_ref, direction, barrier)
     boxes, nbytes = boxes + more, nbytes + n
   return boxes, nbytes
+
+
+TMA_RANK = 5   # the most dimensions a TMA copy has
+
+
+def _without_unit_dims(gen, gmem_ref, starts, box):
+  """A copy of more dimensions than TMA takes, over the operand seen without its dimensions of
+  size one (whose coordinate can only be 0): (starts, box, GMEM ref)."""
+  ref, transforms = gmem_ref
+  keep = [d for d, n in enumerate(ref.shape) if n != 1]
+  if len(keep) > TMA_RANK:
+    gen.unsupported(f"a TMA copy of {ref.origin} of shape {ref.shape}: TMA copies have at most "
+                    f"{TMA_RANK} dimensions, and only those of size one can be left out")
+  strides = ref.strides or tuple(int(np.prod(ref.shape[k + 1:])) for k in range(len(ref.shape)))
+  seen = dataclasses.replace(ref, shape=tuple(ref.shape[d] for d in keep),
+                             strides=tuple(strides[d] for d in keep))
+  return [starts[d] for d in keep], tuple(box[d] for d in keep), (seen, transforms)
 
 
 def _trailing_permutation(transforms) -> tuple[list, tuple | None]:
