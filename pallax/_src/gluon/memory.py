@@ -1,5 +1,7 @@
 """Gluon views of Refs (SMEM slices, indices and transposes; barrier indices; GMEM pointer
-tensors) and the rules of register loads and stores through them.
+tensors) and the rules of register loads and stores through them. A view whose last transform is
+``ref.reshape(...)`` is read or written by registers only: the view before the reshape is loaded
+and the value reshaped in registers (a store: the value reshaped back, then stored).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pallax._src import remote
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Closed, Gmem, Smem, Val, layout_rule
 from pallax._src.gluon.events import Access
+from pallax._src.gluon.reshapes import reshape_tile, reshaped_val
 from pallax._src.gluon.shapes import halve_all, halvings
 from pallax._src.gluon.smem_views import (compose_slices, dynamic_piece, flat_index, indexed_lead,
                                           merge_lead_indices,
@@ -52,7 +55,7 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
       steps.append(("permute", tuple(t.permutation)))
       continue
     if not isinstance(t, ji.NDIndexer):
-      gen.unsupported(f"the SMEM view {t}")
+      gen.unsupported(_unknown_view(t))
     new_shape, dim, rank = [], 0, sum(isinstance(i, ji.Slice) for i in t.indices)
     for idx, size in zip(t.indices, shape):
       if isinstance(idx, ji.Slice):
@@ -85,6 +88,16 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
     shape = new_shape
   return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle, buffer=ref.buffer,
                  steps=tuple(steps), whole=whole, packed=ref.packed)
+
+
+def _unknown_view(t) -> str:
+  """What ``smem_view`` refuses: a reshaped view there is an asynchronous operation's operand
+  (register loads and stores take the view before the reshape: ``split_reshape``)."""
+  if isinstance(t, ji.ReshapeRef):
+    return (f"the SMEM view {t} as the operand of a TMA copy or an MMA (only register loads and "
+            "stores go through ref.reshape(...): copy or multiply through a buffer allocated in "
+            "the shape wanted, or reshape a loaded value in registers)")
+  return f"the SMEM view {t}"
 
 
 def _bytes_view(gen, ref: SmemRef, transforms) -> list:
@@ -239,27 +252,77 @@ def _get(ctx, *invals, **_):
            for i, n in zip(t.indices, a.ref.value.shape)) for t in a.transforms):
       gen.unsupported("indexing a value pl.run_state closes over")
     return a.ref.value
-  if isinstance(a.ref, GmemRef):
-    ref, transforms = peers.resolve(gen, a.ref, a.transforms)
-    packed = subbyte.is_packed(ref.dtype)
-    if subbyte.in_bytes(ref.dtype) and not packed:   # float4
-      gen.unsupported(subbyte.UNWRITTEN.format(f"a register load of {ref.origin}", ref.dtype.name))
-    ptrs, shape, layout, mask, offset = gmem_pointers(gen, ref, transforms, packed)
-    gen.events.append(Access("load", ref.origin, shape, offset))
-    if packed:
-      return gen.value(subbyte.load_gmem(gen, ref.ptr, ptrs, ref.dtype, mask), layout)
-    masks = {} if mask is None else {"mask": mask}
-    return gen.value(call("gl.load", ptrs, dtype=a.ref.dtype, shape=shape, **masks), layout)
-  if not isinstance(a.ref, SmemRef):
+  if not isinstance(a.ref, (GmemRef, SmemRef)):
     gen.unsupported(f"register loads from {a.ref}")
-  _refuse_packed(gen, a.ref, "a register load")
-  if (rows := unaligned_rows(a.ref, a.transforms)) is not None:
-    return _load_rows_in_pieces(gen, a.ref, a.transforms[0], *rows)
-  view = register_view(gen, a.ref, a.transforms)
-  layout = gen.declared(gen.assigned(ctx.eqn.outvars[0]))   # (see vector_layout)
+  transforms, reshape = reshape_last(gen, a.transforms)
+  if reshape is None:
+    return _load(gen, a.ref, transforms, gen.assigned(ctx.eqn.outvars[0]))   # (see vector_layout)
+  x = _load(gen, a.ref, transforms, gen.facts(ctx.eqn))   # (_get_layouts)
+  what = f"{'an SMEM' if isinstance(a.ref, SmemRef) else 'a GMEM'} view read through {reshape}"
+  return _reshaped(gen, x, tuple(reshape.shape), gen.assigned(ctx.eqn.outvars[0]), what)
+
+
+def _load(gen, ref, transforms, layout):
+  """A register load of the view ``transforms`` take of GMEM or SMEM ``ref``: an SMEM view is
+  read in ``layout`` (the assignment's), a GMEM view in its pointers' layout."""
+  if isinstance(ref, GmemRef):
+    return _load_gmem(gen, ref, transforms)
+  _refuse_packed(gen, ref, "a register load")
+  if (rows := unaligned_rows(ref, transforms)) is not None:
+    return _load_rows_in_pieces(gen, ref, transforms[0], *rows)
+  view = register_view(gen, ref, transforms)
+  layout = gen.declared(layout)
   gen.events.append(Access("load", gen.smem_view(view), view.shape))
   smem = ex.Name(view.text, dtype=view.dtype, shape=view.shape)
   return gen.value(method(smem, "load", ex.Token(gen.layout(layout))), layout)
+
+
+def _load_gmem(gen, ref: GmemRef, transforms):
+  dtype = ref.dtype
+  ref, transforms = peers.resolve(gen, ref, transforms)
+  packed = subbyte.is_packed(ref.dtype)
+  if subbyte.in_bytes(ref.dtype) and not packed:   # float4
+    gen.unsupported(subbyte.UNWRITTEN.format(f"a register load of {ref.origin}", ref.dtype.name))
+  ptrs, shape, layout, mask, offset = gmem_pointers(gen, ref, transforms, packed)
+  gen.events.append(Access("load", ref.origin, shape, offset))
+  if packed:
+    return gen.value(subbyte.load_gmem(gen, ref.ptr, ptrs, ref.dtype, mask), layout)
+  masks = {} if mask is None else {"mask": mask}
+  return gen.value(call("gl.load", ptrs, dtype=dtype, shape=shape, **masks), layout)
+
+
+def split_reshape(transforms) -> tuple[list, ji.ReshapeRef | None] | None:
+  """(the transforms before a final ``ref.reshape(...)``, the reshape), or (``transforms``, None)
+  where there is no reshape; None where the Gluon backend does not take the view: a reshape may
+  be followed only by indexers that take every dimension whole (no view at all), and be the only
+  one."""
+  transforms = list(transforms)
+  at = [k for k, t in enumerate(transforms) if isinstance(t, ji.ReshapeRef)]
+  if not at:
+    return transforms, None
+  k = at[-1]
+  whole = all(isinstance(t, ji.NDIndexer) and all(
+      isinstance(i, ji.Slice) and (getattr(i.start, "value", i.start), i.size, i.stride) == (0, n, 1)
+      for i, n in zip(t.indices, t.shape)) for t in transforms[k + 1:])
+  return (transforms[:k], transforms[k]) if whole and len(at) == 1 else None
+
+
+def reshape_last(gen, transforms) -> tuple[list, ji.ReshapeRef | None]:
+  """``split_reshape``, refusing a view it does not take."""
+  split = split_reshape(transforms)
+  if split is None:
+    reshape = next(t for t in transforms if isinstance(t, ji.ReshapeRef))
+    gen.unsupported(f"indexing, transposing or reshaping again a Ref view made by {reshape} "
+                    "(registers read or write a reshaped view whole: index the Ref before "
+                    "reshaping it, or reshape the loaded value in registers and index that)")
+  return split
+
+
+def _reshaped(gen, x, shape: tuple, layout, what: str):
+  """Register value ``x`` of a view reshaped to ``shape`` in ``layout`` (reshapes.py's rule)."""
+  if not x.shape or not shape:
+    gen.unsupported(f"{what}: a reshape to or from a view without dimensions")
+  return reshape_tile(gen, x, shape, layout, what)
 
 
 def _refuse_packed(gen, ref: SmemRef, what: str):
@@ -341,8 +404,14 @@ def _swap(ctx, ref, value, *leaves, **_):
     return None
   if ctx.is_used(0):
     gen.unsupported("using the old value of a store")
+  transforms = a.transforms
+  if isinstance(a.ref, (GmemRef, SmemRef)):
+    transforms, reshape = reshape_last(gen, a.transforms)
+    if reshape is not None and value.shape:   # the value in the shape of the view before it
+      shape, layout = gen.facts(ctx.eqn)   # (_swap_layouts)
+      value = _reshaped(gen, value, shape, layout, f"a value stored through {reshape}")
   if isinstance(a.ref, GmemRef):
-    ref, transforms = peers.resolve(gen, a.ref, a.transforms)
+    ref, transforms = peers.resolve(gen, a.ref, transforms)
     ptrs, shape, layout, mask, offset = gmem_pointers(gen, ref, transforms)
     gen.events.append(Access("store", ref.origin, shape, offset))
     if shape:
@@ -353,7 +422,7 @@ def _swap(ctx, ref, value, *leaves, **_):
   if not isinstance(a.ref, SmemRef):
     gen.unsupported(f"register stores to {a.ref}")
   _refuse_packed(gen, a.ref, "a register store")
-  view = register_view(gen, a.ref, a.transforms)
+  view = register_view(gen, a.ref, transforms)
   if not value.shape:
     layout = gen.declared(L.blocked(view.shape, view.dtype))
     value = gen.value(call("gl.full", shape_token(view.shape), value, dtype_token(view.dtype),
@@ -388,6 +457,9 @@ def smem_view_layouts(ref: Smem, transforms) -> Smem:
     if isinstance(t, ji.TransposeRef):
       shape, whole = [shape[p] for p in t.permutation], False
       continue
+    if isinstance(t, ji.ReshapeRef):   # (registers load the view before it: split_reshape)
+      shape, whole = list(t.shape), False
+      continue
     new_shape = []
     for idx, size in zip(getattr(t, "indices", ()), shape):
       if isinstance(idx, ji.Slice):
@@ -417,6 +489,9 @@ def gmem_view_shape(ref: Gmem, transforms) -> tuple:
       shape = tuple(shape[p] for p in t.permutation)
       continue
     if isinstance(t, remote.PeerRef):   # the same view, of a peer
+      continue
+    if isinstance(t, ji.ReshapeRef):
+      shape = tuple(t.shape)
       continue
     shape = tuple(i.size for i in getattr(t, "indices", ()) if isinstance(i, ji.Slice))
   return shape
@@ -462,23 +537,35 @@ def _get_layouts(ctx, *invals, **_):
     return view
   if isinstance(ref, Closed):
     return ref.value
-  if isinstance(ref, Gmem):
-    shape = gmem_view_shape(ref, a.transforms)
-    return Val(shape, ref.dtype, L.blocked(shape, ref.dtype) if shape else None)
-  if not isinstance(ref, Smem):
+  if not isinstance(ref, (Gmem, Smem)):
     return None
-  if (rows := unaligned_rows(ref, a.transforms)) is not None:
+  # (a view split_reshape does not take: seen as it is; the writer refuses it)
+  transforms, reshape = split_reshape(a.transforms) or (a.transforms, None)
+  if reshape is None:
+    return _load_layouts(ctx, ref, transforms)
+  x = _load_layouts(ctx, ref, transforms, reshaped=True)
+  ctx.facts(x.layout)   # the view before the reshape is read in it
+  return reshaped_val(tuple(reshape.shape), x.dtype)
+
+
+def _load_layouts(ctx, ref, transforms, reshaped: bool = False) -> Val:
+  """``_load`` as the assignment sees it (``reshaped``: the load is reshaped before any use)."""
+  if isinstance(ref, Gmem):
+    shape = gmem_view_shape(ref, transforms)
+    return Val(shape, ref.dtype, L.blocked(shape, ref.dtype) if shape else None)
+  if (rows := unaligned_rows(ref, transforms)) is not None:
     start, size, piece = rows
-    t = a.transforms[0]
+    t = transforms[0]
     for o in range(start, start + size, piece):
       view = register_view_layouts(ref, [ji.NDIndexer((ji.Slice(o, piece, 1), *t.indices[1:]), t.shape,
                                                       t.int_indexer_shape)])
     shape = (size, *view.shape[1:])
     return Val(shape, ref.dtype, L.blocked(shape, ref.dtype))
-  view = register_view_layouts(ref, a.transforms)
-  vector = vector_layout(ctx, view.shape)
+  view = register_view_layouts(ref, transforms)
+  vector = None if reshaped else vector_layout(ctx, view.shape)
   layout = vector or L.blocked(view.shape, view.dtype)
-  return Val(view.shape, view.dtype, layout, free=vector is None and len(view.shape) == 2)
+  free = vector is None and len(view.shape) == 2 and not reshaped
+  return Val(view.shape, view.dtype, layout, free=free)
 
 
 @layout_rule(ji.swap_p)
@@ -486,10 +573,17 @@ def _swap_layouts(ctx, ref, value, *leaves, **_):
   a = ref_access.split(ctx.eqn, [ref, value, *leaves])
   if isinstance(a.ref, Acc):
     ctx.facts(ctx.a.same_layout(a.ref, value))
-  elif isinstance(a.ref, Gmem):
-    shape = gmem_view_shape(a.ref, a.transforms)
-    if shape and getattr(value, "shape", ()):
-      ctx.a.to_layout(value, L.blocked(shape, a.ref.dtype), shape, a.ref.dtype)
-  elif isinstance(a.ref, Smem):
-    register_view_layouts(a.ref, a.transforms)
+    return None
+  if not isinstance(a.ref, (Gmem, Smem)):
+    return None
+  transforms, reshape = split_reshape(a.transforms) or (a.transforms, None)
+  if isinstance(a.ref, Gmem):
+    shape = gmem_view_shape(a.ref, transforms)
+  else:
+    shape = register_view_layouts(a.ref, transforms).shape
+  if reshape is not None and getattr(value, "shape", ()):   # reshaped to the view's shape
+    value = reshaped_val(tuple(shape), value.dtype)
+    ctx.facts((tuple(shape), value.layout))
+  if isinstance(a.ref, Gmem) and shape and getattr(value, "shape", ()):
+    ctx.a.to_layout(value, L.blocked(shape, a.ref.dtype), shape, a.ref.dtype)
   return None

@@ -1,6 +1,7 @@
 """Gluon rules of ``lax.reshape`` on register values: a scalar made a tile of ones (a splat), a
 tile of one element made a scalar, and reshapes between shapes whose dimensions are all powers
-of two (Gluon's reshape; pallax pads other shapes, and padding does not reshape); and of
+of two (Gluon's reshape; pallax pads other shapes, and padding does not reshape), also those
+of register loads and stores through ``ref.reshape(...)`` (``reshape_tile``); and of
 ``lax.transpose`` (Gluon's permute: padding lies at the end of each dimension, so a padded
 tile's permute is the padded tile of its transpose); and of ``lax.concatenate`` (through a
 row-major SMEM scratch: Gluon has no concatenation of register tiles)."""
@@ -44,10 +45,19 @@ def _reshape(ctx, x, *, new_sizes, dimensions, **_):
     if ctx.out.dtype == np.bool_:
       one = gen.bind(ex.binary("!=", one, ex.Lit(0, dtype=np.dtype(np.int32)), dtype=np.dtype(np.bool_)), "one")
     return one
+  return reshape_tile(gen, x, shape, gen.assigned(ctx.eqn.outvars[0]))
+
+
+def reshape_tile(gen, x, shape: tuple, layout: L.Layout, what: str = "a register value"):
+  """Tile ``x`` reshaped row-major to ``shape`` (a tile too), then converted to ``layout`` (the
+  assignment's: ``reshaped_val``). Gluon reshapes the padded tile, so only shapes whose
+  dimensions are all powers of two, or that differ by dimensions of one, are taken; another
+  reshape is refused, naming ``what`` is reshaped. (Also the reshape of a register load or store
+  through ``ref.reshape(...)``: memory.py.)"""
   if not (_unpadded(x.shape) and _unpadded(shape)) and not _unit_dims_only(x.shape, shape):
-    gen.unsupported(f"reshaping a register value of shape {x.shape} to {shape} (shapes whose "
+    gen.unsupported(f"reshaping {what} of shape {x.shape} to {shape} (shapes whose "
                     "dimensions are all powers of two, or dimensions of one added or dropped, only)")
-  layout = gen.declared(gen.assigned(ctx.eqn.outvars[0]))
+  layout = gen.declared(layout)
   padded = str(list(L.padded(shape)))   # (padding lanes stay padding where only ones move)
   reshaped = gen.bind(ex.method(x, "reshape", ex.Token(padded), dtype=x.dtype, shape=shape),
                       "reshaped")
@@ -55,14 +65,19 @@ def _reshape(ctx, x, *, new_sizes, dimensions, **_):
                         shape=shape), layout)
 
 
+def reshaped_val(shape: tuple, dtype) -> Val:
+  """A tile reshaped to ``shape`` as the assignment sees it (``reshape_tile``'s result): in the
+  blocked layout of its shape; a scalar has none."""
+  dtype = np.dtype(dtype)
+  return Val(shape, dtype, L.blocked(shape, dtype) if shape else None)
+
+
 @layout_rule(lax.reshape_p)
 def _reshape_layouts(ctx, x, *, new_sizes, dimensions, **_):
   shape, dtype = tuple(new_sizes), np.dtype(ctx.out.dtype)
   if not getattr(x, "shape", ()):
     return Val(shape, dtype, L.blocked(shape, dtype), ("splat",))
-  if not shape:
-    return Val((), dtype, None)
-  return Val(shape, dtype, L.blocked(shape, dtype))
+  return reshaped_val(shape, dtype)
 
 
 @rule(lax.transpose_p)
