@@ -175,9 +175,9 @@ def _per_warp(gen, jaxpr, args, info, t, start, first) -> list[Partition]:
 
 def _state(gen) -> tuple:
   """What lowering a thread moves on: the assignment's scopes taken, the conversions made,
-  the SMEM buffers and barriers allocated."""
+  the SMEM buffers, barriers and semaphore scratch allocated."""
   return (gen.assignment.top.taken, len(gen.conversions), gen.allocated, gen.barriers,
-          gen.cluster_barriers)
+          gen.cluster_barriers, len(gen.block_semaphores))
 
 
 def _rewind(gen, state: tuple) -> None:
@@ -193,7 +193,8 @@ def _rewind(gen, state: tuple) -> None:
     reset(sub)
   top.taken = start
   del gen.conversions[state[1]:]
-  gen.allocated, gen.barriers, gen.cluster_barriers = state[2:]
+  gen.allocated, gen.barriers, gen.cluster_barriers = state[2:5]
+  del gen.block_semaphores[state[5]:]
 
 
 def _lower_thread(gen, jaxpr, args, info, t, warp) -> Partition:

@@ -224,7 +224,7 @@ class Writer(src.Source):
     return [r for refs in self.hoisted.values() for r in refs if isinstance(r, BarrierRef)]
 
   def hoisted_names(self) -> list[str]:
-    return [r.text if isinstance(r, SmemRef) else r.name
+    return [r.text if isinstance(r, SmemRef) else r.ptr if isinstance(r, GmemRef) else r.name
             for refs in self.hoisted.values() for r in refs if not isinstance(r, AccRef)]
 
   def layout(self, layout: L.Layout) -> str:
