@@ -35,14 +35,15 @@ from pallax._src.mosaic_gpu.primitives import (
     print_layout, semaphore_signal, semaphore_wait, set_max_registers, transpose_ref,
     wait_gmem_to_smem, wait_smem_to_gmem, wgmma, wgmma_accumulator_load, wgmma_wait)
 from pallax._src.mosaic_gpu.unsupported import (
-    async_copy_sparse_metadata_to_tmem, async_store_smem,
+    async_store_smem,
     cluster_ref,
-    format_tcgen05_sparse_metadata, griddepcontrol_launch_dependents, griddepcontrol_wait,
+    griddepcontrol_launch_dependents, griddepcontrol_wait,
     inline_mgpu, multicast_ref, multimem_load_reduce, multimem_store, query_cluster_cancel,
     semaphore_signal_multicast, try_cluster_cancel)
 from pallax._src.mosaic_gpu.scheduling import dynamic_scheduling_loop
+from pallax._src.mosaic_gpu.tcgen05_sparse import format_tcgen05_sparse_metadata
 from pallax._src.mosaic_gpu.tcgen05 import (
-    async_copy_scales_to_tmem, async_copy_smem_to_tmem, async_load_tmem, async_store_tmem,
+    async_copy_scales_to_tmem, async_copy_smem_to_tmem, async_copy_sparse_metadata_to_tmem, async_load_tmem, async_store_tmem,
     commit_tmem, tcgen05_commit_arrive, tcgen05_mma, wait_load_tmem)
 
 GPUMemorySpace = MemorySpace   # the docs' older name

@@ -162,7 +162,7 @@ UNSUPPORTED = {   # Blackwell's tcgen05, TMEM, warp_map, dynamic_scheduling_loop
     "try_cluster_cancel": "nd_loop", "query_cluster_cancel": "nd_loop",
     "multimem_store": "shard_map", "multimem_load_reduce": "shard_map",
     "multicast_ref": "shard_map", "cluster_ref": "collective_axes",
-    "async_store_smem": "commit_smem", "async_copy_sparse_metadata_to_tmem": "dense",
+    "async_store_smem": "commit_smem",
 }
 
 

@@ -194,9 +194,12 @@ def _arrival(gen, bar) -> str:
 
 
 @rule(tc.tcgen05_mma_p)
-def _tcgen05_mma(ctx, *invals, trees, collective_axis, scaled):
+def _tcgen05_mma(ctx, *invals, trees, collective_axis, scaled, sparse=False):
   gen = ctx.gen
-  (acc, a, b, bar, a_scale, b_scale), (accumulate,) = mp.split_refs(invals, trees)
+  (acc, a, b, bar, a_scale, b_scale, _), (accumulate,) = mp.split_refs(invals, trees)
+  if sparse:
+    gen.unsupported("sparse tcgen05_mma (a_sparse_metadata=...) for sm_100a (Gluon 3.6 has no "
+                    "sparse MMA; the interpreter runs it)")
   if collective_axis is not None:
     _refuse_collective(gen, f"tcgen05_mma(collective_axis={collective_axis!r})")
   _refuse_operands(gen, acc[0], a, b)
@@ -350,7 +353,7 @@ def _nothing(ctx):
 
 @layout_rule(tc.tcgen05_mma_p)
 def _tcgen05_mma_layouts(ctx, *invals, trees, **_):
-  (_, a, b, _, _, _), _ = mp.split_refs(invals, trees)
+  (_, a, b, _, _, _, _), _ = mp.split_refs(invals, trees)
   for ref in (a, b):
     if isinstance(ref[0], Smem):
       smem_view_layouts(*ref)

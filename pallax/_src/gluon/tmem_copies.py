@@ -32,6 +32,12 @@ def _copy_smem_to_tmem(ctx, *invals, trees, what, collective_axis):
   (src, dst), _ = mp.split_refs(invals, trees)
   if not isinstance(src[0], SmemRef) or not isinstance(dst[0], TmemRef):
     gen.unsupported(f"plgpu.{what} from {type(src[0]).__name__} to {type(dst[0]).__name__}")
+  if collective_axis is not None:
+    gen.unsupported(f"plgpu.{what}(collective_axis={collective_axis!r}) for sm_100a (Gluon 3.6 "
+                    "has no copies over a cluster's pair of blocks; the interpreter runs it)")
+  if what == "async_copy_sparse_metadata_to_tmem":
+    gen.unsupported(f"plgpu.{what} for sm_100a (Gluon 3.6 has no sparse MMA; the interpreter "
+                    "runs it)")
   if what == "async_copy_scales_to_tmem":
     return _copy_scales(gen, src, dst)
   text, shape = tmem_view(gen, *dst)

@@ -85,6 +85,28 @@ def cross(th, axes, what: str) -> list:
   return out
 
 
+def pair_partner(th, axis, what: str):
+  """The other block of ``th``'s pair along ``axis`` (a collective ``tcgen05`` operation) if
+  ``th``'s block leads it, else None (the call does nothing there)."""
+  cluster = sizes(th.block)
+  if axis not in cluster:
+    fail(th, f"{what}(collective_axis={axis!r}): Unknown cluster axis {axis!r}, available "
+             f"axes: {list(cluster)}. Name axes of plgpu.kernel(cluster=..., cluster_names=...)",
+         LookupError)
+  if list(cluster)[0] != axis:
+    fail(th, f"{what}: Can only perform collective MMA along minormost cluster axis. Got "
+             f"{axis}, expected {list(cluster)[0]}.", ValueError)
+  if cluster[axis] != 2:
+    fail(th, f"{what}: the cluster axis {axis!r} of a collective MMA must have size 2, got "
+             f"{cluster[axis]}", ValueError)
+  if th.block.axes[axis] != 0:
+    return None
+  me = th.block.axes
+  (other,) = [b for b in th.block.peers
+              if b.axes[axis] == 1 and all(b.axes[n] == me[n] for n in cluster if n != axis)]
+  return other
+
+
 def twin(view: View, block) -> View:
   """The view of ``block``'s buffer that is the same allocation as ``view``'s."""
   key, i = view.buf.state["scope"]

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from pallax._src import backends
 from pallax._src import jax_internals as ji
 from pallax._src.mosaic_gpu import primitives as mp
+from pallax._src.mosaic_gpu import tcgen05_sparse as sparse
 from pallax._src.mosaic_gpu.core import TMEM  # noqa: F401 (the Gluon backend refuses it by this name)
 
 
@@ -25,7 +26,7 @@ def _check_ref(x, what: str):
 
 # --- tcgen05_mma -------------------------------------------------------------------------------
 
-def _mma_abstract_eval(*avals, trees, collective_axis, scaled):
+def _mma_abstract_eval(*avals, trees, collective_axis, scaled, sparse=False):
   shapes = mp.ref_shapes(avals, trees)
   (acc, _), (a, _), (b, _) = shapes[:3]
   if len(acc) != 2 or len(a) != 2 or len(b) != 2:
@@ -40,9 +41,10 @@ def _mma_abstract_eval(*avals, trees, collective_axis, scaled):
   if collective_axis is None and acc[1] != b[1]:
     raise ValueError("Accumulator and RHS have incompatible shapes. Expected RHS to have shape "
                      f"(k, n) and accumulator to have shape (m, n). Accumulator: {acc}. RHS: {b}.")
-  if a[1] != b[0]:
-    raise ValueError(f"LHS and RHS have incompatible shapes. LHS: {a}. RHS: {b}.")
-  return [], mp.ref_effects(trees, reads=(1, 2, 4, 5), writes=(0, 3))
+  if a[1] * (2 if sparse else 1) != b[0]:
+    raise ValueError(f"LHS and RHS have incompatible shapes. LHS: {a}. RHS: {b}."
+                     + (" (A sparse LHS holds half of K.)" if sparse else ""))
+  return [], mp.ref_effects(trees, reads=(1, 2, 4, 5, 6), writes=(0, 3))
 
 
 tcgen05_mma_p = mp.primitive("tcgen05_mma", _mma_abstract_eval)
@@ -60,18 +62,19 @@ def tcgen05_mma(acc, a, b, barrier=None, *, a_scale=None, b_scale=None, a_sparse
   With ``collective_axis`` (a cluster axis of size 2, the first one), the two blocks of a pair
   compute one product: each holds half of ``a``'s rows and of ``b``'s columns, and its ``acc``
   (a ``collective`` TMEM) gets its rows of ``a`` times both halves of ``b``; the leader block
-  (index 0) issues the MMA, the other's call does nothing."""
-  if a_sparse_metadata is not None:
-    raise NotImplementedError("tcgen05_mma(a_sparse_metadata=...): sparse MMAs are not "
-                              "supported by pallax yet; pass a dense a")
+  (index 0) issues the MMA, the other's call does nothing.
+
+  With ``a_sparse_metadata`` (a TMEM (M, K // 2) of ``uint2``, filled by
+  ``async_copy_sparse_metadata_to_tmem``), ``a`` is 2:4 sparse: (M, K // 2), the two values of
+  each group of four along K, at the positions the metadata names (tcgen05_sparse.py)."""
   if (a_scale is None) != (b_scale is None):
     raise ValueError("a_scale and b_scale must both be present or absent.")
   for x, what in ((acc, "acc"), (a, "a"), (b, "b")):
     _check_ref(x, f"tcgen05_mma: {what}")
   barrier = None if barrier is None else mp.barrier_view(barrier)
-  mp.bind_refs(tcgen05_mma_p, (acc, a, b, barrier, a_scale, b_scale),
+  mp.bind_refs(tcgen05_mma_p, (acc, a, b, barrier, a_scale, b_scale, a_sparse_metadata),
         (jnp.asarray(accumulate, jnp.bool_),), collective_axis=collective_axis,
-        scaled=a_scale is not None)
+        scaled=a_scale is not None, sparse=a_sparse_metadata is not None)
 
 
 def _commit_abstract_eval(*avals, trees, collective_axis):
@@ -160,6 +163,11 @@ def _copy_abstract_eval(*avals, trees, what, collective_axis):
                      f"type ({jnp.dtype(ddt)})")
   if what == "async_copy_scales_to_tmem" and len(dst) == 2 and src == scales_tiles(dst):
     pass   # scales in the tiles the tensor core reads them in (see scales_tiles)
+  elif what == "async_copy_sparse_metadata_to_tmem":
+    tiles = sparse.tiles_shape(dst) if len(dst) == 2 else None
+    if tiles is None or src != tiles:
+      raise ValueError(f"Expected the SMEM metadata tiles (M // 128, K // 128, 128, 64) of "
+                       f"format_tcgen05_sparse_metadata for a TMEM of shape {dst}, got {src}")
   elif src != dst:
     raise ValueError(f"Expected SMEM reference shape {src} to equal the TMEM reference shape {dst}"
                      + (f" (or, for scales, {scales_tiles(dst)}: MMA scale tiles)"
@@ -185,22 +193,22 @@ def untile_scales(x):
 
 def _copy_fn(what: str):
   def fn(smem_ref, tmem_ref, collective_axis=None) -> None:
-    if collective_axis is not None:
-      raise NotImplementedError(
-          f"{what}(collective_axis={collective_axis!r}): copies over a cluster are not "
-          "supported by pallax yet; use collective_axis=None")
     _check_ref(smem_ref, f"{what}: smem_ref")
     _check_ref(tmem_ref, f"{what}: tmem_ref")
-    mp.bind_refs(async_copy_smem_to_tmem_p, (smem_ref, tmem_ref), what=what, collective_axis=None)
+    mp.bind_refs(async_copy_smem_to_tmem_p, (smem_ref, tmem_ref), what=what,
+                 collective_axis=collective_axis)
   fn.__name__ = what
   fn.__doc__ = ("Copies the SMEM view into the TMEM view asynchronously (tcgen05.cp); an MMA of "
                 "this thread may use the TMEM at once, anything else after "
-                "tcgen05_commit_arrive and a wait on its barrier.")
+                "tcgen05_commit_arrive and a wait on its barrier. With collective_axis (a "
+                "cluster axis of size 2), the pair's leader block copies each block's SMEM "
+                "into that block's TMEM; the other block's call does nothing.")
   return fn
 
 
 async_copy_smem_to_tmem = _copy_fn("async_copy_smem_to_tmem")
 async_copy_scales_to_tmem = _copy_fn("async_copy_scales_to_tmem")
+async_copy_sparse_metadata_to_tmem = _copy_fn("async_copy_sparse_metadata_to_tmem")
 
 
 backends.register_kernel_primitives("mosaic_gpu", (

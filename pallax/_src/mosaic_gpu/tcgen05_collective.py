@@ -27,23 +27,7 @@ from pallax._src.mosaic_gpu import tcgen05_semantics as ts
 def partner(th, axis, what: str):
   """The other block of ``th``'s pair along ``axis`` if ``th``'s block leads it, else None (the
   call does nothing there)."""
-  cluster = clusters.sizes(th.block)
-  if axis not in cluster:
-    fail(th, f"{what}(collective_axis={axis!r}): Unknown cluster axis {axis!r}, available "
-             f"axes: {list(cluster)}. Name axes of plgpu.kernel(cluster=..., cluster_names=...)",
-         LookupError)
-  if list(cluster)[0] != axis:
-    fail(th, f"{what}: Can only perform collective MMA along minormost cluster axis. Got "
-             f"{axis}, expected {list(cluster)[0]}.", ValueError)
-  if cluster[axis] != 2:
-    fail(th, f"{what}: the cluster axis {axis!r} of a collective MMA must have size 2, got "
-             f"{cluster[axis]}", ValueError)
-  if th.block.axes[axis] != 0:
-    return None
-  me = th.block.axes
-  (other,) = [b for b in th.block.peers
-              if b.axes[axis] == 1 and all(b.axes[n] == me[n] for n in cluster if n != axis)]
-  return other
+  return clusters.pair_partner(th, axis, what)
 
 
 def check_collective(th, view: View, role: str, what: str):

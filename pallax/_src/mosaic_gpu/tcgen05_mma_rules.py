@@ -15,6 +15,7 @@ from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu import semantics as ms
 from pallax._src.mosaic_gpu import tcgen05 as tc
 from pallax._src.mosaic_gpu import tcgen05_collective as tcc
+from pallax._src.mosaic_gpu import tcgen05_sparse as sparse
 from pallax._src.mosaic_gpu import tcgen05_semantics as ts
 
 _FP8 = {np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)}
@@ -86,17 +87,22 @@ def _check_shape(th, m, n, k, a_dt, acc_dt, a_in_tmem, swizzle, collective=False
              f"{a_dt.name} operands reads {k_group} elements of K at a time)", ValueError)
 
 
-def _scales(th, a_scale: View, b_scale: View, m, n, k, a_dt):
-  """(A's scales (M, K), B's scales (K, N)) expanded over their blocks of K, as float32."""
+def _scales(th, a_scale: View, b_scale: View, m, n, k, a_dt, sparse=False):
+  """(A's scales (M, K), B's scales (K, N)) expanded over their blocks of K, as float32 (a
+  sparse MMA's float8 blocks are twice as long along the logical K: the instruction's K step)."""
   sa, sb = np.asarray(eager.read(a_scale)), np.asarray(eager.read(b_scale))
   if sa.ndim != 2 or k % sa.shape[1]:
     fail(th, f"K={k} is not divisible by A scale second dimension {sa.shape[-1]}", ValueError)
   block = k // sa.shape[1]
+  if sparse and a_dt not in _FP8:
+    fail(th, f"sparse block-scaled MMAs of {a_dt.name}: the interpreter runs float8 ones only",
+         NotImplementedError)
   if a_dt in _FP8:
     if sa.dtype != _E8M0:
       fail(th, f"Scale element type mismatch: expected f8e8m0fnu, got {sa.dtype}", ValueError)
-    if block != 32:
-      fail(th, f"Scale block size mismatch: expected 32, got {block}", ValueError)
+    if block != 32 * (2 if sparse else 1):
+      fail(th, f"Scale block size mismatch: expected {32 * (2 if sparse else 1)}, got {block}",
+           ValueError)
   elif sa.dtype == _E8M0 and block not in (16, 32) or sa.dtype != _E8M0 and block != 16:
     fail(th, f"Scale block size mismatch: expected {'16 or 32' if sa.dtype == _E8M0 else 16}, "
              f"got {block}", ValueError)
@@ -162,14 +168,15 @@ def _pair(th, axis, views, accumulate, what):
 def _tcgen05_mma(th, eqn, invals):
   yield from ()
   what = "tcgen05_mma"
-  (acc, a, b, bar, a_scale, b_scale), (accumulate,) = mp.split_refs(invals, eqn.params["trees"])
+  (acc, a, b, bar, a_scale, b_scale, meta), (accumulate,) = mp.split_refs(invals, eqn.params["trees"])
   accumulate = bool(np.asarray(accumulate))
   axis = eqn.params["collective_axis"]
   blocks = _pair(th, axis, _operands(th, acc, a, b, what), accumulate, what)
   if blocks is None:
     return []
   acc, a, b = blocks[0]
-  a_val = np.asarray(eager.read(a))
+  metas = _metadata(th, meta, axis, len(blocks), what) if eqn.params.get("sparse") else None
+  a_val = _lhs(th, a, metas and metas[0], what)
   b_val = np.concatenate([np.asarray(eager.read(ops[2])) for ops in blocks], axis=1)
   (m, k), n = a_val.shape, b_val.shape[1]
   acc_dt, scaled = acc.buf.data.dtype, eqn.params["scaled"]
@@ -186,11 +193,11 @@ def _tcgen05_mma(th, eqn, invals):
     for s in scale_views:
       ts.check_committed_tmem(th, s, ms.view_mask(s), what)
       ts.check_ordered(th, s.buf, ms.view_mask(s), what, "reads")
-    scales = _scales(th, *scale_views, m, n, k, a_val.dtype)
-  reads, writes = [(s.buf, ms.view_mask(s)) for s in scale_views], []
-  for acc_i, a_i, b_i in blocks:
-    reads += _write_product(th, acc_i, np.asarray(eager.read(a_i)), b_val, scales, accumulate,
-                            a_i, b_i, what)
+    scales = _scales(th, *scale_views, m, n, k, a_val.dtype, metas is not None)
+  reads, writes = [(s.buf, ms.view_mask(s)) for s in scale_views + (metas or [])], []
+  for i, (acc_i, a_i, b_i) in enumerate(blocks):
+    reads += _write_product(th, acc_i, _lhs(th, a_i, metas and metas[i], what), b_val, scales,
+                            accumulate, a_i, b_i, what)
     writes.append((acc_i.buf, ms.view_mask(acc_i)))
   # Earlier MMAs into this accumulator and copies into its operands complete before it.
   after = [op for op in ts.ops(th)
@@ -202,6 +209,41 @@ def _tcgen05_mma(th, eqn, invals):
   if bar is not None:
     _arrive(th, bar[0].at(bar[1]), axis, what)
   return []
+
+
+def _metadata(th, meta, axis, n_blocks: int, what) -> list[View]:
+  """The views of a sparse MMA's metadata TMEM, in each block it computes for, checked as
+  scales are: copied (``async_copy_sparse_metadata_to_tmem``) before the MMA."""
+  view = ts.view_of(th, meta, "tmem", what, "a_sparse_metadata")
+  views = [view] if n_blocks == 1 else [view, tcc.twin(view, _other(th, axis))]
+  for v in views:
+    ts.check_committed_tmem(th, v, ms.view_mask(v), what)
+    ts.check_ordered(th, v.buf, ms.view_mask(v), what, "reads")
+    eager.check_initialized(th, v, what)
+  return views
+
+
+def _lhs(th, a: View, meta: View | None, what) -> np.ndarray:
+  """The logical ``a`` of an MMA: as read, or a sparse one's values put where its metadata
+  says (tcgen05_sparse.py)."""
+  a_val = np.asarray(eager.read(a))
+  if meta is None:
+    return a_val
+  tmem = np.asarray(eager.read(meta)).astype(np.int64)
+  if tmem.shape != (a_val.shape[0], a_val.shape[1]):
+    fail(th, f"{what}: the sparse metadata of shape {tmem.shape} does not match the compressed "
+             f"a of shape {a_val.shape} (it holds one index per value: (M, K // 2))", ValueError)
+  try:
+    idx = sparse.indices(tmem, a_val.dtype.itemsize * 8)
+  except NotImplementedError as e:
+    fail(th, f"{what}: {e}", NotImplementedError)
+  logical, bad = sparse.logical_a(a_val, idx)
+  if bad is not None:
+    fail(th, f"{what}: the sparse metadata of row {bad[0]}, group {bad[1]} of K names positions "
+             f"{tuple(int(i) for i in idx[bad])}: each group of four names two increasing "
+             "positions (plgpu.format_tcgen05_sparse_metadata of (M, K // 4, 2) indices)",
+         ValueError)
+  return logical
 
 
 def _other(th, axis):

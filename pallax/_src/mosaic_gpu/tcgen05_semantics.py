@@ -30,6 +30,7 @@ from pallax._src import jax_internals as ji
 from pallax._src import primitives as prims
 from pallax._src.interpret import eager
 from pallax._src.interpret.eager import View, fail, rule
+from pallax._src.mosaic_gpu import clusters
 from pallax._src.mosaic_gpu import core as mc
 from pallax._src.mosaic_gpu import primitives as mp
 from pallax._src.mosaic_gpu import semantics as ms
@@ -273,16 +274,35 @@ def _copy_to_tmem(th, eqn, invals):
   (src, dst), _ = mp.split_refs(invals, eqn.params["trees"])
   src = view_of(th, src, "smem", what, "source")
   dst = view_of(th, dst, "tmem", what, "destination")
+  axis = eqn.params["collective_axis"]
+  other = clusters.pair_partner(th, axis, what) if axis is not None else None
+  if axis is not None and other is None:
+    return []   # the pair's leader copies this block's SMEM into its TMEM too
   src_mask = smem_operand(th, src, what)
   dst_mask = _tmem_write(th, dst, what)
   _check_unused(th, dst, dst_mask, what)
+  pairs = [(src, dst)] + ([(clusters.twin(src, other), clusters.twin(dst, other))] if other else [])
+  reads, writes = [], []
+  for s_view, d_view in pairs:
+    eager.check_initialized(th, s_view, what)
+    _copy_tiles(s_view, d_view, what)
+    ms.union_write(th, d_view, ms.view_mask(d_view))
+    reads.append((s_view.buf, ms.view_mask(s_view)))
+    writes.append((d_view.buf, ms.view_mask(d_view)))
+  op = Op(what + (" (collective)" if other else ""), th, th.line, reads, writes, [])
+  issue(th, op)
+  if other is not None:   # in flight in the other block too (it writes that block's TMEM)
+    other.state.setdefault("tcgen05_ops", []).append(op)
+  return []
+
+
+def _copy_tiles(src: View, dst: View, what: str) -> None:
   data, init = eager.read(src), eager.read_init(src)
-  if data.ndim == 4:   # scales in the tensor core's tiles
+  if what == "async_copy_sparse_metadata_to_tmem":   # the tiles as they are (the MMA reads them)
+    data, init = data.reshape(dst.shape), init.reshape(dst.shape)
+  elif data.ndim == 4:   # scales in the tensor core's tiles
     data, init = tc.untile_scales(data), tc.untile_scales(init)
   eager.write(dst, data, init=init)
-  ms.union_write(th, dst, dst_mask)
-  issue(th, Op(what, th, th.line, [(src.buf, src_mask)], [(dst.buf, dst_mask)], []))
-  return []
 
 
 # --- memory the rest of the kernel touches -------------------------------------------------------

@@ -10,14 +10,11 @@ def _unsupported(name: str, why: str, instead: str):
   return fn
 
 
-_BLACKWELL = ("sparse tcgen05 MMAs (Blackwell)", "pass a dense a to plgpu.tcgen05_mma")
 _CLUSTER = ("references to a cluster peer's shared memory",
             "share data between a cluster's blocks with copy_gmem_to_smem(..., collective_axes=...) "
             "(multicast) or through GMEM ordered by a plgpu.ClusterBarrier")
 _MULTIMEM = ("multimem (NVLink multicast) operations", "use shard_map with collectives around the kernel")
 
-async_copy_sparse_metadata_to_tmem = _unsupported("async_copy_sparse_metadata_to_tmem", *_BLACKWELL)
-format_tcgen05_sparse_metadata = _unsupported("format_tcgen05_sparse_metadata", *_BLACKWELL)
 try_cluster_cancel = _unsupported("try_cluster_cancel", "cluster launch control (Blackwell)",
                                   "use a grid of blocks, or plgpu.nd_loop over a persistent grid")
 query_cluster_cancel = _unsupported("query_cluster_cancel", "cluster launch control (Blackwell)",
