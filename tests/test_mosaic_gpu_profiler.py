@@ -141,3 +141,19 @@ def test_the_gluon_kernel_reads_the_gpus_timer():
 def test_a_profile_needs_a_directory():
   with pytest.raises(ValueError, match="profile_dir"):
     plgpu.CompilerParams(profile_space=4)
+
+
+def test_a_scope_whose_values_go_unused_is_still_a_range(tmp_path):
+  def kernel(x_ref, o_ref):
+    with jax.named_scope("unused"):
+      _ = jnp.exp(x_ref[...])   # nothing reads it (the Gluon kernel leaves it out)
+    with jax.named_scope("store"):
+      o_ref[...] = x_ref[...] + 1
+
+  x = jax.random.normal(jax.random.key(5), (128,), jnp.float32)
+  call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((128,), jnp.float32),
+                        compiler_params=plgpu.CompilerParams(profile_space=8,
+                                                             profile_dir=str(tmp_path)))
+  y, events, _ = traced(call, x, tmp_path=tmp_path)
+  np.testing.assert_array_equal(y, x + 1)
+  assert events == [("unused", "B", 1), ("unused", "E", 1), ("store", "B", 1), ("store", "E", 1)]

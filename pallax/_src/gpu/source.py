@@ -206,10 +206,10 @@ class Source:
                    if isinstance(a, ji.Var) and k not in unused_outputs}
     self._eqns = jaxpr.eqns
     for eqn in jaxpr.eqns:
+      self.at_equation(eqn)   # (before a skip: what happens there does not depend on use)
       if self.skips(eqn):
         continue
       self.comment_source(eqn)
-      self.at_equation(eqn)
       outs = self._lower_eqn(eqn, [read(a) for a in eqn.invars])
       env.update(zip(eqn.outvars, outs))
     result = [None if k in unused_outputs else read(a) for k, a in enumerate(jaxpr.outvars)]

@@ -53,8 +53,10 @@ def _start_block(block, threads) -> None:
   if spec is None:
     return
   record = block.buffers[-1]   # the call's last output (profiler.augment)
-  count, names = block.run.setdefault(("profile", id(record)),
-                                      (itertools.count(), profiler.names(block.params.jaxpr)))
+  key = ("profile", id(record))
+  if key not in block.run:   # (once per call: the blocks' count, the kernel's scope names)
+    block.run[key] = (itertools.count(), profiler.names(block.params.jaxpr))
+  count, names = block.run[key]
   b = next(count)
   if record.init is not None:   # written here, all of it (what nothing else writes: zeros)
     first = b * spec.threads * spec.units_per_thread * spec.words
