@@ -31,21 +31,28 @@ def _run_scoped(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
   return gen.lower_jaxpr(jaxpr, [*consts, *refs])
 
 
-def hoist_nested(jaxpr, allocate, hoisted: dict, nested: bool = False) -> None:
-  """Allocates now (at the kernel's top, with ``allocate(kind, aval)``) the SMEM buffers and
-  barriers of scopes inside loops and branches, recording them by equation in ``hoisted`` (None
-  for accumulators, which are registers made at the scope). Each entry to such a scope reuses
-  them: SMEM holds whatever the last entry left (as a fresh buffer holds anything), and a
-  barrier goes on from the phase its last completion left, which the interpreter's checks make
-  its initial one (every completion is awaited before the scope ends)."""
+def hoist_nested(jaxpr, allocate, hoisted: dict, nested: bool = False, smem: bool = True) -> None:
+  """Allocates now (at the kernel's top, with ``allocate(kind, aval)``) the barriers (and, with
+  ``smem``, the SMEM buffers) of scopes inside loops and branches, recording them by equation in
+  ``hoisted`` (None for what the scope allocates where it begins: accumulators, which are
+  registers, and without ``smem`` SMEM buffers). A barrier goes on from the phase its last
+  completion left, which the interpreter's checks make its initial one (every completion is
+  awaited before the scope ends). A buffer hoisted holds whatever the last entry left (as a fresh
+  buffer holds anything); one allocated at its scope shares memory with the scopes it is never
+  live with, as Mosaic GPU's stack of scopes gives it (Triton's allocator sees the liveness)."""
   for eqn in jaxpr.eqns:
     p = eqn.params
     if eqn.primitive is prims.run_scoped_p and nested:
-      hoisted[eqn] = [None if isinstance(t, mc.WGMMAAccumulatorRef) else allocate(t, v.aval.inner_aval)
+      hoisted[eqn] = [None if isinstance(t, mc.WGMMAAccumulatorRef) or (not smem and _is_smem(t))
+                      else allocate(t, v.aval.inner_aval)
                       for t, v in zip(p["scratch_types"], p["jaxpr"].invars[p["num_consts"]:])]
     inner = nested or eqn.primitive not in (prims.run_scoped_p, *ji.CALL_PRIMITIVES)
     for sub in jaxpr_util.sub_jaxprs(p):
-      hoist_nested(sub, allocate, hoisted, inner)
+      hoist_nested(sub, allocate, hoisted, inner, smem)
+
+
+def _is_smem(kind) -> bool:
+  return isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM
 
 
 def stored_shape(shape) -> tuple[tuple, tuple]:
@@ -65,7 +72,7 @@ def allocate(gen, kind, aval, phases: bool = True):
   shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
   if isinstance(kind, mc.WGMMAAccumulatorRef):
     return gen.accumulator(shape, dtype, L.wgmma(shape[1], gen.mma_bits))
-  if gen.depth != 1:
+  if gen.depth != 1 and not (_is_smem(kind) and gen.thread_name is None):
     gen.unsupported("SMEM or barrier allocations inside loops or branches")
   if isinstance(kind, mc.Barrier):
     name, phase = gen.fresh("bar"), gen.fresh("phase")
@@ -79,7 +86,7 @@ def allocate(gen, kind, aval, phases: bool = True):
     # A cluster barrier counts this block's own arrivals (clusters run as independent blocks).
     gen.cluster_barriers += isinstance(kind, mc.ClusterBarrier)
     return BarrierRef(name, phase, n, id=gen.barriers - 1)
-  if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
+  if _is_smem(kind):
     shape, dtype, packed = _bytes_of(gen, shape, dtype)
     lead, stored = stored_shape(shape)
     name = gen.fresh("smem")
@@ -165,7 +172,7 @@ def allocate_layouts(a, kind, aval):
   if isinstance(kind, mc.WGMMAAccumulatorRef):
     a.accs.append(Acc(shape, L.wgmma(shape[1], a.gen.mma_bits)))
     return a.accs[-1]
-  if isinstance(kind, mc.GPUMemoryRef) and kind.memory_space is mc.MemorySpace.SMEM:
+  if _is_smem(kind):
     shape, dtype, packed = subbyte.as_bytes(shape, dtype)   # (rows not of whole bytes: refused)
     lead, stored = stored_shape(shape)
     a.buffers.append(Buffer(stored, dtype, len(shape) if lead else 0))

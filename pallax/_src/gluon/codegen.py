@@ -184,7 +184,7 @@ def _lower_kernel(gen, jaxpr, args, info, target) -> tuple[Partition, list[Parti
                       main.layouts | parts[0].layouts)
     gen.lines = whole.lines
     return whole, [whole], False
-  hoist_nested(jaxpr, lambda kind, aval: allocate(gen, kind, aval), gen.hoisted)
+  hoist_nested(jaxpr, lambda kind, aval: allocate(gen, kind, aval), gen.hoisted, smem=False)
   profile.start_thread(gen, 0)
   gen.lower_jaxpr(jaxpr, args)
   profile.end_thread(gen)
@@ -240,8 +240,9 @@ def _assign(gen: Writer, jaxpr, gm, info, mesh_axes=()) -> Assignment:
       a.axes[info.thread_name] = ex.Lit(t, dtype=np.dtype(np.int32))
       a.lower(jaxpr, [*ids, *refs])
   else:
-    hoist_nested(jaxpr, allocate_now, a.hoisted)
-    if _warp_split(jaxpr, gen.target):   # (allocated first, as generate does)
+    split = _warp_split(jaxpr, gen.target)   # (then all scratch is allocated first, as generate does)
+    hoist_nested(jaxpr, allocate_now, a.hoisted, smem=split)
+    if split:
       warp_specialize.hoist(jaxpr, None, allocate_now, a.hoisted, every=True)
     a.lower(jaxpr, [*ids, *refs])
   return a.result()
