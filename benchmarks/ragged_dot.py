@@ -3,7 +3,8 @@
 on JAX's Mosaic GPU, beside XLA's ``lax.ragged_dot``: the same source, its imports switched.
 Shapes of JAX's own benchmark: m = n = 16384, k = 2048, 16 groups, float16.
 
-On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/ragged_dot.py [--small]``.
+On the GPU machine: ``PYTHONPATH=$PWD python3 benchmarks/ragged_dot.py [--small] [--tiles M,N,K,STEPS]``
+(block_m, block_n, block_k, max_concurrent_steps; JAX's benchmark's 128,128,64,4 by default).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import timing  # noqa: E402  (the timing library)
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--small", action="store_true")
+  ap.add_argument("--tiles", default="128,128,64,4")
   args = ap.parse_args()
   import jax.experimental.pallas.ops.gpu.ragged_dot_mgpu as jax_rd
   ours = mgpu_ops.load("ragged_dot_mgpu")
@@ -35,7 +37,8 @@ def main():
   rhs = jax.random.normal(ky, (groups, k, n), jnp.float16)
   cuts = jnp.sort(jax.random.randint(kz, (groups - 1,), 0, m, jnp.int32))
   sizes = jnp.diff(jnp.concatenate([jnp.zeros(1, jnp.int32), cuts, jnp.full(1, m, jnp.int32)]))
-  cfg = dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, grid_block_n=2)
+  bm, bn, bk, steps = (int(t) for t in args.tiles.split(","))
+  cfg = dict(block_m=bm, block_n=bn, block_k=bk, max_concurrent_steps=steps, grid_block_n=2)
   fns = {"xla": jax.jit(lambda a, b, s: jax.lax.ragged_dot(a, b, s)),
          "pallax": jax.jit(lambda a, b, s: ours.ragged_dot(a, b, group_sizes=s, **cfg)),
          "jax_mosaic": jax.jit(lambda a, b, s: jax_rd.ragged_dot(a, b, group_sizes=s, **cfg))}

@@ -9,6 +9,7 @@ from pallax._src import core as pc
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
 from pallax._src import primitives as prims
+from pallax._src.gluon import acc_pieces
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Buffer, Closed, Opaque, Smem, Val, layout_rule
 from pallax._src.gluon.values import to_layout, wait_all
@@ -142,9 +143,9 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
     if x is None or len(shape) != 2:
       gen.unsupported("pl.run_state over values other than (ACC.init of) 2-D float32 arrays")
     layout = gen.declared(L.wgmma(shape[1], gen.mma_bits))
-    name = gen.fresh("acc")
-    gen.emit_scalar(f"{name} = {gen.render(to_layout(gen, x, layout, shape, x.dtype))}")
-    refs.append(gen.new_acc(AccRef(name, shape, layout)))
+    ref = AccRef(gen.fresh("acc"), shape, layout, acc_pieces.widths(shape[1]))
+    acc_pieces.assign(gen, ref, gen.render(to_layout(gen, x, layout, shape, x.dtype)))
+    refs.append(gen.new_acc(ref))
   gen.lower_jaxpr(jaxpr, refs)
   outs = []
   for r, v in zip(refs, ctx.eqn.outvars):
@@ -156,7 +157,7 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
         outs.append(None)
         continue
       value = gen.fresh_name("acc_value", v.aval.dtype, r.shape)
-      gen.emit_scalar(f"{value.name} = {gen.acc(r)}")
+      gen.emit_scalar(f"{value.name} = {acc_pieces.whole(gen, r)}")
       gen.layouts[value.name] = r.layout
       outs.append(value)
     else:

@@ -13,6 +13,7 @@ from jax import lax
 from pallax._src import jax_internals as ji
 from pallax._src import ref_access
 from pallax._src import remote
+from pallax._src.gluon import acc_pieces
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Closed, Gmem, Smem, Val, layout_rule
 from pallax._src.gluon.events import Access
@@ -236,7 +237,7 @@ def _get(ctx, *invals, **_):
     if not ctx.is_used():
       return None
     value = gen.fresh_name("acc_value", ctx.out.dtype, a.ref.shape)
-    gen.emit_scalar(f"{value.name} = {gen.acc(a.ref)}")   # a copy: later wgmmas reassign the accumulator
+    gen.emit_scalar(f"{value.name} = {acc_pieces.whole(gen, a.ref)}")   # a copy: later wgmmas reassign it
     bounds = static_slice(a.transforms, a.ref.shape)
     if not a.transforms or bounds == ([0] * len(a.ref.shape), list(a.ref.shape)):
       gen.layouts[value.name] = gen.assigned(ctx.eqn.outvars[0])
@@ -400,7 +401,7 @@ def _swap(ctx, ref, value, *leaves, **_):
   if isinstance(a.ref, AccRef):
     target = gen.facts(ctx.eqn)   # the layout of what the accumulator's variable holds
     v = value if target is None else gen.convert(value, target)
-    gen.emit_scalar(f"{gen.acc(a.ref)} = {gen.render(v)}")
+    acc_pieces.assign(gen, a.ref, gen.render(v))
     return None
   if ctx.is_used(0):
     gen.unsupported("using the old value of a store")

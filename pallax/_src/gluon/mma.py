@@ -7,6 +7,7 @@ import numpy as np
 
 from pallax._src import jax_internals as ji
 from pallax._src import jaxpr_util
+from pallax._src.gluon import acc_pieces
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon.assign import Acc, Conversion, Smem, layout_rule
 from pallax._src.gluon.events import MmaWait, Wgmma
@@ -38,16 +39,20 @@ def _wgmma(ctx, *invals, trees):
   # K is the last dimension of a's buffer unless a is transposed, of b's only if b is.
   transposed = lambda ref: any(isinstance(t, ji.TransposeRef) for t in ref[1])
   b_view = smem_view(gen, *b, k_last=transposed(b))
-  if a is None:   # a register operand: in the layout wgmma reads registers in
+  if a is None:   # a register operand: in the layout wgmma reads registers in (per piece)
     value = masked(gen, rest[0], [1], i32(0))   # padding along K adds nothing
     bits = value.dtype.itemsize * 8
-    dot = gen.declared(L.DotOperand(L.wgmma(acc_ref.shape[1], bits), 32 // bits))
-    gen.conversions.append((gen.layout_of(value), dot, tuple(value.shape), gen.last_frame))
-    a_view = SmemRef(gen.render(gen.value(call("gl.convert_layout", value, ex.Token(gen.layout(dot)),
-                                                  dtype=value.dtype, shape=value.shape), dot, "a_op")),
-                     value.shape, value.dtype, dot)
+    a_views = []
+    for dot in operand_layouts(acc_ref.shape[1], bits):
+      dot = gen.declared(dot)
+      gen.conversions.append((gen.layout_of(value), dot, tuple(value.shape), gen.last_frame))
+      a_views.append(SmemRef(gen.render(gen.value(call(
+          "gl.convert_layout", value, ex.Token(gen.layout(dot)), dtype=value.dtype, shape=value.shape),
+          dot, "a_op")), value.shape, value.dtype, dot))
+    a_view = a_views[0]
   else:
     a_view = smem_view(gen, *a, k_last=not transposed(a))
+    a_views = [a_view] * max(1, len(acc_ref.pieces))
   bits = a_view.dtype.itemsize * 8
   k_major_b = any(isinstance(t, ji.TransposeRef) and tuple(t.permutation) == (1, 0) for t in b[1])
   if bits == 32 and not k_major_b:
@@ -57,24 +62,39 @@ def _wgmma(ctx, *invals, trees):
   layout = gen.declared(gen.facts(ctx.eqn))   # the accumulator's layout for this operand width
   if layout != acc_ref.layout:
     gen.conversions.append((acc_ref.layout, layout, tuple(acc_ref.shape), gen.last_frame))
-    acc = gen.acc(acc_ref)
-    gen.emit_scalar(f"{acc} = gl.convert_layout({acc}, {gen.layout(layout)})")
+    for v, w in zip(acc_ref.variables, acc_ref.pieces or [layout.n]):
+      gen.emit_scalar(f"{v} = gl.convert_layout({v}, {gen.layout(acc_pieces.piece_layout(layout, w))})")
     acc_ref.layout = layout
   gen.events.append(Wgmma(tuple(acc_ref.shape), "registers" if a is None else gen.smem_view(a_view),
                           gen.smem_view(b_view)))
-  acc = gen.acc(acc_ref)
-  if a is None and bits == 8:
-    # Triton 3.6 cannot keep 8-bit register operands alive through warpgroup_mma_wait ("Unexpected
-    # bitwidth in WGMMAWaitGroupOp"): such a wgmma completes before the next statement.
-    gen.emit_scalar(f"{acc} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc})")
+  # Triton 3.6 cannot keep 8-bit register operands alive through warpgroup_mma_wait ("Unexpected
+  # bitwidth in WGMMAWaitGroupOp"): such a wgmma completes before the next statement.
+  _issue(gen, acc_ref, a_views, b_view, sync=a is None and bits == 8)
+  return []
+
+
+def _issue(gen, acc_ref, a_views, b_view, sync: bool):
+  """The wgmmas into ``acc_ref`` (one per piece, over its columns of ``b``), then the wait
+  that leaves at most them in flight (``sync``: none)."""
+  gen.acc(acc_ref)
+  for v, a_piece, (o, w) in zip(acc_ref.variables, a_views, acc_pieces.offsets(acc_ref.pieces) or [(0, 0)]):
+    b_text = f"{b_view.text}.slice({o}, {w}, dim=1)" if acc_ref.pieces else b_view.text
+    gen.emit_scalar(f"{v} = hopper.warpgroup_mma({a_piece.text}, {b_text}, {v}"
+                    f"{'' if sync else ', is_async=True'})")
+  if sync:
     waited = [r for r in gen.pending_accs if r is not acc_ref] + [acc_ref]
     gen.events.append(MmaWait(0, tuple(gen.accs.index(r) for r in waited)))
     gen.pending_accs, gen.issued_wait = [], None   # a synchronous wgmma waits for all before it
-    return []
-  gen.emit_scalar(f"{acc} = hopper.warpgroup_mma({a_view.text}, {b_view.text}, {acc}, is_async=True)")
+    return
   # plgpu.wgmma returns with at most this wgmma in flight.
-  wgmma_issued(gen, acc_ref, f"{a_view.text}, {b_view.text}")
-  return []
+  wgmma_issued(gen, acc_ref, ", ".join(dict.fromkeys([*(p.text for p in a_views), b_view.text])))
+
+
+def operand_layouts(n: int, bits: int) -> list[L.DotOperand]:
+  """The layouts a register ``a`` is read in by the wgmmas into an accumulator ``n`` wide: one per
+  piece (``acc_pieces.py``)."""
+  acc = L.wgmma(n, bits)
+  return [L.DotOperand(acc_pieces.piece_layout(acc, w), 32 // bits) for w in acc_pieces.widths(n) or [acc.n]]
 
 
 
@@ -138,8 +158,8 @@ def _wgmma_layouts(ctx, *invals, trees):
   if lhs is None:
     value = rest[0]
     bits = value.dtype.itemsize * 8
-    dot = L.DotOperand(L.wgmma(acc[0].shape[1], bits), 32 // bits)
-    a.conversions.append(Conversion(getattr(value, "layout", None), dot, tuple(value.shape), a.last_frame))
+    for dot in operand_layouts(acc[0].shape[1], bits):
+      a.conversions.append(Conversion(getattr(value, "layout", None), dot, tuple(value.shape), a.last_frame))
   elif isinstance(lhs[0], Smem):
     bits = lhs[0].dtype.itemsize * 8
     smem_view_layouts(*lhs)

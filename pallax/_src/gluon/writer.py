@@ -11,6 +11,7 @@ import dataclasses
 
 import numpy as np
 
+from pallax._src.gluon import acc_pieces
 from pallax._src.gluon import layouts as L
 from pallax._src.gluon import multiples
 from pallax._src.gluon import profile
@@ -64,9 +65,16 @@ class BarrierRef:
 
 @dataclasses.dataclass
 class AccRef:
-  name: str               # the register variable holding the accumulator
+  """A wgmma accumulator: the register variable holding it, or with ``pieces`` (the widths of
+  its column pieces, ``acc_pieces.py``) the variables holding each."""
+  name: str
   shape: tuple
   layout: L.Layout
+  pieces: tuple = ()
+
+  @property
+  def variables(self) -> list[str]:
+    return acc_pieces.names(self.name, self.pieces) if self.pieces else [self.name]
 
 
 @dataclasses.dataclass
@@ -203,11 +211,15 @@ class Writer(src.Source):
   def accumulator(self, shape: tuple, dtype, layout: L.Layout) -> AccRef:
     """A new wgmma accumulator of zeros in ``layout``: a ``Binding``, left out (its layout not
     declared) in a function that never uses it (a thread that does not compute)."""
-    name = ex.Name(self.fresh("acc"), dtype=np.dtype(dtype), shape=tuple(shape))
-    self.emit_binding(name, ex.call("gl.zeros", ex.Token(str(list(L.padded(shape)))),
-                                    ex.Token(ex.dtype_name(dtype, "gl")),
-                                    layout=ex.Token(self.layout(layout)), dtype=name.dtype, shape=shape))
-    return self.new_acc(AccRef(name.name, tuple(shape), layout))
+    ref = AccRef(self.fresh("acc"), tuple(shape), layout, acc_pieces.widths(shape[1]))
+    for v, n in zip(ref.variables, ref.pieces or shape[1:]):
+      piece = (shape[0], n)
+      name = ex.Name(v, dtype=np.dtype(dtype), shape=piece)
+      self.emit_binding(name, ex.call("gl.zeros", ex.Token(str(list(L.padded(piece)))),
+                                      ex.Token(ex.dtype_name(dtype, "gl")),
+                                      layout=ex.Token(self.layout(acc_pieces.piece_layout(layout, L.pow2(n)))),
+                                      dtype=name.dtype, shape=piece))
+    return self.new_acc(ref)
 
   def new_acc(self, ref: AccRef) -> AccRef:
     """``ref``, noted as an accumulator of the function being written (``mma.loop_in_flight``)."""
@@ -215,10 +227,11 @@ class Writer(src.Source):
     return ref
 
   def acc(self, ref: AccRef) -> str:
-    """The variable of accumulator ``ref``, as a statement written as text reads or writes it
-    (noted: its zeros are then kept)."""
-    self.render.reads.add(ref.name)
-    return ref.name
+    """The variable of accumulator ``ref`` (of a pieced one, its pieces' variables, comma
+    separated), as a statement written as text reads or writes it (noted: its zeros are then
+    kept)."""
+    self.render.reads.update(ref.variables)
+    return ", ".join(ref.variables)
 
   def hoisted_barriers(self) -> list:
     return [r for refs in self.hoisted.values() for r in refs if isinstance(r, BarrierRef)]
