@@ -161,7 +161,8 @@ def _copy_abstract_eval(*avals, trees, what, collective_axis):
   if sdt != ddt:
     raise ValueError(f"Expected SMEM element type ({jnp.dtype(sdt)}) to equal the TMEM element "
                      f"type ({jnp.dtype(ddt)})")
-  if what == "async_copy_scales_to_tmem" and len(dst) == 2 and src == scales_tiles(dst):
+  if what == "async_copy_scales_to_tmem" and len(dst) == 2 and src in (
+      scales_tiles(dst), m64_collective_scales_tiles(dst)):
     pass   # scales in the tiles the tensor core reads them in (see scales_tiles)
   elif what == "async_copy_sparse_metadata_to_tmem":
     tiles = sparse.tiles_shape(dst) if len(dst) == 2 else None
@@ -183,6 +184,21 @@ def scales_tiles(shape) -> tuple:
   and 4 scales of K, a tile of 32 x 16 (row r, scale c at [r % 32, (r // 32) * 4 + c])."""
   rows, k = shape
   return (rows // 128, k // 4, 32, 16) if rows % 128 == 0 and k % 4 == 0 else None
+
+
+def m64_collective_scales_tiles(shape) -> tuple | None:
+  """The SMEM shape of the B scales of a two-block MMA of M = 64 a block
+  (``TMEMLayout.SCALES_M64_COLLECTIVE_LAYOUT``): N in two halves of up to 128 rows, per 4 scales
+  of K a tile of 64 x 16 (half h, row r of its 32-row group g, scale c at [h * 32 + r, g * 4 + c])."""
+  rows, k = shape
+  return (rows // 256, k // 4, 64, 16) if rows % 256 == 0 and k % 4 == 0 else None
+
+
+def untile_m64_collective_scales(x):
+  """The (rows, k) scales of SMEM tiles of ``m64_collective_scales_tiles`` (NumPy): each half of
+  N at 128 rows."""
+  a, c, _, _ = x.shape
+  return x.reshape(a, c, 2, 32, 4, 4).transpose(0, 2, 4, 3, 1, 5).reshape(a * 256, c * 4)
 
 
 def untile_scales(x):

@@ -87,10 +87,15 @@ def _check_shape(th, m, n, k, a_dt, acc_dt, a_in_tmem, swizzle, collective=False
              f"{a_dt.name} operands reads {k_group} elements of K at a time)", ValueError)
 
 
-def _scales(th, a_scale: View, b_scale: View, m, n, k, a_dt, sparse=False):
+def _scales(th, a_scale: View, b_scale: View, m, n, k, a_dt, sparse=False, collective=False):
   """(A's scales (M, K), B's scales (K, N)) expanded over their blocks of K, as float32 (a
-  sparse MMA's float8 blocks are twice as long along the logical K: the instruction's K step)."""
+  sparse MMA's float8 blocks are twice as long along the logical K: the instruction's K step).
+  A two-block MMA of 64 rows a block reads the first 64 of the 128 rows of its A scales, and B
+  scales in ``SCALES_M64_COLLECTIVE_LAYOUT`` hold each half of N at 128 rows."""
   sa, sb = np.asarray(eager.read(a_scale)), np.asarray(eager.read(b_scale))
+  if collective and m == 64 and sa.ndim == 2 and sa.shape[0] == 128:
+    sa = sa[:m]
+
   if sa.ndim != 2 or k % sa.shape[1]:
     fail(th, f"K={k} is not divisible by A scale second dimension {sa.shape[-1]}", ValueError)
   block = k // sa.shape[1]
@@ -113,6 +118,8 @@ def _scales(th, a_scale: View, b_scale: View, m, n, k, a_dt, sparse=False):
   if sb.shape[0] % 128 or sb.shape[0] < n or sb.shape[1] != k // block:
     fail(th, f"B scale shape[0] must be a multiple of 128 and >= N={n}, and shape[1] "
              f"{k // block}; got {sb.shape}", ValueError)
+  if ts.m64_collective_scales(b_scale) and sb.shape[0] >= 256 and n <= 256:
+    sb = np.concatenate([sb[:n // 2], sb[128:128 + n // 2]])
   expand = lambda s: np.repeat(s.astype(np.float32), block, axis=1)   # noqa: E731
   return expand(sa), expand(sb[:n]).T
 
@@ -183,20 +190,13 @@ def _tcgen05_mma(th, eqn, invals):
   _check_dtypes(th, a_val.dtype, b_val.dtype, acc_dt, scaled)
   _check_shape(th, m, n // len(blocks), k, a_val.dtype, acc_dt, a.buf.space == "tmem",
                max(_swizzle(b), _swizzle(a) if a.buf.space == "smem" else 0), axis is not None)
-  scale_views, scales = [], None
+  scale_views, scales = [], [None] * len(blocks)
   if scaled:
-    if axis is not None:
-      fail(th, f"{what}(collective_axis=...) with scales is not supported by pallax yet; "
-               "use one block per MMA", NotImplementedError)
-    scale_views = [ts.view_of(th, s, "tmem", what, role)
-                   for s, role in ((a_scale, "a_scale"), (b_scale, "b_scale"))]
-    for s in scale_views:
-      ts.check_committed_tmem(th, s, ms.view_mask(s), what)
-      ts.check_ordered(th, s.buf, ms.view_mask(s), what, "reads")
-    scales = _scales(th, *scale_views, m, n, k, a_val.dtype, metas is not None)
+    scale_views, scales = _block_scales(th, a_scale, b_scale, axis, (m, n, k), a_val.dtype,
+                                        metas is not None, what)
   reads, writes = [(s.buf, ms.view_mask(s)) for s in scale_views + (metas or [])], []
   for i, (acc_i, a_i, b_i) in enumerate(blocks):
-    reads += _write_product(th, acc_i, _lhs(th, a_i, metas and metas[i], what), b_val, scales,
+    reads += _write_product(th, acc_i, _lhs(th, a_i, metas and metas[i], what), b_val, scales[i],
                             accumulate, a_i, b_i, what)
     writes.append((acc_i.buf, ms.view_mask(acc_i)))
   # Earlier MMAs into this accumulator and copies into its operands complete before it.
@@ -209,6 +209,24 @@ def _tcgen05_mma(th, eqn, invals):
   if bar is not None:
     _arrive(th, bar[0].at(bar[1]), axis, what)
   return []
+
+
+def _block_scales(th, a_scale, b_scale, axis, mnk, a_dt, sparse_mma, what):
+  """(the scale views the MMA reads, the scales of each block it computes for). A two-block MMA
+  scales each block's rows of ``a`` by that block's ``a_scale`` and all of ``b`` by the
+  leader's ``b_scale`` (which a collective copy gave both blocks)."""
+  m, n, k = mnk
+  a_view, b_view = (ts.view_of(th, s, "tmem", what, role)
+                    for s, role in ((a_scale, "a_scale"), (b_scale, "b_scale")))
+  a_views = [a_view] if axis is None else [a_view, tcc.twin(a_view, _other(th, axis))]
+  for s in a_views + [b_view]:
+    if axis is not None:
+      tcc.check_collective(th, s, "Scale", what)
+    ts.check_committed_tmem(th, s, ms.view_mask(s), what)
+    ts.check_ordered(th, s.buf, ms.view_mask(s), what, "reads")
+    eager.check_initialized(th, s, what)
+  scales = [_scales(th, a_i, b_view, m, n, k, a_dt, sparse_mma, axis is not None) for a_i in a_views]
+  return a_views + [b_view], scales
 
 
 def _metadata(th, meta, axis, n_blocks: int, what) -> list[View]:

@@ -285,7 +285,7 @@ def _copy_to_tmem(th, eqn, invals):
   reads, writes = [], []
   for s_view, d_view in pairs:
     eager.check_initialized(th, s_view, what)
-    _copy_tiles(s_view, d_view, what)
+    _copy_tiles(th, s_view, d_view, what)
     ms.union_write(th, d_view, ms.view_mask(d_view))
     reads.append((s_view.buf, ms.view_mask(s_view)))
     writes.append((d_view.buf, ms.view_mask(d_view)))
@@ -296,13 +296,27 @@ def _copy_to_tmem(th, eqn, invals):
   return []
 
 
-def _copy_tiles(src: View, dst: View, what: str) -> None:
+def _copy_tiles(th, src: View, dst: View, what: str) -> None:
   data, init = eager.read(src), eager.read_init(src)
   if what == "async_copy_sparse_metadata_to_tmem":   # the tiles as they are (the MMA reads them)
     data, init = data.reshape(dst.shape), init.reshape(dst.shape)
   elif data.ndim == 4:   # scales in the tensor core's tiles
-    data, init = tc.untile_scales(data), tc.untile_scales(init)
+    m64 = m64_collective_scales(dst)
+    want = (tc.m64_collective_scales_tiles if m64 else tc.scales_tiles)(tuple(dst.shape))
+    if tuple(src.shape) != want:
+      fail(th, f"{what}: SMEM scale tiles of shape {tuple(src.shape)} do not fill the TMEM "
+               f"{dst.buf.name} of shape {tuple(dst.shape)} in its layout {dst.buf.kind.layout} "
+               f"(its tiles: {want})", ValueError)
+    untile = tc.untile_m64_collective_scales if m64 else tc.untile_scales
+    data, init = untile(data), untile(init)
   eager.write(dst, data, init=init)
+
+
+def m64_collective_scales(view: View) -> bool:
+  """Whether a TMEM view holds the B scales of a two-block MMA of M = 64 a block, each half of
+  N at 128 rows (``TMEMLayout.SCALES_M64_COLLECTIVE_LAYOUT``)."""
+  layout = getattr(view.buf.kind, "layout", None)
+  return getattr(layout, "layout_cls", layout) is mc.TMEMLayout.SCALES_M64_COLLECTIVE_LAYOUT
 
 
 # --- memory the rest of the kernel touches -------------------------------------------------------
