@@ -34,9 +34,8 @@ from pallax._src.mosaic_gpu.primitives import (
     commit_smem_to_gmem_group, copy_gmem_to_smem, copy_smem_to_gmem, layout_cast, load,
     print_layout, semaphore_signal, semaphore_wait, set_max_registers, transpose_ref,
     wait_gmem_to_smem, wait_smem_to_gmem, wgmma, wgmma_accumulator_load, wgmma_wait)
+from pallax._src.mosaic_gpu.peer_smem import async_store_smem, cluster_ref
 from pallax._src.mosaic_gpu.unsupported import (
-    async_store_smem,
-    cluster_ref,
     griddepcontrol_launch_dependents, griddepcontrol_wait,
     inline_mgpu, multicast_ref, multimem_load_reduce, multimem_store, query_cluster_cancel,
     semaphore_signal_multicast, try_cluster_cancel)

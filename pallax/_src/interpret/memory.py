@@ -34,8 +34,10 @@ class View:
 
   def at(self, more) -> "View":
     view = self
-    for t in more:   # a remote reference: the same transforms, on a peer's buffer
+    for t in more:   # a remote or cluster peer's reference: the same transforms, on its buffer
+      elsewhere = getattr(t, "peer_buffer", None)
       view = (View(remote.peer_buffer(view.buf, t), view.transforms) if isinstance(t, remote.PeerRef)
+              else View(elsewhere(view.buf), view.transforms) if elsewhere is not None
               else View(view.buf, view.transforms + (t,)))
     return view
 

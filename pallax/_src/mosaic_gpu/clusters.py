@@ -130,13 +130,13 @@ def _scale_barriers(th, block, bufs):
 
 def _on_scope(th, key, bufs, make):
   for i, b in enumerate(bufs):
-    b.state["scope"] = (key, i)
+    b.state["scope"], b.state["block"] = (key, i), th.block
   _scale_barriers(th, th.block, bufs)
   for peer in th.block.peers:
     if peer is not th.block and key not in peer.shared:
       made = peer.shared[key] = make(peer)
       for i, b in enumerate(made):
-        b.state["scope"] = (key, i)
+        b.state["scope"], b.state["block"] = (key, i), peer
       _scale_barriers(th, peer, made)
 
 

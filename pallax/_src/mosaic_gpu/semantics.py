@@ -200,9 +200,12 @@ def _barrier_wait(th, eqn, invals):
 # --- memory hazards --------------------------------------------------------------------------
 
 def _check_loaded(th, view: View, mask, what: str):
-  """SMEM filled by a copy is readable by a thread once it waited on the copy's barrier."""
+  """SMEM filled by a copy is readable by a thread once it waited on the copy's barrier (a
+  cluster peer's SMEM, read through plgpu.cluster_ref: once a thread of its block did)."""
+  owner = view.buf.state.get("block")
+  readers = owner.state.get("threads", []) if owner is not None and owner is not th.block else [th]
   for m, key, phase, line in view.buf.state.get("loads", ()):
-    if (m & mask).any() and thread_state(th).observed.get(key, 0) <= phase:
+    if (m & mask).any() and all(thread_state(t).observed.get(key, 0) <= phase for t in readers):
       fail(th, f"{what} reads {view.buf.name} before waiting on the barrier of the "
                f"copy_gmem_to_smem into it (issued at {_at(line)}); call plgpu.barrier_wait first")
 

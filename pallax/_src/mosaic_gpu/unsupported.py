@@ -10,9 +10,6 @@ def _unsupported(name: str, why: str, instead: str):
   return fn
 
 
-_CLUSTER = ("references to a cluster peer's shared memory",
-            "share data between a cluster's blocks with copy_gmem_to_smem(..., collective_axes=...) "
-            "(multicast) or through GMEM ordered by a plgpu.ClusterBarrier")
 _MULTIMEM = ("multimem (NVLink multicast) operations", "use shard_map with collectives around the kernel")
 
 try_cluster_cancel = _unsupported("try_cluster_cancel", "cluster launch control (Blackwell)",
@@ -23,12 +20,7 @@ multimem_store = _unsupported("multimem_store", *_MULTIMEM)
 multimem_load_reduce = _unsupported("multimem_load_reduce", *_MULTIMEM)
 semaphore_signal_multicast = _unsupported("semaphore_signal_multicast", *_MULTIMEM)
 multicast_ref = _unsupported("multicast_ref", *_MULTIMEM)
-cluster_ref = _unsupported("cluster_ref", *_CLUSTER)
 inline_mgpu = _unsupported("inline_mgpu", "inline Mosaic GPU IR", "write the operation in JAX")
-async_store_smem = _unsupported("async_store_smem",
-                                "asynchronous stores into another block's SMEM in a cluster",
-                                "use cluster=(1,), store with ref[...] = value, then "
-                                "plgpu.commit_smem()")
 griddepcontrol_wait = _unsupported("griddepcontrol_wait", "programmatic dependent launch",
                                    "let XLA order the kernels")
 griddepcontrol_launch_dependents = _unsupported("griddepcontrol_launch_dependents",
