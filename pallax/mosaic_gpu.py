@@ -37,8 +37,8 @@ from pallax._src.mosaic_gpu.primitives import (
 from pallax._src.mosaic_gpu.peer_smem import async_store_smem, cluster_ref
 from pallax._src.mosaic_gpu.unsupported import (
     griddepcontrol_launch_dependents, griddepcontrol_wait,
-    inline_mgpu, multicast_ref, multimem_load_reduce, multimem_store, query_cluster_cancel,
-    semaphore_signal_multicast, try_cluster_cancel)
+    inline_mgpu, multicast_ref, multimem_load_reduce, multimem_store, semaphore_signal_multicast)
+from pallax._src.mosaic_gpu.launch_control import query_cluster_cancel, try_cluster_cancel
 from pallax._src.mosaic_gpu.scheduling import dynamic_scheduling_loop
 from pallax._src.mosaic_gpu.tcgen05_sparse import format_tcgen05_sparse_metadata
 from pallax._src.mosaic_gpu.tcgen05 import (

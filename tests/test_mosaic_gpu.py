@@ -158,11 +158,9 @@ def test_kernel_scratch_as_mapping_and_tuple_outputs():
                              np.asarray((x * 3.0).astype(jnp.bfloat16), np.float32), **EXACT)
 
 
-UNSUPPORTED = {   # Blackwell's tcgen05, TMEM, warp_map, dynamic_scheduling_loop: test_mosaic_gpu_blackwell.py
-    "try_cluster_cancel": "nd_loop", "query_cluster_cancel": "nd_loop",
+UNSUPPORTED = {   # Blackwell's names: test_mosaic_gpu_blackwell*.py; peer SMEM: test_mosaic_gpu_peer_smem.py
     "multimem_store": "shard_map", "multimem_load_reduce": "shard_map",
-    "multicast_ref": "shard_map", "cluster_ref": "collective_axes",
-    "async_store_smem": "commit_smem",
+    "multicast_ref": "shard_map",
 }
 
 

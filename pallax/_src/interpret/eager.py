@@ -526,15 +526,20 @@ def after_run(params, run: dict) -> None:
 
 def blocks(params, bufs, glob, track, device=None, run=None):
   """For each point of the grid, in row-major order, its cluster: a list of (block, threads,
-  their bodies), one per block of the cluster (the grid counts clusters, as in Mosaic GPU).
+  their bodies), one per block of the cluster (the grid counts clusters, as in Mosaic GPU); a
+  cluster whose launch a running one cancelled before it started is left out.
   ``device``: the mesh coordinates of the device running the call (``lax.axis_index`` of mesh
   axes); ``run``: the dict shared by the call's blocks (on every device of a mesh, one)."""
   gm, info = params.grid_mapping, getattr(params, "threads", None)
   run, device = ({} if run is None else run), dict(device or {})
   names = tuple(gm.grid_names or ()) or tuple(f"axis{i}" for i in range(len(gm.grid)))
   cluster = dict(info.cluster) if info else {}
-  run["cluster"] = cluster
-  for ids in itertools.product(*[range(g) for g in gm.grid]):
+  run["cluster"], run["grid"] = cluster, (names, tuple(gm.grid))
+  cancelled = run.setdefault("cancelled", set())   # launches cancelled (plgpu.try_cluster_cancel)
+  for n, ids in enumerate(itertools.product(*[range(g) for g in gm.grid])):
+    if n in cancelled:
+      continue
+    run["next"] = n + 1   # (the clusters from here on have not started)
     members = [_block(params, bufs, glob, track, run,
                       {**dict(zip(names, ids)), **dict(zip(cluster, c))}, ids, device)
                for c in itertools.product(*[range(n) for n in cluster.values()])]

@@ -12,10 +12,6 @@ def _unsupported(name: str, why: str, instead: str):
 
 _MULTIMEM = ("multimem (NVLink multicast) operations", "use shard_map with collectives around the kernel")
 
-try_cluster_cancel = _unsupported("try_cluster_cancel", "cluster launch control (Blackwell)",
-                                  "use a grid of blocks, or plgpu.nd_loop over a persistent grid")
-query_cluster_cancel = _unsupported("query_cluster_cancel", "cluster launch control (Blackwell)",
-                                    "use a grid of blocks, or plgpu.nd_loop over a persistent grid")
 multimem_store = _unsupported("multimem_store", *_MULTIMEM)
 multimem_load_reduce = _unsupported("multimem_load_reduce", *_MULTIMEM)
 semaphore_signal_multicast = _unsupported("semaphore_signal_multicast", *_MULTIMEM)
