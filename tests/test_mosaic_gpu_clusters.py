@@ -260,6 +260,42 @@ def test_check_a_block_that_never_arrives_deadlocks_its_cluster_barrier():
     f(x)
 
 
+def leader_tracked_kernel(cluster, waits=lambda: lax.axis_index("x") == 0):
+  """Each block writes its tile of ``2 * x`` and arrives on a leader-tracked cluster barrier;
+  the blocks ``waits`` picks wait on it, then sum every block's tile into ``o2``."""
+  def kernel(x_ref, o1_ref, o2_ref, bar):
+    me = lax.axis_index("x")
+    o1_ref[me] = x_ref[me] * 2
+    plgpu.barrier_arrive(bar)
+
+    @pl.when(waits())
+    def _():
+      plgpu.barrier_wait(bar)
+      o2_ref[...] = o1_ref[...].sum(axis=0)
+
+  return plgpu.kernel(kernel, out_shape=(S((cluster, 8, 128), jnp.int32), S((8, 128), jnp.int32)),
+                      cluster=(cluster,), cluster_names=("x",),
+                      scratch_shapes=[plgpu.ClusterBarrier(collective_axes=("x",), leader_tracked=True)])
+
+
+@REFUSES_GMEM_EXCHANGE
+@pytest.mark.parametrize("cluster", [2, 4])
+def test_a_leader_tracked_cluster_barrier_completes_once_every_block_arrived(cluster):
+  # Every block's arrival goes to the leader's barrier (index 0): it completes once all came.
+  x = jax.random.randint(jax.random.key(7), (cluster, 8, 128), -1000, 1000, jnp.int32)
+  o1, o2 = leader_tracked_kernel(cluster)(x)
+  np.testing.assert_array_equal(o1, x * 2)
+  np.testing.assert_array_equal(o2, np.asarray(x * 2).sum(axis=0))
+
+
+@REFUSES_GMEM_EXCHANGE
+def test_check_a_wait_on_a_leader_tracked_barrier_outside_the_leader():
+  x = jax.random.randint(jax.random.key(8), (2, 8, 128), -1000, 1000, jnp.int32)
+  with pytest.raises(KernelCheckError, match=r"barrier_wait on the leader-tracked barrier bar in block "
+                     r"\(x=1\): every block's arrivals go to the leader block \(x=0\)'s barrier"):
+    leader_tracked_kernel(2, waits=lambda: True)(x)
+
+
 def test_cluster_barrier_lowers_to_a_barrier_of_each_block():
   def kernel(x_ref, o_ref, smem, bar, bar2):
     plgpu.copy_gmem_to_smem(x_ref, smem, bar, collective_axes="c")

@@ -35,6 +35,7 @@ PENDING = 2 ** 62                               # the phase of an arrival that h
 PEER = ("a multicast copy from a cluster peer",)  # a loads key that no thread ever observes
 
 _local_arrive = eager.RULES[mp.barrier_arrive_p]
+_local_wait = eager.RULES[mp.barrier_wait_p]
 _local_copy = eager.RULES[mp.copy_gmem_to_smem_p]
 
 
@@ -116,15 +117,14 @@ def twin(view: View, block) -> View:
 # --- allocation: every block of a cluster gets its twin of each scratch buffer at once --------
 
 def _scale_barriers(th, block, bufs):
-  """A cluster barrier's phase takes ``num_arrivals`` arrivals from each block that reaches it."""
+  """A cluster barrier's phase takes ``num_arrivals`` arrivals from each block that reaches it
+  (a leader-tracked one's: from each block of its group, all arriving on the leader's)."""
   for b in bufs:
     if isinstance(b.kind, mc.ClusterBarrier):
-      if b.kind.leader_tracked:
-        fail(th, "plgpu.ClusterBarrier(leader_tracked=True) is not supported by pallax yet; "
-                 "use a ClusterBarrier that every block arrives on")
       cluster = sizes(block)
       dims = _dims(th, b.kind.collective_axes, "plgpu.ClusterBarrier")
-      reach = sum(math.prod(cluster[n] for n in d) for d in dims) - len(dims) + 1
+      reach = (math.prod(cluster[n] for d in dims for n in d) if b.kind.leader_tracked else
+               sum(math.prod(cluster[n] for n in d) for d in dims) - len(dims) + 1)
       b.kind = dataclasses.replace(b.kind, num_arrivals=b.kind.num_arrivals * reach)
 
 
@@ -153,10 +153,35 @@ def _barrier_arrive(th, eqn, invals):
     return (yield from _local_arrive(th, eqn, invals))
   if not eqn.params["has_predicate"] or bool(rest[0]):
     sem.barrier_index(th, view, "barrier_arrive")
-    for b in cross(th, view.buf.kind.collective_axes, "barrier_arrive"):
+    axes = view.buf.kind.collective_axes
+    reached = ([_leader(th, axes, "barrier_arrive")] if view.buf.kind.leader_tracked
+               else cross(th, axes, "barrier_arrive"))
+    for b in reached:
       sem.arrive(th, twin(view, b), f"barrier_arrive of block {block_name(th.block)}")
   yield from ()
   return []
+
+
+def _leader(th, axes, what: str):
+  """The block of ``th``'s group along ``axes`` at index 0 on each of them."""
+  names = {n for d in _dims(th, axes, what) for n in d}
+  return next(b for b in group(th, axes, what) if all(b.axes[n] == 0 for n in names))
+
+
+@rule(mp.barrier_wait_p)
+def _barrier_wait(th, eqn, invals):
+  """A leader-tracked cluster barrier completes in the leader block only: a wait elsewhere
+  would never return."""
+  (bar,), _ = mp.split_refs(invals, eqn.params["trees"])
+  kind = bar[0].buf.kind
+  if isinstance(kind, mc.ClusterBarrier) and kind.leader_tracked and len(th.block.peers) > 1:
+    leader = _leader(th, kind.collective_axes, "barrier_wait")
+    if leader is not th.block:
+      fail(th, f"barrier_wait on the leader-tracked {bar[0].buf.name} in block "
+               f"{block_name(th.block)}: every block's arrivals go to the leader block "
+               f"{block_name(leader)}'s barrier, so only the leader waits on it (this wait would "
+               "never return)")
+  return (yield from _local_wait(th, eqn, invals))
 
 
 # --- multicast copies ------------------------------------------------------------------------
