@@ -48,4 +48,4 @@ from pallax._src.mosaic_gpu.tcgen05 import (
 GPUMemorySpace = MemorySpace   # the docs' older name
 from pallax._src.mosaic_gpu.pipeline import emit_pipeline, emit_pipeline_warp_specialized  # noqa: E402
 from pallax._src.mosaic_gpu.pipeline_state import PipelinePipeline  # noqa: E402
-from pallax._src.torch.kernel import as_torch_kernel  # noqa: E402,F401  (Triton kernels; plgpu kernels refused clearly)
+from pallax._src.torch.kernel import as_torch_kernel  # noqa: E402,F401  (plgpu kernels from torch: Gluon on a GPU, the interpreter for CPU tensors)
