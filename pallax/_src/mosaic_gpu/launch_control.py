@@ -95,11 +95,7 @@ def _try_cluster_cancel(th, eqn, invals):
   p = answers[k]
   eager.write(res, np.array([-1 if p is None else p, p is not None, 0, 0], np.int32)
               .view(res.buf.data.dtype).reshape(res.shape))
-  mask = sem.view_mask(res)
-  phase = sem.arrive(th, bar, what)
-  key = (bar.buf, sem.barrier_index(th, bar, what))
-  res.buf.state["loads"] = [e for e in res.buf.state.get("loads", []) if (e[0] & ~mask).any()] + [
-      (mask, key, phase, f"{th.line}: a try_cluster_cancel")]
+  sem.landed(th, res, sem.view_mask(res), bar, what, f"{th.line}: a try_cluster_cancel")
   return []
 
 

@@ -146,8 +146,6 @@ def _async_store_smem(th, eqn, invals):
   mask = sem.view_mask(dst)
   eager.write(dst, value.astype(dst.buf.data.dtype))
   sem.union_write(th, dst, mask)
-  phase = sem.arrive(th, bar_view, what)
-  key = (bar_view.buf, sem.barrier_index(th, bar_view, what))
-  dst.buf.state["loads"] = [e for e in dst.buf.state.get("loads", []) if (e[0] & ~mask).any()] + [
-      (mask, key, phase, f"{th.line}: an async_store_smem of block {clusters.block_name(th.block)}")]
+  sem.landed(th, dst, mask, bar_view, what,
+             f"{th.line}: an async_store_smem of block {clusters.block_name(th.block)}")
   return []

@@ -411,12 +411,18 @@ def _copy_gmem_to_smem(th, eqn, invals):
                "either could land last")
   eager.write(dst, eager.read(src, fill=0), init=eager.read_init(src))
   union_write(th, dst, mask)
-  bar_view = bar[0].at(bar[1])
-  phase = arrive(th, bar_view, what)
-  key = (bar_view.buf, barrier_index(th, bar_view, what))
-  loads = [e for e in dst.buf.state["loads"] if (e[0] & ~mask).any()]
-  dst.buf.state["loads"] = loads + [(mask, key, phase, th.line)]
+  landed(th, dst, mask, bar[0].at(bar[1]), what)
   return []
+
+
+def landed(th, dst: View, mask, bar: View, what: str, line=None) -> None:
+  """Data written asynchronously into SMEM ``dst`` (``mask``) arrives on ``bar``: it is readable
+  by a thread once that thread waited on the barrier's phase (``_check_loaded``). ``line``:
+  where it was issued, as the reports name it."""
+  phase = arrive(th, bar, what)
+  key = (bar.buf, barrier_index(th, bar, what))
+  loads = [e for e in dst.buf.state.get("loads", []) if (e[0] & ~mask).any()]
+  dst.buf.state["loads"] = loads + [(mask, key, phase, th.line if line is None else line)]
 
 
 @rule(mp.copy_smem_to_gmem_p)
