@@ -4,7 +4,8 @@ checked outputs, the table cells and the report.
 
 Wall time per call: the median over rounds of (wall time of ``n`` back-to-back calls) / n, after
 a warm-up, each round in a fresh random order. Kernel time: the summed device operations of a
-batch of ``n`` calls in a ``jax.profiler`` trace, over ``n`` (median of rounds).
+batch of ``n`` calls in a ``jax.profiler`` trace, over ``n`` (median of rounds, each in a fresh
+random order too).
 """
 from __future__ import annotations
 
@@ -47,16 +48,22 @@ def time_calls(fns: dict, args, n=10, rounds=15):
 def device_ops(fns: dict, args, n=10, rounds=7) -> dict:
   """Per function, per round: the device operations (kernels, copies; trace events with their
   ``name``, ``ts`` and ``dur`` in µs) that a batch of ``n`` back-to-back calls ran, from a
-  profiler trace. Rounds interleave the functions."""
+  profiler trace. Rounds interleave the functions, each round in a fresh random order (as
+  ``time_calls``: a kernel that heats the GPU would otherwise slow the one after it in every
+  round)."""
   import glob
   import gzip
   import json
   import tempfile
   d = tempfile.mkdtemp(prefix="pallax_trace_")
   batches = {k: [] for k in fns}
+  order = list(fns)
+  rng = np.random.default_rng(1)
   with jax.profiler.trace(d, create_perfetto_trace=True):
     for r in range(rounds):
-      for k, f in fns.items():
+      rng.shuffle(order)
+      for k in order:
+        f = fns[k]
         with jax.profiler.TraceAnnotation(f"batch {k} {r}"):
           out = None
           for _ in range(n):

@@ -76,6 +76,10 @@ class Buffer:
   declared: int = 0
   ranks: set = dataclasses.field(default_factory=set)
   registers: set = dataclasses.field(default_factory=set)
+  # Whether anything may read its padding, which is then zeroed where it is allocated. Only a
+  # TMA copy into it and a wgmma reading it along an unpadded K are known not to (the rules say
+  # so: ``AssignContext.padding_unread``); any other use of the buffer counts as a reader.
+  padding_read: bool = False
 
   @property
   def rank(self) -> int:
@@ -211,6 +215,10 @@ class AssignContext:
     """Records what this equation's writer rule renders from."""
     self.a.scope.facts[self.eqn] = value
 
+  def padding_unread(self, ref) -> None:
+    """Says that this equation's use of the SMEM buffer ``ref`` reads none of its padding."""
+    self.a.padding_unread.add(id(ref))
+
 
 class Assigner:
   """The pass's state while it walks: the scope being filled, the conversions so far, the
@@ -230,6 +238,7 @@ class Assigner:
     self._live: set = set()
     self._eqns: list = []
     self._rebuilt_here: set = set()   # ids of the operands the running rule rebuilt
+    self.padding_unread: set = set()  # ids of the SMEM operands whose padding it does not read
     self._origins: dict = {}          # id of a free Val -> (its scope, its variable)
 
   def result(self) -> Assignment:
@@ -241,6 +250,7 @@ class Assigner:
     current one."""
     scope = Scope(jaxpr)
     self.scope.subs.append(scope)
+    self.padding_unread.update(id(a) for a in args)   # what reads them is in ``jaxpr``
     outer = self.scope, self._live, self._eqns
     self.scope, self._eqns = scope, jaxpr.eqns
     self._live = {a for e in jaxpr.eqns for a in e.invars if isinstance(a, ji.Var)}
@@ -277,14 +287,17 @@ class Assigner:
     if eqn.primitive not in self.gen.table.rules:
       return unknown   # the writer refuses it
     rule = LAYOUT_RULES.rules.get(eqn.primitive, elementwise)
-    outer, self._rebuilt_here = self._rebuilt_here, set()
+    outer = self._rebuilt_here, self.padding_unread
+    self._rebuilt_here, self.padding_unread = set(), set()
     try:
       outs = rule(AssignContext(self, eqn), *invals, **eqn.params)
       for v in invals:   # operands the rule did not rebuild in another layout: taken as they are
         if id(v) not in self._rebuilt_here:
           self.take_as_is(v)
+        if isinstance(v, Smem) and id(v) not in self.padding_unread:
+          v.buffer.padding_read = True
     finally:
-      self._rebuilt_here = outer
+      self._rebuilt_here, self.padding_unread = outer
     if outs is None:
       return unknown
     outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]

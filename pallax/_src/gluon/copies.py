@@ -482,6 +482,7 @@ def _copy_gmem_to_smem_layouts(ctx, *invals, **params):
   (src, dst, bar), _ = _refs(ctx, invals)
   if not params["collective_axes"] and bar is not None and isinstance(dst[0], Smem):
     smem_view_layouts(*dst)
+    ctx.padding_unread(dst[0])   # (it writes the view's elements only)
   return None
 
 

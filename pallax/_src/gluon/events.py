@@ -64,6 +64,14 @@ class MmaWait:
 
 
 @dataclasses.dataclass(frozen=True)
+class ZeroPadding:
+  """A padded SMEM buffer zeroed where it is allocated (something may read its padding: see
+  ``assign.Buffer.padding_read``): every slot of its ``stored`` shape."""
+  ref: str
+  stored: tuple
+
+
+@dataclasses.dataclass(frozen=True)
 class Halve:
   """A register tile split in two along ``dim`` (slices of register tiles)."""
   shape: tuple

@@ -154,7 +154,7 @@ def _wgmma_layouts(ctx, *invals, trees):
   (acc, lhs, rhs), rest = mp.split_refs(invals, trees)
   if acc[1] or not isinstance(acc[0], Acc) or not isinstance(rhs[0], Smem):
     return None   # the writer refuses it
-  smem_view_layouts(*rhs)
+  _unpadded_k(ctx, rhs, smem_view_layouts(*rhs), k=-2)
   if lhs is None:
     value = rest[0]
     bits = value.dtype.itemsize * 8
@@ -162,7 +162,7 @@ def _wgmma_layouts(ctx, *invals, trees):
       a.conversions.append(Conversion(getattr(value, "layout", None), dot, tuple(value.shape), a.last_frame))
   elif isinstance(lhs[0], Smem):
     bits = lhs[0].dtype.itemsize * 8
-    smem_view_layouts(*lhs)
+    _unpadded_k(ctx, lhs, smem_view_layouts(*lhs), k=-1)
   else:
     return None
   layout = L.wgmma(acc[0].shape[1], bits)
@@ -171,6 +171,14 @@ def _wgmma_layouts(ctx, *invals, trees):
     acc[0].layout = layout
   ctx.facts(layout)
   return None
+
+
+def _unpadded_k(ctx, operand, view: Smem, k: int) -> None:
+  """A wgmma reads the padding of an SMEM operand only along K (``view.shape[k]``, the view as
+  the wgmma sees it, transposes applied) when K is not a power of two: what it reads of the
+  padding of M or N lands in the accumulator's padding, which reaches no result."""
+  if view.shape[k] == ex.pow2(view.shape[k]):
+    ctx.padding_unread(operand[0])
 
 
 def _slot_indexed_again(ref, transforms) -> bool:

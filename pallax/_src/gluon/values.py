@@ -5,8 +5,9 @@ broadcasts), slices of layouts, masks of padded lanes, iotas, and waiting for wg
 Values and SMEM buffers whose shapes are not powers of two live in padded tensors (see
 ``layouts.py``). What sits in the padding never reaches a result: reductions set it to their
 identity first; GMEM is written through masks or by TMA, which drops what lies past the array's
-end; and in SMEM it is zero (buffers start zeroed, register stores zero it, TMA fills it with
-zeros), so a wgmma whose K is padded adds nothing from it.
+end; and in SMEM it is zero wherever a wgmma may read it along K (such buffers start zeroed:
+``assign.Buffer.padding_read``; register stores zero it, TMA fills it with zeros), so a wgmma
+whose K is padded adds nothing from it.
 """
 from __future__ import annotations
 

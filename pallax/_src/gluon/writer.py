@@ -18,7 +18,7 @@ from pallax._src.gluon import profile
 from pallax._src.gluon import statements
 from pallax._src.gluon import subbyte
 from pallax._src.gluon.assign import Buffer
-from pallax._src.gluon.events import SmemView
+from pallax._src.gluon.events import SmemView, ZeroPadding
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu import source as src
 
@@ -368,8 +368,8 @@ class Writer(src.Source):
   def allocate_smem(self, name: str, shape: tuple, dtype) -> tuple[L.Shared, Buffer]:
     """Allocates the next SMEM buffer the layout assignment found (its stored shape and layout
     rank come from the ranks of all its views); returns its layout and the buffer. A padded
-    buffer is zeroed where it is allocated, so that its padding is zero until TMA or registers
-    write it."""
+    buffer something may read the padding of (``Buffer.padding_read``) is zeroed where it is
+    allocated, so that its padding is zero until TMA or registers write it."""
     buffer = self.assignment.buffers[self.allocated]
     if (buffer.shape, buffer.dtype) != (tuple(shape), np.dtype(dtype)):
       raise AssertionError("internal error: the Gluon writer allocates SMEM the layout "
@@ -379,7 +379,7 @@ class Writer(src.Source):
     self.register_tensors = True   # its padding may be zeroed from registers
     stored, rank, gl_dtype = buffer.stored, buffer.rank, ex.dtype_name(dtype, "gl")
     self.emit_scalar(f"{name} = gl.allocate_shared_memory({gl_dtype}, {list(stored)}, {self.layout(layout)})")
-    if stored != tuple(shape):
+    if stored != tuple(shape) and buffer.padding_read:
       zeros = (f"gl.zeros({list(stored[-rank:])}, {gl_dtype}, "
                f"layout={self.layout(L.blocked(stored[-rank:], dtype))})")
       if len(stored) == rank:
@@ -388,6 +388,7 @@ class Writer(src.Source):
         self.emit(f"for _s in gl.static_range({stored[0]}):")
         self.emit(f"    {name}.index(_s).store({zeros})")
       self.emit("hopper.fence_async_shared()")   # before TMA writes the buffer
+      self.events.append(ZeroPadding(f"smem[{self.allocated - 1}]", stored))
     return layout, buffer
 
   def is_whole(self, ref) -> bool:
