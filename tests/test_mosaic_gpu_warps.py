@@ -307,20 +307,23 @@ def test_closing_over_an_array_is_refused_by_the_compiler():
     @plgpu.warp_map
     def _(warp):
       smem[...] = arr
-  with pytest.raises(NotImplementedError, match="Can only close over scalars and Refs .* with WarpMesh"):
+  with pytest.raises(NotImplementedError, match="Can only close over scalars and Refs .* with WarpMesh") as e:
     _lower_warp_body(body)
+  assert isinstance(e.value, ValueError)   # (JAX's compiler raises a ValueError)
 
 
 def test_array_loads_and_stores_are_refused_by_the_compiler():
   def load(x_ref, o_ref, smem):
     plgpu.warp_map(lambda w: pl.when(w == 0)(lambda: o_ref.__setitem__(0, x_ref[0])))
-  with pytest.raises(NotImplementedError, match="Can only load scalars"):
+  with pytest.raises(NotImplementedError, match="Can only load scalars") as e:
     _lower_warp_body(load)
+  assert isinstance(e.value, ValueError)   # (JAX's compiler raises a ValueError)
 
   def store(x_ref, o_ref, smem):
     plgpu.warp_map(lambda w: o_ref.__setitem__(0, jnp.zeros((128,), jnp.float32) + w))
-  with pytest.raises(NotImplementedError, match="Can only store scalars|warp-level code computes"):
+  with pytest.raises(NotImplementedError, match="Can only store scalars|warp-level code computes") as e:
     _lower_warp_body(store)
+  assert isinstance(e.value, ValueError)
 
 
 @pytest.mark.gluon_refuses("Can only load scalars in warp-level code")

@@ -48,7 +48,10 @@ def _warp_id(w: int) -> ex.Lit:
 @rule(mw.warp_map_p)
 def _warp_map(ctx, *consts, jaxpr, num_consts, axis_name):
   gen = ctx.gen
-  mw.refuse_arrays(jaxpr, num_consts)
+  try:
+    mw.refuse_arrays(jaxpr, num_consts)
+  except mw.WarpArrayError as e:   # (named for the kernel here: the generator passes it on as is)
+    raise mw.WarpArrayError(f"pallas_call {gen.kernel_name}: {e}") from None
   bodies = [_lower_warp(gen, jaxpr, consts, w) for w in range(mw.NUM_WARPS)]
   if gen.only_warp is not None:   # a partition of one warp (threads.py): its body alone
     gen.warp_mapped = True

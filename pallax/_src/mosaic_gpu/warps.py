@@ -139,14 +139,21 @@ def check_body(jaxpr, consts, where) -> None:
                        "operation of the whole warpgroup; issue it outside the warp body")
 
 
+class WarpArrayError(NotImplementedError, ValueError):
+  """Array code in a warp body on a GPU backend: JAX's Mosaic GPU compiler refuses it with a
+  ValueError (and the words these messages carry), and so does pallax's GPU backend; it is also
+  a NotImplementedError, as every refusal of a GPU backend is: the interpreter runs the kernel,
+  as JAX's does."""
+
+
 def refuse_arrays(jaxpr, num_consts: int, where=None) -> None:
   """What Mosaic GPU's compiler refuses in warp code, with its words: a warp holds no register
   arrays (the interpreter runs such code, as JAX's does; a GPU backend calls this, and the
-  refusal is a NotImplementedError: the kernel runs with interpret=True)."""
+  refusal is a ``WarpArrayError``: the kernel runs with interpret=True)."""
   for v in jaxpr.invars[:num_consts]:
     aval = v.aval
     if not ji.is_ref_aval(aval) and aval.shape:
-      raise NotImplementedError(
+      raise WarpArrayError(
           f"plgpu.warp_map{f' at {where}' if where else ''}: Can only close over scalars and Refs "
           f"when using mpmd_map with WarpMesh: the warp body closes over an array of type "
           f"{aval.str_short()}. A warp holds no register arrays: compute the value in the "
@@ -158,12 +165,12 @@ def refuse_arrays(jaxpr, num_consts: int, where=None) -> None:
 def _refuse_array_eqn(eqn, where) -> None:
   p = eqn.primitive
   if p is ji.get_p and eqn.outvars[0].aval.shape:
-    raise NotImplementedError(
+    raise WarpArrayError(
         f"a load of shape {eqn.outvars[0].aval.shape} in plgpu.warp_map{_at(eqn, where)}: Can "
         "only load scalars in warp-level code (a warp holds no register arrays); copy arrays "
         "with plgpu.copy_smem_to_gmem/copy_gmem_to_smem, or load them outside warp_map")
   if p is ji.swap_p and eqn.invars[1].aval.shape:
-    raise NotImplementedError(
+    raise WarpArrayError(
         f"a store of shape {eqn.invars[1].aval.shape} in plgpu.warp_map{_at(eqn, where)}: Can "
         "only store scalars in warp-level code (a warp holds no register arrays); store arrays "
         "outside warp_map, or copy them with TMA")
@@ -172,7 +179,7 @@ def _refuse_array_eqn(eqn, where) -> None:
   for v in eqn.outvars:
     aval = v.aval
     if not ji.is_ref_aval(aval) and getattr(aval, "shape", ()):
-      raise NotImplementedError(
+      raise WarpArrayError(
           f"{p} makes an array of type {aval.str_short()} in plgpu.warp_map{_at(eqn, where)}: "
           "warp-level code computes with scalars only (a warp holds no register arrays); "
           "compute arrays in the warpgroup, outside warp_map")
