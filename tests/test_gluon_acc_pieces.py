@@ -100,3 +100,34 @@ def test_pieces_initialized_updated_and_read_between_wgmmas():
   prod = a.astype(np.float64) @ b.astype(np.float64)
   np.testing.assert_allclose(mm(a, b, c), (c + prod) / 2 + prod, **F32_DOT)
   assert wgmma_widths(mm, a, b, c) == {128, 64}
+
+
+@pytest.mark.parametrize("a_in", ["smem", "registers"])
+def test_an_int8_accumulator_192_wide_runs_as_pieces_of_at_most_128(a_in):
+  """Triton 3.6 writes int8 wgmmas up to N=128 only: an int32 accumulator 192 wide runs as pieces
+  of 128 and 64 (a wider one is refused). int8 products summed in int32 are exact."""
+  m, k, n = 64, 128, 192
+  a = rand(6, (m, k), jnp.int8)
+  b_t = rand(7, (n, k), jnp.int8)   # (N, K): 8-bit wgmmas read b K-major
+
+  @plgpu.kernel(out_shape=S((m, n), jnp.int32),
+                scratch_shapes=[plgpu.SMEM((m, k), jnp.int8), plgpu.SMEM((n, k), jnp.int8),
+                                plgpu.Barrier(num_arrivals=2)])
+  def mm(a_ref, b_ref, o_ref, a_smem, b_smem, bar):
+    plgpu.copy_gmem_to_smem(a_ref, a_smem, bar)
+    plgpu.copy_gmem_to_smem(b_ref, b_smem, bar)
+    plgpu.barrier_wait(bar)
+
+    def compute(acc_ref):
+      a_op = a_smem if a_in == "smem" else plgpu.load(a_smem, (), layout=plgpu.Layout.WGMMA_8BIT)
+      plgpu.wgmma(acc_ref, a_op, b_smem.transpose((1, 0)))
+      plgpu.wgmma_wait(0)
+      return acc_ref[...]
+
+    o_ref[...] = pl.run_scoped(compute, plgpu.ACC((m, n), jnp.int32))
+
+  np.testing.assert_array_equal(mm(a, b_t), a.astype(np.int64) @ b_t.T.astype(np.int64))
+  (compiled,) = plgpu.lower(mm, S(a.shape, a.dtype), S(b_t.shape, b_t.dtype))
+  widths = {int(w) for w in re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.s32\.s8\.s8",
+                                       compiled.ptx)}
+  assert widths == {128, 64}

@@ -33,9 +33,12 @@ def _wgmma(ctx, *invals, trees):
       gen.unsupported("wgmma of a view that indexes part of the leading dimensions of an SMEM "
                       "buffer of rank 4 or more, then indexes it again (a_ref.at[0] of a pipeline "
                       "slot of 3-D blocks): use 2-D blocks")
-  if np.issubdtype(ctx.eqn.invars[0].aval.dtype, np.integer) and ex.pow2(acc_ref.shape[1]) > 128:
-    gen.unsupported(f"an int8 wgmma {acc_ref.shape[1]} wide (Triton 3.6 writes int8 wgmmas up to "
-                    "N=128, and pads N to a power of two: split the accumulator's columns)")
+  n = acc_ref.shape[1]
+  if np.issubdtype(ctx.eqn.invars[0].aval.dtype, np.integer) and \
+      max(acc_pieces.widths(n) or [ex.pow2(n)]) > 128:
+    gen.unsupported(f"an int8 wgmma {n} wide (Triton 3.6 writes int8 wgmmas up to N=128, and "
+                    "pads N to a power of two; 192 runs as pieces of 128 and 64: split the "
+                    "accumulator's columns)")
   # K is the last dimension of a's buffer unless a is transposed, of b's only if b is.
   transposed = lambda ref: any(isinstance(t, ji.TransposeRef) for t in ref[1])
   b_view = smem_view(gen, *b, k_last=transposed(b))
