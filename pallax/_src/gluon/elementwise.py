@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 from jax import lax
@@ -190,8 +191,13 @@ def _logistic(ctx, x, **_):
 
 
 @rule(prims.hint_p)
-def _hint(ctx, x, **_):
-  return x
+def _hint(ctx, x, *, kind, values):
+  """Gluon takes no hints; ``pl.multiple_of`` of a scalar is kept as what the value is known to
+  be a multiple of (a run-time SMEM slice along a swizzled dimension needs it)."""
+  if kind != "multiple_of" or x.shape or not np.issubdtype(np.dtype(x.dtype), np.integer):
+    return x
+  x = ctx.gen.bind(x, "v")
+  return dataclasses.replace(x, divisor=math.lcm(ex.divisor(x), int(values[0])))
 
 
 # --- layout assignment (assign.py): operations without a rule here take their operands' common

@@ -16,7 +16,8 @@ from typing import Any
 class SmemView:
   """A view of an SMEM buffer: the buffer, and the steps that take the view from it, in order:
   ("index", expression), ("slice", start, size, dim), ("permute", permutation),
-  ("reshape", shape)."""
+  ("reshape", shape), and slices from a run-time start: ("piece", start, size) of the leading
+  dimension, ("columns", start, size) of the last."""
   ref: str
   steps: tuple = ()
 

@@ -19,7 +19,8 @@ from pallax._src.gluon.assign import Acc, Closed, Gmem, Smem, Val, layout_rule
 from pallax._src.gluon.events import Access
 from pallax._src.gluon.reshapes import reshape_tile, reshaped_val
 from pallax._src.gluon.shapes import halve_all, halvings
-from pallax._src.gluon.smem_views import (compose_slices, dynamic_piece, flat_index, indexed_lead,
+from pallax._src.gluon.smem_views import (compose_slices, dynamic_columns, dynamic_piece, flat_index,
+                                          indexed_lead,
                                           merge_lead_indices,
                                           static_slice, unstored)
 from pallax._src.gluon.values import (I32, dtype_token, i32, masked, shape_token, slice_layout,
@@ -64,6 +65,14 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
             and dim == 0 and not permuted:
           text = dynamic_piece(gen, ref, text, shape, idx)
           steps.append(("piece", idx.start, idx.size))
+          new_shape.append(idx.size)
+          whole = False
+          dim += 1
+          continue
+        if not (isinstance(idx.start, Lit) or isinstance(idx.start, int)) and idx.stride == 1 \
+            and dim == 1 == len(shape) - 1 and whole and not permuted:
+          text = dynamic_columns(gen, ref, text, shape, idx)
+          steps.append(("columns", idx.start, idx.size))
           new_shape.append(idx.size)
           whole = False
           dim += 1

@@ -39,6 +39,29 @@ def dynamic_piece(gen, ref: SmemRef, text: str, shape, idx) -> str:
           f"{layout}).index({start} // {size})")
 
 
+def dynamic_columns(gen, ref: SmemRef, text: str, shape, idx) -> str:
+  """A slice of the last dimension of a whole swizzled matrix from a start known only at run
+  time, one swizzle width wide: rows wider than the swizzle are stored as column chunks one
+  swizzle wide, one after another, so the matrix reinterpreted as (chunks, rows, swizzle width)
+  is the same bytes, and the slice is the chunk the start is in. The start must be known to be a
+  multiple of the width (JAX's Mosaic GPU refuses it otherwise, at compile time too)."""
+  rows, cols = shape
+  width = ref.swizzle // ref.dtype.itemsize if ref.swizzle else 0
+  if not width or idx.size != width or cols % width or not L.is_pow2(cols) or not L.is_pow2(rows):
+    gen.unsupported(f"a slice of {idx.size} columns from a run-time start of an SMEM matrix of "
+                    f"shape {list(shape)} (one swizzle width, {width} elements, of a matrix of "
+                    "power-of-two sizes only)")
+  if ex.divisor(idx.start) % width:
+    raise ValueError(
+        f"pallas_call {gen.kernel_name}: a slice of {width} columns of a {ref.swizzle}-byte "
+        f"swizzled SMEM matrix from a run-time start not known to be a multiple of {width}: "
+        "Failed to infer a possible set of layouts (a slice must take whole swizzle chunks); "
+        f"if the start is one, say so with pl.multiple_of(start, {width})")
+  start = gen.render(gen.bind(idx.start, "start"))
+  return (f"{text}._reinterpret({ex.dtype_name(ref.dtype, 'gl')}, {[cols // width, rows, width]}, "
+          f"{gen.layout(ref.layout)}).index({start} // {width})")
+
+
 def _static(i) -> int | None:
   i = i.value if isinstance(i, Lit) else i
   return i if isinstance(i, (int, np.integer)) else None

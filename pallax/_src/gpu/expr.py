@@ -24,6 +24,7 @@ class Expr:
   dtype: Any = None           # a numpy dtype; None for tokens that are not values
   shape: tuple = ()           # the logical shape
   bounds: tuple | None = None  # an integer name's known (lo, hi), every lane (see ``interval``)
+  divisor: int = 1            # an integer name's known divisor, every lane (see ``divisor``)
 
   @property
   def padded(self) -> tuple[int, ...]:
@@ -179,6 +180,25 @@ def _interval(e):
       return None
     return _combine(e.op, a, b)
   return None
+
+
+def divisor(e) -> int:
+  """A number every lane of the integer expression ``e`` is a multiple of (0: ``e`` is 0; 1:
+  none known). Known: literals, names bound with one (``pl.multiple_of``, values bound from
+  known expressions), and + - * << of those."""
+  if isinstance(e, Lit):
+    return 1 if isinstance(e.value, bool) or not isinstance(e.value, (int, np.integer)) else abs(int(e.value))
+  if isinstance(e, Name):
+    return e.divisor
+  if isinstance(e, Op) and len(e.args) == 2:
+    a, b = (divisor(x) for x in e.args)
+    if e.op in ("+", "-"):
+      return math.gcd(a, b)
+    if e.op == "*":
+      return a * b
+    if e.op == "<<" and isinstance(e.args[1], Lit):
+      return a << b if a else 0
+  return 1
 
 
 def _combine(op: str, a, b):

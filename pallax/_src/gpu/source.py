@@ -132,9 +132,10 @@ class Source:
     dtype = e.dtype if dtype is None else np.dtype(dtype)
     shape = e.shape if shape is None else tuple(shape)
     bounds = ex.interval(e) if dtype == e.dtype else None
+    divisor = ex.divisor(e) if dtype == e.dtype else 1
     if isinstance(e, (ex.Name, ex.Lit)):
-      return dataclasses.replace(e, dtype=dtype, shape=shape, bounds=bounds)
-    name = ex.Name(self.fresh(hint), dtype=dtype, shape=shape, bounds=bounds)
+      return dataclasses.replace(e, dtype=dtype, shape=shape, bounds=bounds, divisor=divisor)
+    name = ex.Name(self.fresh(hint), dtype=dtype, shape=shape, bounds=bounds, divisor=divisor)
     self.max_numel = max(self.max_numel, name.numel)
     self.emit_binding(name, e)
     return name
