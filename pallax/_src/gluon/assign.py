@@ -121,10 +121,21 @@ class Buffer:
     """Why no one layout serves every view (None: one does)."""
     rank = min(self.ranks | {len(self.shape)})
     top = max(rank + 1, self.declared)
-    if rank < len(self.shape) - 1 or max(self.ranks | {rank}) > top or self.registers - {rank}:
+    if rank < len(self.shape) - 1 or max(self.ranks | {rank}) > top or self._odd_registers(rank):
       return (f"SMEM views of ranks {sorted(self.ranks)} of one buffer of shape {list(self.shape)}, "
               f"register loads or stores of rank {sorted(self.registers)} among them")
     return None
+
+  def _odd_registers(self, rank: int) -> set:
+    """The ranks of register accesses that no layout serves beside the buffer's (of ``rank``).
+    A buffer stored with its leading dimensions flattened sees each view in a layout of the
+    view's own rank (``smem_views.flat_index``): that serves registers too, where every view
+    sees the same bytes (all of one rank, unpadded, or rows no wider than the swizzle)."""
+    odd = self.registers - {rank}
+    if self.declared <= len(self.shape):
+      return odd
+    same = self.ranks == odd and tuple(self.stored) == tuple(self.shape)
+    return {r for r in odd if r > self.declared or (self.wide_rows(r) and not same)}
 
 
 @dataclasses.dataclass(eq=False)
