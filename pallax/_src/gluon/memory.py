@@ -61,18 +61,10 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
     new_shape, dim, rank = [], 0, sum(isinstance(i, ji.Slice) for i in t.indices)
     for idx, size in zip(t.indices, shape):
       if isinstance(idx, ji.Slice):
-        if not (isinstance(idx.start, Lit) or isinstance(idx.start, int)) and idx.stride == 1 \
-            and dim == 0 and not permuted:
-          text = dynamic_piece(gen, ref, text, shape, idx)
-          steps.append(("piece", idx.start, idx.size))
-          new_shape.append(idx.size)
-          whole = False
-          dim += 1
-          continue
-        if not (isinstance(idx.start, Lit) or isinstance(idx.start, int)) and idx.stride == 1 \
-            and dim == 1 == len(shape) - 1 and whole and not permuted:
-          text = dynamic_columns(gen, ref, text, shape, idx)
-          steps.append(("columns", idx.start, idx.size))
+        run_time = _run_time_slice(gen, ref, text, shape, idx, dim, whole, permuted)
+        if run_time is not None:
+          text, step = run_time
+          steps.append(step)
           new_shape.append(idx.size)
           whole = False
           dim += 1
@@ -98,6 +90,20 @@ def smem_view(gen, ref: SmemRef, transforms, k_last: bool = False) -> SmemRef:
     shape = new_shape
   return SmemRef(text, tuple(shape), ref.dtype, ref.layout, ref.swizzle, buffer=ref.buffer,
                  steps=tuple(steps), whole=whole, packed=ref.packed)
+
+
+def _run_time_slice(gen, ref: SmemRef, text: str, shape, idx, dim: int, whole: bool,
+                    permuted: bool):
+  """(the view's text, its step) for a slice from a start known only at run time that Gluon
+  can take: of the leading dimension (``dynamic_piece``), or of the last dimension of a whole
+  2-D matrix (``dynamic_columns``); None for any other slice."""
+  if isinstance(idx.start, (Lit, int)) or idx.stride != 1 or permuted:
+    return None
+  if dim == 0:
+    return dynamic_piece(gen, ref, text, shape, idx), ("piece", idx.start, idx.size)
+  if dim == 1 == len(shape) - 1 and whole:
+    return dynamic_columns(gen, ref, text, shape, idx), ("columns", idx.start, idx.size)
+  return None
 
 
 def _unknown_view(t) -> str:
