@@ -1,7 +1,8 @@
 """Gluon rules of ``lax.reshape`` on register values: a scalar made a tile of ones (a splat), a
 tile of one element made a scalar, and reshapes between shapes whose dimensions are all powers
-of two (Gluon's reshape; pallax pads other shapes, and padding does not reshape), also those
-of register loads and stores through ``ref.reshape(...)`` (``reshape_tile``); and of
+of two (Gluon's reshape), or that differ by dimensions of one; between other shapes, which pallax
+pads differently, by a gather of rows (``_gathered``); also those of register loads and stores
+through ``ref.reshape(...)`` (``reshape_tile``); and of
 ``lax.transpose`` (Gluon's permute: padding lies at the end of each dimension, so a padded
 tile's permute is the padded tile of its transpose); and of ``lax.concatenate`` (through a
 row-major SMEM scratch: Gluon has no concatenation of register tiles)."""
@@ -54,15 +55,71 @@ def reshape_tile(gen, x, shape: tuple, layout: L.Layout, what: str = "a register
   dimensions are all powers of two, or that differ by dimensions of one, are taken; another
   reshape is refused, naming ``what`` is reshaped. (Also the reshape of a register load or store
   through ``ref.reshape(...)``: memory.py.)"""
-  if not (_unpadded(x.shape) and _unpadded(shape)) and not _unit_dims_only(x.shape, shape):
-    gen.unsupported(f"reshaping {what} of shape {x.shape} to {shape} (shapes whose "
-                    "dimensions are all powers of two, or dimensions of one added or dropped, only)")
   layout = gen.declared(layout)
+  if not (_unpadded(x.shape) and _unpadded(shape)) and not _unit_dims_only(x.shape, shape):
+    return _gathered(gen, x, shape, layout, what)
   padded = str(list(L.padded(shape)))   # (padding lanes stay padding where only ones move)
   reshaped = gen.bind(ex.method(x, "reshape", ex.Token(padded), dtype=x.dtype, shape=shape),
                       "reshaped")
   return gen.value(call("gl.convert_layout", reshaped, ex.Token(gen.layout(layout)), dtype=x.dtype,
                         shape=shape), layout)
+
+
+MAX_GATHERED_ROWS = 1 << 14
+
+
+def _common_suffix(a: tuple, b: tuple) -> tuple:
+  """The trailing dimensions ``a`` and ``b`` share, powers of two all."""
+  n = 0
+  while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n] and L.is_pow2(a[-1 - n]):
+    n += 1
+  return tuple(a[len(a) - n:])
+
+
+def _gathered(gen, x, shape: tuple, layout: L.Layout, what: str):
+  """A reshape between shapes with padding (``(384, 8)`` to ``(2, 3, 64, 8)``), where padding
+  sits in other places before and after: both tiles seen as rows of their common trailing
+  dimensions (powers of two), and each row of the result gathered from the row of ``x`` holding
+  the same element (``gl.gather`` along the rows; padding rows read row 0)."""
+  suffix = _common_suffix(tuple(x.shape), shape)
+  lead_x, lead_y = x.shape[:len(x.shape) - len(suffix)], shape[:len(shape) - len(suffix)]
+  rows_x, rows_y = int(np.prod(L.padded(lead_x))), int(np.prod(L.padded(lead_y)))
+  if max(rows_x, rows_y) > MAX_GATHERED_ROWS:
+    gen.unsupported(f"reshaping {what} of shape {x.shape} to {shape} (rows of its trailing "
+                    f"dimensions {list(suffix)} too many to gather)")
+  flat = (rows_y, *suffix)
+  rows = L.blocked(flat, x.dtype)
+  gen.declared(rows)
+  source = gen.bind(ex.method(x, "reshape", ex.Token(str([rows_x, *suffix])), dtype=x.dtype,
+                              shape=(rows_x, *suffix)), "rows")
+  source = gen.value(call("gl.convert_layout", source, ex.Token(gen.layout(rows)), dtype=x.dtype,
+                          shape=source.shape), rows)
+  t = iota_in(gen, I32, flat, 0, rows)
+  index = gen.bind(_source_row(t, lead_y, lead_x), "source")
+  gathered = gen.bind(call("gl.gather", source, index, i32(0), dtype=x.dtype, shape=flat), "gathered")
+  reshaped = gen.bind(ex.method(gathered, "reshape", ex.Token(str(list(L.padded(shape)))),
+                                dtype=x.dtype, shape=shape), "reshaped")
+  return gen.value(call("gl.convert_layout", reshaped, ex.Token(gen.layout(layout)), dtype=x.dtype,
+                        shape=shape), layout)
+
+
+def _source_row(t, lead_y: tuple, lead_x: tuple):
+  """For each row ``t`` of the result's padded leading dimensions ``lead_y``: the row of the
+  source's padded leading dimensions ``lead_x`` holding its element (0 for a padding row)."""
+  def binary(op, a, b, dtype=I32):
+    return ex.binary(op, a, b if isinstance(b, ex.Expr) else i32(b), dtype=dtype)
+
+  linear, valid = i32(0), None
+  for d, size in enumerate(lead_y):   # t's index along each dimension, and its row-major place
+    m = binary("%", binary("//", t, int(np.prod(L.padded(lead_y[d + 1:])))), L.pow2(size))
+    inside = binary("<", m, size, np.dtype(np.bool_))
+    valid = inside if valid is None else binary("&", valid, inside, np.dtype(np.bool_))
+    linear = ex.add(linear, binary("*", m, int(np.prod(lead_y[d + 1:]))))
+  row = i32(0)
+  for d, size in enumerate(lead_x):   # the same place as an index of the source's rows
+    k = binary("//", linear, int(np.prod(lead_x[d + 1:])))
+    row = ex.add(row, binary("*", binary("%", k, size) if d else k, int(np.prod(L.padded(lead_x[d + 1:])))))
+  return call("gl.where", valid, row, i32(0), dtype=I32, shape=t.shape)
 
 
 def reshaped_val(shape: tuple, dtype) -> Val:
