@@ -185,8 +185,9 @@ def test_an_index_after_the_reshape_is_refused():
     _source(kernel, x)
 
 
-@pytest.mark.gluon_refuses("reshaping an SMEM view read through")
-def test_a_reshape_between_shapes_not_powers_of_two_is_refused():
+def test_a_reshape_between_shapes_not_powers_of_two_is_gathered():
+  """(48,) is stored padded as (64,), (3, 16) as (4, 16): the rows are gathered
+  (tests/test_gluon_padded_reshapes.py)."""
   @plgpu.kernel(out_shape=S((3, 16), jnp.float32),
                 scratch_shapes=[plgpu.SMEM((48,), jnp.float32)])
   def kernel(x_ref, o_ref, smem):
@@ -195,5 +196,4 @@ def test_a_reshape_between_shapes_not_powers_of_two_is_refused():
 
   x = _random((48,), jnp.float32, seed=18)
   np.testing.assert_array_equal(kernel(x), np.asarray(x).reshape(3, 16))
-  with pytest.raises(NotImplementedError, match=r"of shape \(48,\) to \(3, 16\)"):
-    _source(kernel, x)
+  _source(kernel, x)   # it lowers (and on a GPU, conftest.py compares it with the interpreter)

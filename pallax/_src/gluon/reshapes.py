@@ -68,7 +68,7 @@ def reshape_tile(gen, x, shape: tuple, layout: L.Layout, what: str = "a register
 MAX_GATHERED_ROWS = 1 << 14
 
 
-def _common_suffix(a: tuple, b: tuple) -> tuple:
+def common_suffix(a: tuple, b: tuple) -> tuple:
   """The trailing dimensions ``a`` and ``b`` share, powers of two all."""
   n = 0
   while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n] and L.is_pow2(a[-1 - n]):
@@ -80,22 +80,30 @@ def _gathered(gen, x, shape: tuple, layout: L.Layout, what: str):
   """A reshape between shapes with padding (``(384, 8)`` to ``(2, 3, 64, 8)``), where padding
   sits in other places before and after: both tiles seen as rows of their common trailing
   dimensions (powers of two), and each row of the result gathered from the row of ``x`` holding
-  the same element (``gl.gather`` along the rows; padding rows read row 0)."""
-  suffix = _common_suffix(tuple(x.shape), shape)
+  the same elements (padding rows read row 0)."""
+  suffix = common_suffix(tuple(x.shape), shape)
   lead_x, lead_y = x.shape[:len(x.shape) - len(suffix)], shape[:len(shape) - len(suffix)]
-  rows_x, rows_y = int(np.prod(L.padded(lead_x))), int(np.prod(L.padded(lead_y)))
+  return gather_rows(gen, x, shape, layout, len(suffix), lambda t: _source_row(t, lead_y, lead_x),
+                     what)
+
+
+def gather_rows(gen, x, shape: tuple, layout: L.Layout, trailing: int, source_row, what: str):
+  """The tile of ``shape`` whose rows (of its last ``trailing`` dimensions, those of ``x`` too)
+  are rows of ``x``: row ``t`` of its padded leading dimensions is row ``source_row(t)`` of
+  ``x``'s (``gl.gather`` along the rows), in ``layout``."""
+  suffix = tuple(shape[len(shape) - trailing:])
+  rows_x = int(np.prod(L.padded(x.shape[:len(x.shape) - trailing])))
+  rows_y = int(np.prod(L.padded(shape[:len(shape) - trailing])))
   if max(rows_x, rows_y) > MAX_GATHERED_ROWS:
-    gen.unsupported(f"reshaping {what} of shape {x.shape} to {shape} (rows of its trailing "
-                    f"dimensions {list(suffix)} too many to gather)")
+    gen.unsupported(f"{what} of shape {x.shape} to {shape} (rows of its trailing dimensions "
+                    f"{list(suffix)} too many to gather)")
   flat = (rows_y, *suffix)
-  rows = L.blocked(flat, x.dtype)
-  gen.declared(rows)
+  rows = gen.declared(L.blocked(flat, x.dtype))
   source = gen.bind(ex.method(x, "reshape", ex.Token(str([rows_x, *suffix])), dtype=x.dtype,
                               shape=(rows_x, *suffix)), "rows")
   source = gen.value(call("gl.convert_layout", source, ex.Token(gen.layout(rows)), dtype=x.dtype,
                           shape=source.shape), rows)
-  t = iota_in(gen, I32, flat, 0, rows)
-  index = gen.bind(_source_row(t, lead_y, lead_x), "source")
+  index = gen.bind(source_row(iota_in(gen, I32, flat, 0, rows)), "source")
   gathered = gen.bind(call("gl.gather", source, index, i32(0), dtype=x.dtype, shape=flat), "gathered")
   reshaped = gen.bind(ex.method(gathered, "reshape", ex.Token(str(list(L.padded(shape)))),
                                 dtype=x.dtype, shape=shape), "reshaped")
@@ -103,23 +111,42 @@ def _gathered(gen, x, shape: tuple, layout: L.Layout, what: str):
                         shape=shape), layout)
 
 
+def _binary(op, a, b, dtype=I32):
+  return ex.binary(op, a, b if isinstance(b, ex.Expr) else i32(b), dtype=dtype)
+
+
+def row_indices(t, lead: tuple):
+  """Row ``t`` of the padded leading dimensions ``lead`` as (its index along each, whether it
+  is inside the unpadded ones)."""
+  ms, valid = [], None
+  for d, size in enumerate(lead):
+    m = _binary("%", _binary("//", t, int(np.prod(L.padded(lead[d + 1:])))), L.pow2(size))
+    inside = _binary("<", m, size, np.dtype(np.bool_))
+    valid = inside if valid is None else _binary("&", valid, inside, np.dtype(np.bool_))
+    ms.append(m)
+  return ms, valid
+
+
+def padded_row(indices, lead: tuple):
+  """The row of the padded leading dimensions ``lead`` at ``indices``."""
+  row = i32(0)
+  for d, m in enumerate(indices):
+    row = ex.add(row, _binary("*", m, int(np.prod(L.padded(lead[d + 1:])))))
+  return row
+
+
 def _source_row(t, lead_y: tuple, lead_x: tuple):
   """For each row ``t`` of the result's padded leading dimensions ``lead_y``: the row of the
-  source's padded leading dimensions ``lead_x`` holding its element (0 for a padding row)."""
-  def binary(op, a, b, dtype=I32):
-    return ex.binary(op, a, b if isinstance(b, ex.Expr) else i32(b), dtype=dtype)
-
-  linear, valid = i32(0), None
-  for d, size in enumerate(lead_y):   # t's index along each dimension, and its row-major place
-    m = binary("%", binary("//", t, int(np.prod(L.padded(lead_y[d + 1:])))), L.pow2(size))
-    inside = binary("<", m, size, np.dtype(np.bool_))
-    valid = inside if valid is None else binary("&", valid, inside, np.dtype(np.bool_))
-    linear = ex.add(linear, binary("*", m, int(np.prod(lead_y[d + 1:]))))
-  row = i32(0)
-  for d, size in enumerate(lead_x):   # the same place as an index of the source's rows
-    k = binary("//", linear, int(np.prod(lead_x[d + 1:])))
-    row = ex.add(row, binary("*", binary("%", k, size) if d else k, int(np.prod(L.padded(lead_x[d + 1:])))))
-  return call("gl.where", valid, row, i32(0), dtype=I32, shape=t.shape)
+  source's padded leading dimensions ``lead_x`` holding its elements (0 for a padding row)."""
+  ms, valid = row_indices(t, lead_y)
+  linear = i32(0)   # the row's row-major place among the unpadded rows
+  for d, m in enumerate(ms):
+    linear = ex.add(linear, _binary("*", m, int(np.prod(lead_y[d + 1:]))))
+  source = []
+  for d, size in enumerate(lead_x):
+    k = _binary("//", linear, int(np.prod(lead_x[d + 1:])))
+    source.append(_binary("%", k, size) if d else k)
+  return call("gl.where", valid, padded_row(source, lead_x), i32(0), dtype=I32, shape=t.shape)
 
 
 def reshaped_val(shape: tuple, dtype) -> Val:
@@ -135,6 +162,17 @@ def _reshape_layouts(ctx, x, *, new_sizes, dimensions, **_):
   if not getattr(x, "shape", ()):
     return Val(shape, dtype, L.blocked(shape, dtype), ("splat",))
   return reshaped_val(shape, dtype)
+
+
+@rule(lax.squeeze_p)
+def _squeeze(ctx, x, *, dimensions):
+  """Dimensions of one dropped: a reshape."""
+  return _reshape(ctx, x, new_sizes=tuple(ctx.out.shape), dimensions=None)
+
+
+@layout_rule(lax.squeeze_p)
+def _squeeze_layouts(ctx, x, *, dimensions):
+  return _reshape_layouts(ctx, x, new_sizes=tuple(ctx.out.shape), dimensions=None)
 
 
 @rule(lax.transpose_p)

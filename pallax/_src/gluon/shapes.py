@@ -11,6 +11,7 @@ import numpy as np
 from jax import lax
 
 from pallax._src.gluon import layouts as L
+from pallax._src.gluon import reshapes
 from pallax._src.gluon.assign import Val, layout_rule
 from pallax._src.gluon.events import Halve
 from pallax._src.gluon.values import (broadcast_to, convert_layout, expand, i32, iota_in,
@@ -116,12 +117,31 @@ def _slice(ctx, x, *, start_indices, limit_indices, strides):
   if strides is not None and any(s != 1 for s in strides):
     gen.unsupported("strided slices of register tiles")
   if len(x.shape) != 2:
-    gen.unsupported("slices of register tiles other than 2-D ones")
+    return _sliced_rows(gen, x, start_indices, limit_indices,
+                        gen.declared(gen.assigned(ctx.eqn.outvars[0])))
   for lo, hi, n in zip(start_indices, limit_indices, x.shape):
     if hi - lo != n and not (L.is_pow2(n) and L.is_pow2(hi - lo) and lo % (hi - lo) == 0):
       gen.unsupported(f"a slice [{lo}:{hi}] of a register tile's dimension of {n} (pieces of "
                       "a power-of-two size at multiples of it only)")
   return halve_all(gen, x, gen.facts(ctx.eqn))
+
+
+def _sliced_rows(gen, x, start_indices, limit_indices, layout):
+  """A static slice of a register tile of rank other than 2 (``x[1, 1]`` of a (2, 3, 64, 8)
+  tile): the rows of its unsliced trailing dimensions (powers of two) it keeps, gathered
+  (``reshapes.gather_rows``)."""
+  shape = tuple(hi - lo for lo, hi in zip(start_indices, limit_indices))
+  trailing = 0
+  while trailing < len(shape) and shape[-1 - trailing] == x.shape[-1 - trailing] and \
+      L.is_pow2(shape[-1 - trailing]):
+    trailing += 1
+  lead = len(shape) - trailing
+
+  def source_row(t):
+    ms, valid = reshapes.row_indices(t, shape[:lead])
+    row = reshapes.padded_row([ex.add(m, i32(lo)) for m, lo in zip(ms, start_indices)], x.shape[:lead])
+    return call("gl.where", valid, row, i32(0), dtype=row.dtype, shape=t.shape) if lead else row
+  return reshapes.gather_rows(gen, x, shape, layout, trailing, source_row, "slicing a register tile")
 
 
 def halve_all(gen, v, steps):
@@ -224,6 +244,8 @@ def halving(layout: L.Layout, shape, dtype, dim: int) -> tuple[L.Layout | None, 
 @layout_rule(lax.slice_p)
 def _slice_layouts(ctx, x, *, start_indices, limit_indices, strides):
   """The halvings of ``_slice``: per halving (dim, upper half, layout before, layout of the half)."""
+  if isinstance(x, Val) and len(x.shape) != 2 and x.shape:
+    return reshapes.reshaped_val(tuple(ctx.out.shape), x.dtype)   # (gathered: _sliced_rows)
   if not isinstance(x, Val) or x.layout is None or len(x.shape) != 2:
     return None
   found = halvings(ctx.a, x, start_indices, limit_indices)
