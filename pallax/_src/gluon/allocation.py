@@ -18,6 +18,7 @@ from pallax._src.gluon.writer import AccRef, BarrierRef, GmemRef, SmemRef, Value
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import call
 from pallax._src.mosaic_gpu import core as mc
+from pallax._src.mosaic_gpu import primitives as mp
 
 @rule(prims.run_scoped_p)
 def _run_scoped(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
@@ -126,9 +127,20 @@ def _bytes_of(gen, shape, dtype) -> tuple[tuple, np.dtype, np.dtype | None]:
   return stored, as_dtype, packed
 
 
+def _accumulator(x, jaxpr, var) -> bool:
+  """Whether the value ``x`` that ``pl.run_state`` gives the body as ``var`` is a wgmma
+  accumulator (``plgpu.ACC.init(x)``): of float32 always; of float16 where a wgmma of the body
+  accumulates into it (wgmma's float16 accumulation); else a value the body only reads."""
+  if np.dtype(x.dtype) == np.float32:
+    return True
+  return np.dtype(x.dtype) == np.float16 and any(
+      e.primitive is mp.wgmma_p and e.invars[0] is var for e in jaxpr.eqns)
+
+
 @rule(ji.run_state_p)
 def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
-  """``pl.run_state`` over values (``plgpu.ACC.init(x)``): each becomes an accumulator variable;
+  """``pl.run_state`` over values (``plgpu.ACC.init(x)``): each becomes an accumulator variable
+  (``_accumulator``);
   Refs the body closes over pass through."""
   gen, given, refs = ctx.gen, iter(invals), []
   for init, v in zip(is_initialized, jaxpr.invars):
@@ -137,11 +149,12 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
       refs.append(x)
       continue
     shape = tuple(v.aval.inner_aval.shape)
-    if x is not None and x.dtype != np.float32:   # a value the body closes over: read only
+    if x is not None and not _accumulator(x, jaxpr, v):   # a value the body closes over: read only
       refs.append(ValueRef(x))
       continue
     if x is None or len(shape) != 2:
-      gen.unsupported("pl.run_state over values other than (ACC.init of) 2-D float32 arrays")
+      gen.unsupported("pl.run_state over values other than (ACC.init of) 2-D float32 or float16 "
+                      "arrays")
     layout = gen.declared(L.wgmma(shape[1], gen.mma_bits))
     ref = AccRef(gen.fresh("acc"), shape, layout, acc_pieces.widths(shape[1]))
     acc_pieces.assign(gen, ref, gen.render(to_layout(gen, x, layout, shape, x.dtype)))
@@ -195,7 +208,7 @@ def _run_scoped_layouts(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
 
 @layout_rule(ji.run_state_p)
 def _run_state_layouts(ctx, *invals, jaxpr, is_initialized, **_):
-  """As ``_run_state``: values of float32 become accumulators, others read-only Refs."""
+  """As ``_run_state``: accumulators (``_accumulator``), and read-only Refs."""
   a, given, refs = ctx.a, iter(invals), []
   for init, v in zip(is_initialized, jaxpr.invars):
     x = next(given) if init else None
@@ -203,7 +216,7 @@ def _run_state_layouts(ctx, *invals, jaxpr, is_initialized, **_):
       refs.append(x)
       continue
     shape = tuple(v.aval.inner_aval.shape)
-    if x is not None and x.dtype != np.float32:
+    if x is not None and not _accumulator(x, jaxpr, v):
       refs.append(Closed(x))
       continue
     if x is None or len(shape) != 2:

@@ -24,8 +24,8 @@ def _wgmma(ctx, *invals, trees):
   gen = ctx.gen
   (acc, a, b), rest = mp.split_refs(invals, trees)
   acc_ref = acc[0]
-  if not isinstance(acc_ref, AccRef):   # (ACC.init of a value other than float32)
-    gen.unsupported("wgmma into an accumulator other than a float32 plgpu.ACC")
+  if not isinstance(acc_ref, AccRef):   # (ACC.init of a value other than float32 or float16)
+    gen.unsupported("wgmma into an accumulator other than a float32 or float16 plgpu.ACC")
   if acc[1]:
     gen.unsupported("wgmma into a view of an accumulator")
   for op in (a, b):
