@@ -453,8 +453,9 @@ def test_logical_right_shift(dtype):
 
 
 @pytest.mark.interpreter   # the interpreter runs it; on a GPU machine Gluon refuses the kernel
-@pytest.mark.gluon_refuses("other than a float32 plgpu.ACC")
-def test_wgmma_into_a_float16_accumulator_is_refused_clearly():
+@pytest.mark.gluon_refuses("other than a float32 or float16 plgpu.ACC")
+def test_wgmma_into_a_bfloat16_accumulator_is_refused_clearly():
+  """wgmma accumulates in float32 or float16 (tests/test_gluon_f16_accumulator.py), not bfloat16."""
   def body(a_ref, b_ref, i_ref, o_ref, a_smem, b_smem, bar):
     plgpu.copy_gmem_to_smem(a_ref, a_smem, bar)
     plgpu.copy_gmem_to_smem(b_ref, b_smem, bar)
@@ -464,12 +465,12 @@ def test_wgmma_into_a_float16_accumulator_is_refused_clearly():
       plgpu.wgmma(acc_ref, a_smem, b_smem)
     o_ref[...] = pl.run_state(scope)(plgpu.ACC.init(i_ref[...]))
 
-  a, b = _random((64, 128), jnp.float16), _random((128, 64), jnp.float16, seed=1)
-  i = _random((64, 64), jnp.float16, seed=2)
-  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 64), jnp.float16),
-                   scratch_types=[plgpu.SMEM((64, 128), jnp.float16), plgpu.SMEM((128, 64), jnp.float16),
+  a, b = _random((64, 128), jnp.bfloat16), _random((128, 64), jnp.bfloat16, seed=1)
+  i = _random((64, 64), jnp.bfloat16, seed=2)
+  f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 64), jnp.bfloat16),
+                   scratch_types=[plgpu.SMEM((64, 128), jnp.bfloat16), plgpu.SMEM((128, 64), jnp.bfloat16),
                                   plgpu.Barrier(num_arrivals=2)])
   want = np.asarray(i, np.float32) + np.asarray(a, np.float32) @ np.asarray(b, np.float32)
   np.testing.assert_allclose(np.asarray(f(a, b, i), np.float32), want, rtol=2e-2, atol=2e-1)
-  with pytest.raises(NotImplementedError, match="wgmma into an accumulator other than a float32"):
+  with pytest.raises(NotImplementedError, match="wgmma into an accumulator other than a float32 or float16"):
     plgpu.lower(f, a, b, i)

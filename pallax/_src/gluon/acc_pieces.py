@@ -1,5 +1,8 @@
 """wgmma accumulators held as column pieces.
 
+Also an accumulator that wgmmas write through column views (``acc.at[:, :128]``) is held as
+pieces that make up each view (``for_views``).
+
 An accumulator whose width N is not a power of two but a multiple of 64 (JAX's 192-wide tiles)
 is kept as accumulators of the powers of two summing to N, widest first (192: 128 + 64), each
 written by its own wgmma over the matching columns of ``b``. Padded to the next power of two, a
@@ -14,7 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
+from pallax._src import jax_internals as ji
 from pallax._src.gluon import layouts as L
+from pallax._src.mosaic_gpu import primitives as mp
 
 
 def widths(n: int) -> tuple[int, ...]:
@@ -23,6 +30,72 @@ def widths(n: int) -> tuple[int, ...]:
   if L.is_pow2(n) or n % 64:
     return ()
   return tuple(1 << b for b in range(n.bit_length() - 1, -1, -1) if n >> b & 1)
+
+
+MIN_WIDTH = 8   # wgmma's narrowest N
+
+
+def for_views(n: int, views) -> tuple[int, ...] | None:
+  """The pieces of an accumulator ``n`` wide that wgmmas write through column views ``views``
+  ((first column, width) each: ``plgpu.wgmma(acc.at[:, 128:], ...)``): each view made of whole
+  pieces, every piece a power of two at a multiple of its width (the largest that fits, from the
+  left); None where that needs a piece narrower than a wgmma. Without views, ``widths(n)``."""
+  if not views:
+    return widths(n)
+  cuts = sorted({0, n} | {o for o, _ in views} | {o + w for o, w in views})
+  pieces = []
+  for start, end in zip(cuts, cuts[1:]):
+    p = start
+    while p < end:
+      w = 1 << (end - p).bit_length() - 1
+      while p % w:
+        w //= 2
+      if w < MIN_WIDTH:
+        return None
+      pieces.append(w)
+      p += w
+  return () if len(pieces) == 1 else tuple(pieces)
+
+
+def column_view(transforms, shape) -> tuple[int, int] | None:
+  """(first column, width) of an accumulator view that takes whole rows and static columns
+  (``acc.at[:, 64:192]``); None for any other view."""
+  if len(transforms) != 1 or not isinstance(transforms[0], ji.NDIndexer):
+    return None
+  rows, cols = (tuple(transforms[0].indices) + (None, None))[:2]
+  start = lambda i: _static(getattr(i, "start", None))
+  if len(transforms[0].indices) != 2 or not isinstance(rows, ji.Slice) or not isinstance(cols, ji.Slice) \
+      or (start(rows), rows.size) != (0, shape[0]) or start(cols) is None or cols.stride != 1:
+    return None
+  return start(cols), cols.size
+
+
+def _static(i) -> int | None:
+  """A literal of the jaxpr, of the generated code, or an int, as an int (None otherwise)."""
+  i = getattr(i, "val", getattr(i, "value", i))
+  return int(i) if isinstance(i, (int, np.integer)) and not isinstance(i, bool) else None
+
+
+def views_in(jaxpr, var, shape) -> list[tuple[int, int]] | None:
+  """The column views (``column_view``) through which the wgmmas of ``jaxpr`` write the
+  accumulator ``var``; None where one writes it through another view."""
+  views = []
+  for e in jaxpr.eqns:
+    if e.primitive is mp.wgmma_p and e.invars[0] is var:
+      (acc, _, _), _ = mp.split_refs(e.invars, e.params["trees"])
+      if acc[1]:
+        view = column_view(acc[1], shape)
+        if view is None:
+          return None
+        views.append(view)
+  return views
+
+
+def within(pieces, start: int, width: int) -> list[int] | None:
+  """The indices of the pieces that make up columns [start, start + width), or None where they
+  do not exactly."""
+  found = [k for k, (o, w) in enumerate(offsets(pieces)) if start <= o and o + w <= start + width]
+  return found if sum(pieces[k] for k in found) == width else None
 
 
 def offsets(pieces) -> list[tuple[int, int]]:
@@ -44,21 +117,24 @@ def piece_layout(layout: L.Wgmma, width: int) -> L.Wgmma:
 
 def join(gen, ref) -> str:
   """An expression of the accumulator ``ref`` whole: its pieces joined into the padded tile, in
-  the accumulator's layout. Statements making the intermediate halves are written first."""
+  the accumulator's layout, pairwise (a piece beside its neighbour of the same width, or beside
+  zeros where the padding is). Statements making the intermediate tiles are written first."""
   rows = ref.shape[0]
-  parts = list(zip(names(ref.name, ref.pieces), ref.pieces))
-  cur, width = parts.pop()
-  while parts or width < L.pow2(ref.shape[1]):
-    if parts and parts[-1][1] == width:
-      lo, _ = parts.pop()
-      hi = cur
-    else:   # padding: zeros beside it
-      lo, hi = cur, f"gl.zeros_like({cur})"
+  at = {o: (name, w) for (o, w), name in zip(offsets(ref.pieces), names(ref.name, ref.pieces))}
+
+  def tile(start: int, width: int) -> str | None:
+    if at.get(start, (None, 0))[1] == width:
+      return at[start][0]
+    if start >= ref.shape[1]:
+      return None   # padding
+    lo, hi = tile(start, width // 2), tile(start + width // 2, width // 2)
     cur = gen.fresh("acc_join")
-    width *= 2
-    gen.emit_scalar(f"{cur} = gl.convert_layout(gl.join({lo}, {hi}).permute(0, 2, 1)"
-                    f".reshape([{rows}, {width}]), {gen.layout(piece_layout(ref.layout, width))})")
-  return cur
+    gen.emit_scalar(f"{cur} = gl.convert_layout(gl.join({lo}, {hi or f'gl.zeros_like({lo})'})"
+                    f".permute(0, 2, 1).reshape([{rows}, {width}]), "
+                    f"{gen.layout(piece_layout(ref.layout, width))})")
+    return cur
+
+  return tile(0, L.pow2(ref.shape[1]))
 
 
 def split(gen, ref, text: str) -> None:

@@ -27,10 +27,21 @@ def _run_scoped(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
   if refs is None and gen.thread_name in ctx.eqn.params.get("collective_axes", ()):
     gen.unsupported(f"scratch shared by the threads ({gen.thread_name!r}) allocated inside a loop "
                     "or branch (allocate it in the kernel's straight-line code)")
-  types, avals = scratch_types, [v.aval.inner_aval for v in jaxpr.invars[num_consts:]]
-  refs = [r if r is not None else allocate(gen, t, a)
-          for r, t, a in zip(refs or [None] * len(types), types, avals)]
+  types, scratch = scratch_types, jaxpr.invars[num_consts:]
+  refs = [r if r is not None else allocate(gen, t, v.aval.inner_aval, pieces=_pieces(jaxpr, v))
+          for r, t, v in zip(refs or [None] * len(types), types, scratch)]
   return gen.lower_jaxpr(jaxpr, [*consts, *refs])
+
+
+def _pieces(jaxpr, var) -> tuple:
+  """The column pieces of an accumulator ``var`` of ``jaxpr`` (``acc_pieces.for_views``: what
+  its wgmmas' column views need, or the default)."""
+  shape = tuple(var.aval.inner_aval.shape)
+  if len(shape) != 2:
+    return ()
+  views = acc_pieces.views_in(jaxpr, var, shape)
+  pieces = acc_pieces.for_views(shape[1], views) if views is not None else None
+  return acc_pieces.widths(shape[1]) if pieces is None else pieces
 
 
 def hoist_nested(jaxpr, allocate, hoisted: dict, nested: bool = False, smem: bool = True) -> None:
@@ -70,10 +81,10 @@ def stored_shape(shape) -> tuple[tuple, tuple]:
   return (), shape
 
 
-def allocate(gen, kind, aval, phases: bool = True):
+def allocate(gen, kind, aval, phases: bool = True, pieces=None):
   shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
   if isinstance(kind, mc.WGMMAAccumulatorRef):
-    return gen.accumulator(shape, dtype, L.wgmma(shape[1], gen.mma_bits))
+    return gen.accumulator(shape, dtype, L.wgmma(shape[1], gen.mma_bits), pieces)
   if gen.depth != 1 and not (_is_smem(kind) and gen.thread_name is None):
     gen.unsupported("SMEM or barrier allocations inside loops or branches")
   if isinstance(kind, mc.Barrier):
@@ -156,7 +167,7 @@ def _run_state(ctx, *invals, jaxpr, is_initialized, **_):
       gen.unsupported("pl.run_state over values other than (ACC.init of) 2-D float32 or float16 "
                       "arrays")
     layout = gen.declared(L.wgmma(shape[1], gen.mma_bits))
-    ref = AccRef(gen.fresh("acc"), shape, layout, acc_pieces.widths(shape[1]))
+    ref = AccRef(gen.fresh("acc"), shape, layout, _pieces(jaxpr, v))
     acc_pieces.assign(gen, ref, gen.render(to_layout(gen, x, layout, shape, x.dtype)))
     refs.append(gen.new_acc(ref))
   gen.lower_jaxpr(jaxpr, refs)

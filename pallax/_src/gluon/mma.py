@@ -26,8 +26,7 @@ def _wgmma(ctx, *invals, trees):
   acc_ref = acc[0]
   if not isinstance(acc_ref, AccRef):   # (ACC.init of a value other than float32 or float16)
     gen.unsupported("wgmma into an accumulator other than a float32 or float16 plgpu.ACC")
-  if acc[1]:
-    gen.unsupported("wgmma into a view of an accumulator")
+  chosen, start = _view_pieces(gen, acc_ref, acc[1], a)
   for op in (a, b):
     if op is not None and _slot_indexed_again(*op):
       gen.unsupported("wgmma of a view that indexes part of the leading dimensions of an SMEM "
@@ -42,6 +41,9 @@ def _wgmma(ctx, *invals, trees):
   # K is the last dimension of a's buffer unless a is transposed, of b's only if b is.
   transposed = lambda ref: any(isinstance(t, ji.TransposeRef) for t in ref[1])
   b_view = smem_view(gen, *b, k_last=transposed(b))
+  if a is None and tuple(acc_ref.pieces) != acc_pieces.widths(n):
+    gen.unsupported("a wgmma with a register a into an accumulator that other wgmmas write "
+                    "through column views (keep a in SMEM)")
   if a is None:   # a register operand: in the layout wgmma reads registers in (per piece)
     value = masked(gen, rest[0], [1], i32(0))   # padding along K adds nothing
     bits = value.dtype.itemsize * 8
@@ -72,16 +74,35 @@ def _wgmma(ctx, *invals, trees):
                           gen.smem_view(b_view)))
   # Triton 3.6 cannot keep 8-bit register operands alive through warpgroup_mma_wait ("Unexpected
   # bitwidth in WGMMAWaitGroupOp"): such a wgmma completes before the next statement.
-  _issue(gen, acc_ref, a_views, b_view, sync=a is None and bits == 8)
+  _issue(gen, acc_ref, a_views, b_view, sync=a is None and bits == 8, chosen=chosen, start=start)
   return []
 
 
-def _issue(gen, acc_ref, a_views, b_view, sync: bool):
-  """The wgmmas into ``acc_ref`` (one per piece, over its columns of ``b``), then the wait
-  that leaves at most them in flight (``sync``: none)."""
+def _view_pieces(gen, acc_ref, transforms, a):
+  """(the pieces of ``acc_ref`` that its view ``transforms`` is made of, the view's first
+  column); (None, 0) for the whole accumulator."""
+  if not transforms:
+    return None, 0
+  view = acc_pieces.column_view(transforms, acc_ref.shape)
+  chosen = None
+  if view is not None and a is not None:
+    chosen = acc_pieces.within(acc_ref.pieces or (acc_ref.shape[1],), *view)
+  if chosen is None:
+    gen.unsupported("wgmma into a view of an accumulator other than a range of its columns "
+                    "that its other views leave whole, with a in SMEM")
+  return chosen, view[0]
+
+
+def _issue(gen, acc_ref, a_views, b_view, sync: bool, chosen=None, start: int = 0):
+  """The wgmmas into ``acc_ref`` (one per piece, over its columns of ``b``; ``chosen``: the
+  pieces of a view of its columns from ``start``, whose columns ``b`` has), then the wait that
+  leaves at most them in flight (``sync``: none)."""
   gen.acc(acc_ref)
-  for v, a_piece, (o, w) in zip(acc_ref.variables, a_views, acc_pieces.offsets(acc_ref.pieces) or [(0, 0)]):
-    b_text = f"{b_view.text}.slice({o}, {w}, dim=1)" if acc_ref.pieces else b_view.text
+  places = acc_pieces.offsets(acc_ref.pieces) or [(0, acc_ref.shape[1])]
+  chosen = range(len(places)) if chosen is None else chosen
+  for k in chosen:
+    v, a_piece, (o, w) = acc_ref.variables[k], a_views[k], places[k]
+    b_text = b_view.text if w == b_view.shape[1] else f"{b_view.text}.slice({o - start}, {w}, dim=1)"
     gen.emit_scalar(f"{v} = hopper.warpgroup_mma({a_piece.text}, {b_text}, {v}"
                     f"{'' if sync else ', is_async=True'})")
   if sync:
@@ -155,7 +176,7 @@ def _wgmma_layouts(ctx, *invals, trees):
   wgmma's operand width (converted if it was in another)."""
   a = ctx.a
   (acc, lhs, rhs), rest = mp.split_refs(invals, trees)
-  if acc[1] or not isinstance(acc[0], Acc) or not isinstance(rhs[0], Smem):
+  if not isinstance(acc[0], Acc) or not isinstance(rhs[0], Smem) or (acc[1] and lhs is None):
     return None   # the writer refuses it
   _unpadded_k(ctx, rhs, smem_view_layouts(*rhs), k=-2)
   if lhs is None:

@@ -208,10 +208,12 @@ class Writer(src.Source):
     """``statements.live``: what each function keeps, and the layouts it declares."""
     return statements.live(functions, self.render.reads)
 
-  def accumulator(self, shape: tuple, dtype, layout: L.Layout) -> AccRef:
-    """A new wgmma accumulator of zeros in ``layout``: a ``Binding``, left out (its layout not
-    declared) in a function that never uses it (a thread that does not compute)."""
-    ref = AccRef(self.fresh("acc"), tuple(shape), layout, acc_pieces.widths(shape[1]))
+  def accumulator(self, shape: tuple, dtype, layout: L.Layout, pieces=None) -> AccRef:
+    """A new wgmma accumulator of zeros in ``layout`` (in column ``pieces``, by default
+    ``acc_pieces.widths``): a ``Binding``, left out (its layout not declared) in a function that
+    never uses it (a thread that does not compute)."""
+    pieces = acc_pieces.widths(shape[1]) if pieces is None else pieces
+    ref = AccRef(self.fresh("acc"), tuple(shape), layout, pieces)
     for v, n in zip(ref.variables, ref.pieces or shape[1:]):
       piece = (shape[0], n)
       name = ex.Name(v, dtype=np.dtype(dtype), shape=piece)
