@@ -76,18 +76,23 @@ def _static(i) -> int | None:
   return int(i) if isinstance(i, (int, np.integer)) and not isinstance(i, bool) else None
 
 
+def wgmmas_into(jaxpr, var) -> list:
+  """The wgmma equations of ``jaxpr`` (its own, not those of loops or branches in it) that
+  accumulate into ``var``."""
+  return [e for e in jaxpr.eqns if e.primitive is mp.wgmma_p and e.invars[0] is var]
+
+
 def views_in(jaxpr, var, shape) -> list[tuple[int, int]] | None:
   """The column views (``column_view``) through which the wgmmas of ``jaxpr`` write the
   accumulator ``var``; None where one writes it through another view."""
   views = []
-  for e in jaxpr.eqns:
-    if e.primitive is mp.wgmma_p and e.invars[0] is var:
-      (acc, _, _), _ = mp.split_refs(e.invars, e.params["trees"])
-      if acc[1]:
-        view = column_view(acc[1], shape)
-        if view is None:
-          return None
-        views.append(view)
+  for e in wgmmas_into(jaxpr, var):
+    (acc, _, _), _ = mp.split_refs(e.invars, e.params["trees"])
+    if acc[1]:
+      view = column_view(acc[1], shape)
+      if view is None:
+        return None
+      views.append(view)
   return views
 
 

@@ -18,7 +18,6 @@ from pallax._src.gluon.writer import AccRef, BarrierRef, GmemRef, SmemRef, Value
 from pallax._src.gpu import expr as ex
 from pallax._src.gpu.expr import call
 from pallax._src.mosaic_gpu import core as mc
-from pallax._src.mosaic_gpu import primitives as mp
 
 @rule(prims.run_scoped_p)
 def _run_scoped(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
@@ -28,7 +27,9 @@ def _run_scoped(ctx, *consts, jaxpr, num_consts, scratch_types=(), **_):
     gen.unsupported(f"scratch shared by the threads ({gen.thread_name!r}) allocated inside a loop "
                     "or branch (allocate it in the kernel's straight-line code)")
   types, scratch = scratch_types, jaxpr.invars[num_consts:]
-  refs = [r if r is not None else allocate(gen, t, v.aval.inner_aval, pieces=_pieces(jaxpr, v))
+  refs = [r if r is not None else allocate(
+              gen, t, v.aval.inner_aval,
+              pieces=_pieces(jaxpr, v) if isinstance(t, mc.WGMMAAccumulatorRef) else None)
           for r, t, v in zip(refs or [None] * len(types), types, scratch)]
   return gen.lower_jaxpr(jaxpr, [*consts, *refs])
 
@@ -38,7 +39,7 @@ def _pieces(jaxpr, var) -> tuple:
   its wgmmas' column views need, or the default)."""
   shape = tuple(var.aval.inner_aval.shape)
   if len(shape) != 2:
-    return ()
+    return ()   # (refused where it is used)
   views = acc_pieces.views_in(jaxpr, var, shape)
   pieces = acc_pieces.for_views(shape[1], views) if views is not None else None
   return acc_pieces.widths(shape[1]) if pieces is None else pieces
@@ -144,8 +145,7 @@ def _accumulator(x, jaxpr, var) -> bool:
   accumulates into it (wgmma's float16 accumulation); else a value the body only reads."""
   if np.dtype(x.dtype) == np.float32:
     return True
-  return np.dtype(x.dtype) == np.float16 and any(
-      e.primitive is mp.wgmma_p and e.invars[0] is var for e in jaxpr.eqns)
+  return np.dtype(x.dtype) == np.float16 and bool(acc_pieces.wgmmas_into(jaxpr, var))
 
 
 @rule(ji.run_state_p)

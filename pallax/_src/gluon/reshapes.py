@@ -84,18 +84,19 @@ def _gathered(gen, x, shape: tuple, layout: L.Layout, what: str):
   suffix = common_suffix(tuple(x.shape), shape)
   lead_x, lead_y = x.shape[:len(x.shape) - len(suffix)], shape[:len(shape) - len(suffix)]
   return gather_rows(gen, x, shape, layout, len(suffix), lambda t: _source_row(t, lead_y, lead_x),
-                     what)
+                     f"reshaping {what}")
 
 
 def gather_rows(gen, x, shape: tuple, layout: L.Layout, trailing: int, source_row, what: str):
   """The tile of ``shape`` whose rows (of its last ``trailing`` dimensions, those of ``x`` too)
   are rows of ``x``: row ``t`` of its padded leading dimensions is row ``source_row(t)`` of
-  ``x``'s (``gl.gather`` along the rows), in ``layout``."""
+  ``x``'s (``gl.gather`` along the rows), in ``layout``. ``what``: the operation, for a refusal
+  ("reshaping a register value")."""
   suffix = tuple(shape[len(shape) - trailing:])
   rows_x = int(np.prod(L.padded(x.shape[:len(x.shape) - trailing])))
   rows_y = int(np.prod(L.padded(shape[:len(shape) - trailing])))
   if max(rows_x, rows_y) > MAX_GATHERED_ROWS:
-    gen.unsupported(f"{what} of shape {x.shape} to {shape} (rows of its trailing dimensions "
+    gen.unsupported(f"{what} of shape {x.shape} into {shape} (rows of its trailing dimensions "
                     f"{list(suffix)} too many to gather)")
   flat = (rows_y, *suffix)
   rows = gen.declared(L.blocked(flat, x.dtype))
